@@ -1,0 +1,298 @@
+//! The `idem` command line (`../shared/spec/api.md`, "Running"): argument
+//! types, start-up and shutdown. Every flag also reads an environment variable.
+//! This is the edge: errors here are `anyhow`, printed once, exit code 1.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use sqlx::migrate::MigrateDatabase;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::acquirer::AcquirerClient;
+use crate::domain::{parse_merchant_name, MerchantSecret};
+use crate::http::{self, AppState};
+use crate::idempotency::{Engine, EngineConfig};
+use crate::sim::{self, Fault, Faults};
+use crate::store::Store;
+
+/// What a client waits beyond the acquirer timeout before it gets a 504: the
+/// claim and finalize statements, with room for a slow database.
+const REQUEST_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "idem",
+    version,
+    about = "A payment charge service that charges exactly once."
+)]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, env = "IDEM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create the database if it is missing, and create or upgrade the schema.
+    Migrate(DbArgs),
+    /// Manage merchants (tenants).
+    Tenant {
+        #[command(subcommand)]
+        command: TenantCommand,
+    },
+    /// Run the charge API.
+    Serve(ServeArgs),
+    /// Run the acquirer simulator.
+    AcquirerSim(SimArgs),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TenantCommand {
+    /// Add a merchant and print its new secret (once, alone on stdout).
+    Create {
+        /// The merchant's name, also sent to the acquirer.
+        name: String,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct DbArgs {
+    /// PostgreSQL URL.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/idem"
+    )]
+    pub database_url: String,
+    /// Connections in this process's pool.
+    #[arg(long, env = "IDEM_DB_MAX_CONNECTIONS", default_value_t = 16)]
+    pub db_max_connections: u32,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Base URL of the acquirer.
+    #[arg(
+        long,
+        env = "IDEM_ACQUIRER_URL",
+        default_value = "http://127.0.0.1:9090"
+    )]
+    pub acquirer_url: String,
+    /// How long one call to the acquirer may take before its outcome is unknown.
+    #[arg(long, env = "IDEM_ACQUIRER_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
+    pub acquirer_timeout: Duration,
+    /// How long a claim's holder may work before another attempt may take over.
+    /// Must be longer than --acquirer-timeout.
+    #[arg(long, env = "IDEM_LEASE", value_parser = parse_duration, default_value = "30s")]
+    pub lease: Duration,
+    /// How long a key and its stored outcome are honoured after the outcome is stored.
+    #[arg(long, env = "IDEM_KEY_TTL", value_parser = parse_duration, default_value = "24h")]
+    pub key_ttl: Duration,
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SimArgs {
+    /// Address to listen on.
+    #[arg(long, env = "IDEM_SIM_LISTEN", default_value = "127.0.0.1:9090")]
+    pub listen: SocketAddr,
+    /// Delay before each capture is processed.
+    #[arg(long, env = "IDEM_SIM_LATENCY", value_parser = parse_duration, default_value = "0ms")]
+    pub latency: Duration,
+    /// Chance, 0.0 to 1.0, that a new capture is declined.
+    #[arg(long, env = "IDEM_SIM_DECLINE_RATE", default_value_t = 0.0, value_parser = parse_rate)]
+    pub decline_rate: f64,
+    /// Fault to inject into capture calls.
+    #[arg(long, env = "IDEM_SIM_FAULT", value_enum, default_value_t = Fault::None)]
+    pub fault: Fault,
+    /// Apply the fault to this many calls only (default: every call).
+    #[arg(long, env = "IDEM_SIM_FAULT_COUNT")]
+    pub fault_count: Option<u64>,
+    /// How long the `hang` fault withholds its answer.
+    #[arg(long, env = "IDEM_SIM_HANG", value_parser = parse_duration, default_value = "120s")]
+    pub hang: Duration,
+}
+
+/// `500ms`, `30s`, `24h`, `1h 30m`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 500ms, 30s, 24h)"))
+}
+
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err("a rate is a number from 0.0 to 1.0".to_owned()),
+    }
+}
+
+/// Runs a parsed command line to its exit code.
+pub fn main(cli: Cli) -> ExitCode {
+    init_tracing(cli.log_format);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("idem: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("idem: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Migrate(db) => migrate(&db).await,
+        Command::Tenant {
+            command: TenantCommand::Create { name, db },
+        } => create_tenant(&name, &db).await,
+        Command::Serve(args) => serve(args, shutdown_signal()).await,
+        Command::AcquirerSim(args) => acquirer_sim(args, shutdown_signal()).await,
+    }
+}
+
+async fn migrate(db: &DbArgs) -> anyhow::Result<()> {
+    if !sqlx::Postgres::database_exists(&db.database_url)
+        .await
+        .context("checking the database")?
+    {
+        sqlx::Postgres::create_database(&db.database_url)
+            .await
+            .context("creating the database")?;
+        tracing::info!("created the database");
+    }
+    let store = Store::connect(&db.database_url, 1)
+        .await
+        .context("connecting to the database")?;
+    store.migrate().await.context("migrating the schema")?;
+    tracing::info!("schema is up to date");
+    Ok(())
+}
+
+async fn create_tenant(name: &str, db: &DbArgs) -> anyhow::Result<()> {
+    let name = parse_merchant_name(name).map_err(anyhow::Error::msg)?;
+    let store = Store::connect(&db.database_url, 1)
+        .await
+        .context("connecting to the database")?;
+    let secret = MerchantSecret::generate();
+    let merchant = store.create_merchant(name, &secret.hash()).await?;
+    tracing::info!(merchant = %merchant.name, "merchant created");
+    println!("{}", secret.expose());
+    Ok(())
+}
+
+/// Starts the API on its configured address and runs it until `shutdown`.
+pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.lease > args.acquirer_timeout,
+        "--lease ({}) must be longer than --acquirer-timeout ({}), or live attempts would be taken over",
+        humantime::format_duration(args.lease),
+        humantime::format_duration(args.acquirer_timeout)
+    );
+    let store = Store::connect(&args.db.database_url, args.db.db_max_connections)
+        .await
+        .context("connecting to the database")?;
+    let acquirer = AcquirerClient::new(&args.acquirer_url, args.acquirer_timeout)?;
+    let engine = Engine::new(
+        store,
+        acquirer,
+        EngineConfig {
+            lease: args.lease,
+            key_ttl: args.key_ttl,
+        },
+    );
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    tracing::info!(listen = %listener.local_addr()?, acquirer = %args.acquirer_url, "serving");
+    http::serve(
+        listener,
+        AppState::new(engine),
+        args.acquirer_timeout + REQUEST_TIMEOUT_MARGIN,
+        shutdown,
+    )
+    .await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Starts the simulator on its configured address and runs it until `shutdown`.
+pub async fn acquirer_sim(args: SimArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let faults = Faults {
+        latency_ms: u64::try_from(args.latency.as_millis())?,
+        decline_rate: args.decline_rate,
+        fault: args.fault,
+        fault_count: args.fault_count,
+        hang_ms: u64::try_from(args.hang.as_millis())?,
+    };
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    tracing::info!(listen = %listener.local_addr()?, ?faults, "acquirer simulator listening");
+    sim::serve(listener, faults, shutdown).await
+}
+
+/// A token cancelled on SIGINT or SIGTERM.
+fn shutdown_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        {
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot listen for SIGTERM");
+                        let _ = ctrl_c.await;
+                        cancel.cancel();
+                        return;
+                    }
+                };
+            tokio::select! {
+                _ = ctrl_c => {}
+                _ = term.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = ctrl_c.await;
+        tracing::info!("shutting down: finishing requests in flight");
+        cancel.cancel();
+    });
+    token
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("IDEM_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

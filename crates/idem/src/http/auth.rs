@@ -1,0 +1,103 @@
+//! Bearer authentication: `Authorization: Bearer <secret>` to a [`Merchant`].
+//!
+//! Positive answers are cached briefly so a request does not pay a query for
+//! its merchant; unknown secrets are never cached, so a merchant created a
+//! moment ago is accepted on its first request.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use axum::extract::FromRequestParts;
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+
+use super::{ApiError, AppState};
+use crate::domain::{Merchant, SecretHash};
+use crate::store::Store;
+
+/// How long a verified secret is trusted without asking the database again.
+/// Merchants cannot be revoked yet; when they can, this bounds how long a
+/// revoked secret keeps working on an instance.
+const CACHE_TTL: Duration = Duration::from_secs(60);
+
+/// Verified secrets by hash. A std lock, not a tokio one: it is never held
+/// across an await, and reads vastly outnumber writes.
+#[derive(Clone, Default)]
+pub struct MerchantCache {
+    entries: Arc<RwLock<HashMap<SecretHash, (Merchant, Instant)>>>,
+}
+
+impl MerchantCache {
+    pub async fn authenticate(
+        &self,
+        store: &Store,
+        secret: &[u8],
+    ) -> Result<Option<Merchant>, ApiError> {
+        let hash = SecretHash::of(secret);
+        if let Some((merchant, at)) = self.read(&hash) {
+            if at.elapsed() < CACHE_TTL {
+                return Ok(Some(merchant));
+            }
+        }
+        let merchant = store.merchant_by_secret(&hash).await?;
+        if let (Some(m), Ok(mut entries)) = (&merchant, self.entries.write()) {
+            entries.insert(hash, (m.clone(), Instant::now()));
+        }
+        Ok(merchant)
+    }
+
+    fn read(&self, hash: &SecretHash) -> Option<(Merchant, Instant)> {
+        self.entries.read().ok()?.get(hash).cloned()
+    }
+}
+
+/// The authenticated merchant of a `/v1` request.
+pub struct Authenticated(pub Merchant);
+
+impl FromRequestParts<AppState> for Authenticated {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let secret = parts
+            .headers
+            .get(AUTHORIZATION)
+            .and_then(|v| bearer_secret(v.as_bytes()))
+            .ok_or(ApiError::Unauthorized)?;
+        match state
+            .merchants
+            .authenticate(state.engine.store(), secret)
+            .await?
+        {
+            Some(merchant) => {
+                tracing::Span::current().record("merchant", merchant.name.as_str());
+                Ok(Self(merchant))
+            }
+            None => Err(ApiError::Unauthorized),
+        }
+    }
+}
+
+/// The secret of a `Bearer` credential; the scheme is case-insensitive (RFC 9110).
+fn bearer_secret(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(7)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer ") {
+        return None;
+    }
+    let secret = rest.trim_ascii();
+    (!secret.is_empty()).then_some(secret)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_secret;
+
+    #[test]
+    fn parses_bearer_credentials() {
+        assert_eq!(bearer_secret(b"Bearer sk_1"), Some(&b"sk_1"[..]));
+        assert_eq!(bearer_secret(b"bearer  sk_1 "), Some(&b"sk_1"[..]));
+        assert_eq!(bearer_secret(b"Basic abc"), None);
+        assert_eq!(bearer_secret(b"Bearer "), None);
+        assert_eq!(bearer_secret(b"Bearer"), None);
+    }
+}

@@ -1,0 +1,169 @@
+//! The HTTP layer's error: every way a request can fail, each variant's status
+//! documented, all rendered as problem+json. Internal causes are logged, never shown.
+
+use std::time::Duration;
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use crate::domain::{ChargeId, FieldError};
+use crate::idempotency::{EngineError, KeyError};
+use crate::problem::{Problem, ProblemKind, PROBLEM_JSON};
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 401: no bearer secret, or not a merchant's.
+    #[error("missing or invalid bearer secret")]
+    Unauthorized,
+    /// 400: the `Idempotency-Key` header is absent.
+    #[error("missing Idempotency-Key")]
+    MissingKey,
+    /// 400: the `Idempotency-Key` header is not a valid key.
+    #[error("{0}")]
+    MalformedKey(KeyError),
+    /// 415: the body is not declared as JSON.
+    #[error("Content-Type must be application/json")]
+    UnsupportedMediaType,
+    /// 413: the body is over the limit.
+    #[error("the request body is larger than {0} bytes")]
+    BodyTooLarge(usize),
+    /// 400: the body is not a valid charge request.
+    #[error("{0}")]
+    InvalidBody(FieldError),
+    /// 422: the key was first used for another request.
+    #[error("the Idempotency-Key was first used with different {}", .0.join(", "))]
+    KeyReused(Vec<&'static str>),
+    /// 409: another attempt with this key is still working.
+    #[error("a request with this Idempotency-Key is still being processed")]
+    InFlight { retry_after: Duration },
+    /// 503: the acquirer's answer is not yet known; the charge stays processing.
+    #[error("charge {charge_id} is processing: the acquirer's outcome is not yet known")]
+    OutcomeUnknown {
+        charge_id: ChargeId,
+        retry_after: Duration,
+    },
+    /// 404: no such resource for this merchant.
+    #[error("not found")]
+    NotFound,
+    /// 503: a dependency (the database) cannot be reached now.
+    #[error("the service cannot reach its database")]
+    Unavailable,
+    /// 500: a bug. The cause goes to the log only.
+    #[error("internal error")]
+    Internal(String),
+}
+
+/// `Retry-After` after a database outage.
+const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Unavailable(cause) => {
+                tracing::warn!(error = %cause, "database unavailable");
+                Self::Unavailable
+            }
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Store(s) => s.into(),
+        }
+    }
+}
+
+impl ApiError {
+    fn kind(&self) -> ProblemKind {
+        match self {
+            Self::Unauthorized => ProblemKind::Unauthorized,
+            Self::MissingKey => ProblemKind::MissingIdempotencyKey,
+            Self::MalformedKey(_) => ProblemKind::MalformedIdempotencyKey,
+            Self::UnsupportedMediaType => ProblemKind::UnsupportedMediaType,
+            Self::BodyTooLarge(_) => ProblemKind::BodyTooLarge,
+            Self::InvalidBody(_) => ProblemKind::InvalidBody,
+            Self::KeyReused(_) => ProblemKind::KeyReused,
+            Self::InFlight { .. } => ProblemKind::RequestInFlight,
+            Self::OutcomeUnknown { .. } => ProblemKind::OutcomeUnknown,
+            Self::NotFound => ProblemKind::NotFound,
+            Self::Unavailable => ProblemKind::ServiceUnavailable,
+            Self::Internal(_) => ProblemKind::Internal,
+        }
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::InFlight { retry_after } | Self::OutcomeUnknown { retry_after, .. } => {
+                Some(*retry_after)
+            }
+            Self::Unavailable => Some(UNAVAILABLE_RETRY_AFTER),
+            _ => None,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let kind = self.kind();
+        let detail = match &self {
+            Self::Internal(cause) => {
+                tracing::error!(%cause, "internal error");
+                "The request could not be completed; it is safe to retry with the same Idempotency-Key.".to_owned()
+            }
+            other => other.to_string(),
+        };
+        let mut problem = Problem::new(kind, detail);
+        if let Self::InvalidBody(e) = &self {
+            problem.field = e.field.as_deref();
+        }
+        if let Self::KeyReused(fields) = &self {
+            problem.differing_fields = Some(fields);
+        }
+        let mut response = problem_response(&problem);
+        if let Some(after) = self.retry_after() {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, retry_after_value(after));
+        }
+        if matches!(self, Self::Unauthorized) {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+/// A problem document as a response with its own status.
+pub fn problem_response(problem: &Problem<'_>) -> Response {
+    let status = StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (
+        status,
+        [(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON))],
+        problem.to_bytes(),
+    )
+        .into_response()
+}
+
+/// Whole seconds, rounded up, at least one.
+pub fn retry_after_value(after: Duration) -> HeaderValue {
+    let secs = after.as_millis().div_ceil(1000).max(1);
+    HeaderValue::from(u64::try_from(secs).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        assert_eq!(retry_after_value(Duration::from_millis(1)), "1");
+        assert_eq!(retry_after_value(Duration::from_millis(1000)), "1");
+        assert_eq!(retry_after_value(Duration::from_millis(1001)), "2");
+        assert_eq!(retry_after_value(Duration::ZERO), "1");
+    }
+}

@@ -1,0 +1,143 @@
+//! The HTTP layer: routes, middleware and the server loop.
+//!
+//! Handlers parse and map; the idempotency engine decides. Every error leaves
+//! as problem+json, including the framework's own (unknown route, wrong
+//! method, timeouts, panics), through [`problemize`].
+
+mod auth;
+mod charges;
+mod error;
+mod ops;
+
+use std::time::Duration;
+
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::{header, HeaderName, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::ServiceBuilder;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+
+pub use auth::MerchantCache;
+pub use charges::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+pub use error::ApiError;
+
+use crate::idempotency::Engine;
+use crate::problem::{Problem, ProblemKind, PROBLEM_JSON};
+
+/// The largest request body accepted: a charge request is well under 1 KiB,
+/// so 16 KiB leaves room for any description and refuses junk early.
+pub const BODY_LIMIT: usize = 16 * 1024;
+
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub engine: Engine,
+    pub merchants: MerchantCache,
+    /// Charge attempts in progress, awaited on shutdown so none is cut short.
+    pub tasks: TaskTracker,
+}
+
+impl AppState {
+    pub fn new(engine: Engine) -> Self {
+        Self {
+            engine,
+            merchants: MerchantCache::default(),
+            tasks: TaskTracker::new(),
+        }
+    }
+}
+
+/// The routes and middleware. `request_timeout` bounds how long a client waits
+/// for an answer; the charge attempt itself carries on to the end regardless.
+pub fn router(state: AppState, request_timeout: Duration) -> Router {
+    let middleware = ServiceBuilder::new()
+        .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+        .layer(
+            TraceLayer::new_for_http().make_span_with(|request: &Request| {
+                let request_id = request
+                    .headers()
+                    .get(REQUEST_ID)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                tracing::info_span!("request", method = %request.method(), path = %request.uri().path(),
+                    request_id, merchant = tracing::field::Empty,
+                    idempotency_key = tracing::field::Empty, charge_id = tracing::field::Empty)
+            }),
+        )
+        .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+        .layer(axum::middleware::map_response(problemize))
+        .layer(CatchPanicLayer::custom(|_| {
+            tracing::error!("handler panicked");
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::GATEWAY_TIMEOUT,
+            request_timeout,
+        ))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT));
+
+    Router::new()
+        .route("/v1/charges", post(charges::create))
+        .route("/v1/charges/{id}", get(charges::get))
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .with_state(state)
+        .layer(middleware)
+}
+
+/// Serves on an already-bound listener until `shutdown` fires, then finishes
+/// the requests and charge attempts in flight.
+pub async fn serve(
+    listener: TcpListener,
+    state: AppState,
+    request_timeout: Duration,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let tasks = state.tasks.clone();
+    axum::serve(listener, router(state, request_timeout))
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await?;
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
+
+/// Turns any error response that is not already problem+json (the framework's
+/// 404/405, a timeout, a caught panic) into one, so clients see one error shape.
+async fn problemize<B>(response: axum::http::Response<B>) -> Response
+where
+    B: http_body::Body<Data = axum::body::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    let response = response.map(axum::body::Body::new);
+    let status = response.status();
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
+    if !(status.is_client_error() || status.is_server_error()) || is_problem {
+        return response;
+    }
+    let kind = ProblemKind::for_status(status.as_u16());
+    let mut problem = Problem::new(kind, kind.title());
+    problem.status = status.as_u16();
+    let mut out = error::problem_response(&problem);
+    *out.status_mut() = status;
+    // Keep headers such as Allow on a 405.
+    for (name, value) in response.headers() {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            out.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    out
+}

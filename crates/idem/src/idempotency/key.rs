@@ -1,0 +1,147 @@
+//! The `Idempotency-Key` header value.
+//!
+//! Two spellings name the same key: the IETF draft's Structured Field string
+//! (`"5b0e..."`, with `\"` and `\\` escapes) and Stripe's bare value (`5b0e...`).
+//! After unquoting, a key is 1..=255 visible ASCII characters.
+
+/// The longest key accepted, per the contract (Stripe uses the same bound).
+pub const MAX_KEY_LEN: usize = 255;
+
+/// A valid idempotency key, unquoted.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey(String);
+
+/// Why a header value is not a key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("the Idempotency-Key header is required")]
+    Missing,
+    #[error("the Idempotency-Key header was sent more than once")]
+    Repeated,
+    #[error("the Idempotency-Key is empty")]
+    Empty,
+    #[error("the Idempotency-Key is longer than {MAX_KEY_LEN} characters")]
+    TooLong,
+    #[error("the Idempotency-Key must be visible ASCII only")]
+    NotVisibleAscii,
+    #[error("the Idempotency-Key is not a well-formed quoted string")]
+    BadQuoting,
+}
+
+impl IdempotencyKey {
+    /// Parses a header's raw bytes in either form.
+    pub fn parse(raw: &[u8]) -> Result<Self, KeyError> {
+        let raw = trim_ows(raw);
+        let key = match raw.first() {
+            Some(b'"') => unquote_sf_string(raw)?,
+            _ => raw.to_vec(),
+        };
+        if key.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        if !key.iter().all(|b| (0x21..=0x7e).contains(b)) {
+            return Err(KeyError::NotVisibleAscii);
+        }
+        if key.len() > MAX_KEY_LEN {
+            return Err(KeyError::TooLong);
+        }
+        // Checked above: visible ASCII is valid UTF-8.
+        String::from_utf8(key)
+            .map(Self)
+            .map_err(|_| KeyError::NotVisibleAscii)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn trim_ows(mut s: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = s {
+        s = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = s {
+        s = rest;
+    }
+    s
+}
+
+/// RFC 8941 §4.2.5: a string is `"` chars `"`, where only `\"` and `\\` escape.
+/// Parameters after the closing quote are not part of this header's grammar.
+fn unquote_sf_string(raw: &[u8]) -> Result<Vec<u8>, KeyError> {
+    let mut out = Vec::with_capacity(raw.len());
+    let mut bytes = raw[1..].iter();
+    loop {
+        match bytes.next() {
+            None => return Err(KeyError::BadQuoting),
+            Some(b'"') => break,
+            Some(b'\\') => match bytes.next() {
+                Some(&c @ (b'"' | b'\\')) => out.push(c),
+                _ => return Err(KeyError::BadQuoting),
+            },
+            Some(&c) if (0x20..=0x7e).contains(&c) => out.push(c),
+            Some(_) => return Err(KeyError::NotVisibleAscii),
+        }
+    }
+    if bytes.next().is_some() {
+        return Err(KeyError::BadQuoting);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UUID: &str = "5b0e7a52-3f1c-4d7e-9a61-2c8f0d4e7b13";
+
+    #[test]
+    fn both_forms_name_the_same_key() {
+        let bare = IdempotencyKey::parse(UUID.as_bytes()).unwrap();
+        let quoted = IdempotencyKey::parse(format!("\"{UUID}\"").as_bytes()).unwrap();
+        assert_eq!(bare, quoted);
+        assert_eq!(bare.as_str(), UUID);
+    }
+
+    #[test]
+    fn escapes_are_unquoted() {
+        let k = IdempotencyKey::parse(br#""a\"b\\c""#).unwrap();
+        assert_eq!(k.as_str(), r#"a"b\c"#);
+    }
+
+    #[test]
+    fn length_bounds_apply_after_unquoting() {
+        let max = "k".repeat(MAX_KEY_LEN);
+        assert!(IdempotencyKey::parse(max.as_bytes()).is_ok());
+        assert!(IdempotencyKey::parse(format!("\"{max}\"").as_bytes()).is_ok());
+        let long = "k".repeat(MAX_KEY_LEN + 1);
+        assert_eq!(
+            IdempotencyKey::parse(long.as_bytes()),
+            Err(KeyError::TooLong)
+        );
+        assert_eq!(IdempotencyKey::parse(b"\"\""), Err(KeyError::Empty));
+        assert_eq!(IdempotencyKey::parse(b""), Err(KeyError::Empty));
+    }
+
+    #[test]
+    fn malformed_values_are_refused() {
+        let cases: [(&[u8], KeyError); 7] = [
+            (b"\"open", KeyError::BadQuoting),
+            (b"\"a\";p=1", KeyError::BadQuoting),
+            (b"\"a\\n\"", KeyError::BadQuoting),
+            (b"has space", KeyError::NotVisibleAscii),
+            (b"\"has space\"", KeyError::NotVisibleAscii),
+            ("ch\u{e1}ve".as_bytes(), KeyError::NotVisibleAscii),
+            (b"tab\there", KeyError::NotVisibleAscii),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(IdempotencyKey::parse(raw), Err(want), "{raw:?}");
+        }
+    }
+}

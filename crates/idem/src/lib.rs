@@ -1,0 +1,22 @@
+//! idem — a payment charge service that charges exactly once.
+//!
+//! A client that times out and retries is never charged twice, however many
+//! instances run and whatever crashes in between. The layout names the parts:
+//!
+//! - [`domain`]: the values a charge is made of, each a type that is always valid;
+//! - [`idempotency`]: the engine (claim, call, finalize; replay, 409, 422, take-over);
+//! - [`store`]: PostgreSQL, one function per statement, beside the table it owns;
+//! - [`acquirer`]: the external processor's protocol and idem's client for it;
+//! - [`http`]: the API (axum), errors as problem+json;
+//! - [`sim`]: the acquirer simulator with fault injection and a ledger;
+//! - [`cli`]: the `idem` command line, the only place that starts things.
+#![forbid(unsafe_code)]
+
+pub mod acquirer;
+pub mod cli;
+pub mod domain;
+pub mod http;
+pub mod idempotency;
+pub mod problem;
+pub mod sim;
+pub mod store;

@@ -1,0 +1,187 @@
+//! Problem details (RFC 9457): the one shape of every error idem answers, and
+//! the catalog of its kinds, each with a stable `type` URI.
+//!
+//! The catalog lives here rather than in the HTTP layer because some problems
+//! are *stored outcomes* (a decline is replayed byte for byte), written by the
+//! idempotency engine and, later, by the queue consumer.
+
+use serde::Serialize;
+
+use crate::domain::Charge;
+
+/// Every kind of problem idem reports. The URI of each is part of the contract:
+/// clients branch on it, so it never changes once published (docs/errors.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProblemKind {
+    Unauthorized,
+    MissingIdempotencyKey,
+    MalformedIdempotencyKey,
+    InvalidBody,
+    UnsupportedMediaType,
+    BodyTooLarge,
+    KeyReused,
+    RequestInFlight,
+    OutcomeUnknown,
+    Declined,
+    AcquirerRejected,
+    NotFound,
+    MethodNotAllowed,
+    ServiceUnavailable,
+    Timeout,
+    Internal,
+}
+
+impl ProblemKind {
+    pub fn slug(self) -> &'static str {
+        match self {
+            Self::Unauthorized => "unauthorized",
+            Self::MissingIdempotencyKey => "missing-idempotency-key",
+            Self::MalformedIdempotencyKey => "malformed-idempotency-key",
+            Self::InvalidBody => "invalid-body",
+            Self::UnsupportedMediaType => "unsupported-media-type",
+            Self::BodyTooLarge => "body-too-large",
+            Self::KeyReused => "idempotency-key-reused",
+            Self::RequestInFlight => "request-in-flight",
+            Self::OutcomeUnknown => "outcome-unknown",
+            Self::Declined => "charge-declined",
+            Self::AcquirerRejected => "acquirer-rejected",
+            Self::NotFound => "not-found",
+            Self::MethodNotAllowed => "method-not-allowed",
+            Self::ServiceUnavailable => "service-unavailable",
+            Self::Timeout => "timeout",
+            Self::Internal => "internal",
+        }
+    }
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Self::Unauthorized => "Missing or invalid credentials",
+            Self::MissingIdempotencyKey => "Idempotency-Key header required",
+            Self::MalformedIdempotencyKey => "Malformed Idempotency-Key header",
+            Self::InvalidBody => "Invalid request body",
+            Self::UnsupportedMediaType => "Unsupported media type",
+            Self::BodyTooLarge => "Request body too large",
+            Self::KeyReused => "Idempotency-Key reused with a different request",
+            Self::RequestInFlight => "A request with this Idempotency-Key is in flight",
+            Self::OutcomeUnknown => "Charge outcome not yet known",
+            Self::Declined => "Charge declined",
+            Self::AcquirerRejected => "Charge rejected by the acquirer",
+            Self::NotFound => "Not found",
+            Self::MethodNotAllowed => "Method not allowed",
+            Self::ServiceUnavailable => "Service unavailable",
+            Self::Timeout => "Request timed out",
+            Self::Internal => "Internal error",
+        }
+    }
+
+    pub fn status(self) -> u16 {
+        match self {
+            Self::Unauthorized => 401,
+            Self::MissingIdempotencyKey | Self::MalformedIdempotencyKey | Self::InvalidBody => 400,
+            Self::UnsupportedMediaType => 415,
+            Self::BodyTooLarge => 413,
+            Self::KeyReused => 422,
+            Self::RequestInFlight => 409,
+            Self::OutcomeUnknown | Self::ServiceUnavailable => 503,
+            Self::Declined => 402,
+            Self::AcquirerRejected => 502,
+            Self::NotFound => 404,
+            Self::MethodNotAllowed => 405,
+            Self::Timeout => 504,
+            Self::Internal => 500,
+        }
+    }
+
+    /// The stable `type` URI. A URN: it names the kind without pretending to be
+    /// a page that resolves; docs/errors.md describes each.
+    pub fn type_uri(self) -> String {
+        format!("urn:idem:problem:{}", self.slug())
+    }
+
+    /// The kind whose status this is, for bare error responses from the framework.
+    pub fn for_status(status: u16) -> Self {
+        match status {
+            401 => Self::Unauthorized,
+            404 => Self::NotFound,
+            405 => Self::MethodNotAllowed,
+            408 | 504 => Self::Timeout,
+            413 => Self::BodyTooLarge,
+            415 => Self::UnsupportedMediaType,
+            503 => Self::ServiceUnavailable,
+            400..=499 => Self::InvalidBody,
+            _ => Self::Internal,
+        }
+    }
+}
+
+/// A problem+json document.
+#[derive(Debug, Serialize)]
+pub struct Problem<'a> {
+    #[serde(rename = "type")]
+    pub type_uri: String,
+    pub title: &'static str,
+    pub status: u16,
+    pub detail: String,
+    /// The field a validation error is about.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<&'a str>,
+    /// The fields in which a reused key's request differs from the first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub differing_fields: Option<&'a [&'static str]>,
+    /// The charge this problem is about (declines, acquirer rejections).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub charge: Option<&'a Charge>,
+}
+
+impl<'a> Problem<'a> {
+    pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Self {
+        Self {
+            type_uri: kind.type_uri(),
+            title: kind.title(),
+            status: kind.status(),
+            detail: detail.into(),
+            field: None,
+            differing_fields: None,
+            charge: None,
+        }
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        // Serializing plain strings and numbers cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slugs_are_unique() {
+        use ProblemKind::*;
+        let all = [
+            Unauthorized,
+            MissingIdempotencyKey,
+            MalformedIdempotencyKey,
+            InvalidBody,
+            UnsupportedMediaType,
+            BodyTooLarge,
+            KeyReused,
+            RequestInFlight,
+            OutcomeUnknown,
+            Declined,
+            AcquirerRejected,
+            NotFound,
+            MethodNotAllowed,
+            ServiceUnavailable,
+            Timeout,
+            Internal,
+        ];
+        let mut slugs: Vec<_> = all.iter().map(|k| k.slug()).collect();
+        slugs.sort();
+        slugs.dedup();
+        assert_eq!(slugs.len(), all.len());
+    }
+}

@@ -1,0 +1,354 @@
+//! The `idempotency_keys` table: claim, read, take over, release, finalize.
+//!
+//! The article's order, in statements: [`Store::claim`] inserts first
+//! (`on conflict do nothing`) and commits at once, creating the charge in the
+//! same statement; the acquirer is called with no transaction open; then
+//! [`Store::finalize`] stores the outcome and settles the charge in one statement
+//! that only succeeds for the current holder of the fencing token.
+
+use std::time::Duration;
+
+use super::charges::{charge_columns, ChargeRow};
+use super::{millis, Store, StoreError};
+use crate::domain::{AcquirerReference, Charge, ChargeId, ChargeRequest, ChargeStatus};
+use crate::idempotency::{Fingerprint, IdempotencyKey, StoredResponse};
+
+/// Columns of a key record joined with its charge (aliases `k` and `c`).
+/// The lease and expiry are judged by the database's clock, the one clock all
+/// instances share.
+macro_rules! record_columns {
+    () => {
+        concat!(
+            charge_columns!(),
+            ", k.fingerprint, k.state, k.attempt, k.response_status, k.response_body, \
+             greatest(0, ceil(extract(epoch from (k.locked_until - now())) * 1000))::bigint \
+               as lease_remaining_ms, \
+             (k.state = 'completed' and k.expires_at <= now()) as expired"
+        )
+    };
+}
+
+/// What a new attempt asks to claim.
+pub struct NewClaim<'a> {
+    pub merchant_id: i64,
+    pub key: &'a IdempotencyKey,
+    pub fingerprint: Fingerprint,
+    pub request: &'a ChargeRequest,
+    /// How long the winner may work before another attempt may take over.
+    pub lease: Duration,
+    /// How long a completed outcome is honoured.
+    pub key_ttl: Duration,
+}
+
+/// The state of a key record.
+#[derive(Debug, Clone)]
+pub enum KeyState {
+    /// An attempt holds (or held) the lease; no outcome yet.
+    InFlight { lease_remaining: Duration },
+    /// The first outcome, to replay.
+    Completed(StoredResponse),
+}
+
+/// A key record with its charge, as some attempt found or made it.
+#[derive(Debug, Clone)]
+pub struct KeyRecord {
+    pub charge: Charge,
+    pub fingerprint: Fingerprint,
+    pub state: KeyState,
+    /// The fencing token the holder of the lease must present to finalize.
+    pub attempt: i64,
+    /// Completed and past its time to live: the key may start a new intent.
+    pub expired: bool,
+}
+
+/// The answer to an insert-first claim.
+#[derive(Debug)]
+pub enum Claim {
+    /// This attempt inserted the record: it owns the lease and must call the acquirer.
+    Won(KeyRecord),
+    /// Another attempt got there first; here is what it left.
+    Lost(KeyRecord),
+}
+
+/// The final outcome to store for a charge.
+pub struct Settlement<'a> {
+    pub status: ChargeStatus,
+    pub capture_id: Option<&'a str>,
+    pub decline_reason: Option<&'a str>,
+    pub response: &'a StoredResponse,
+}
+
+#[derive(sqlx::FromRow)]
+struct RecordRow {
+    #[sqlx(flatten)]
+    charge: ChargeRow,
+    fingerprint: Vec<u8>,
+    state: String,
+    attempt: i64,
+    response_status: Option<i16>,
+    response_body: Option<Vec<u8>>,
+    lease_remaining_ms: i64,
+    expired: bool,
+}
+
+#[derive(sqlx::FromRow)]
+struct ClaimRow {
+    won: bool,
+    #[sqlx(flatten)]
+    record: RecordRow,
+}
+
+impl TryFrom<RecordRow> for KeyRecord {
+    type Error = StoreError;
+
+    fn try_from(r: RecordRow) -> Result<Self, StoreError> {
+        let charge = Charge::try_from(r.charge)?;
+        let corrupt =
+            |what: &str| StoreError::Corrupt(format!("key of charge {}: {what}", charge.id));
+        let fingerprint =
+            Fingerprint::from_bytes(&r.fingerprint).ok_or_else(|| corrupt("fingerprint"))?;
+        let state = match (r.state.as_str(), r.response_status, r.response_body) {
+            ("in_flight", _, _) => KeyState::InFlight {
+                lease_remaining: Duration::from_millis(r.lease_remaining_ms.max(0).unsigned_abs()),
+            },
+            ("completed", Some(status), Some(body)) => KeyState::Completed(StoredResponse {
+                status: u16::try_from(status).map_err(|_| corrupt("response status"))?,
+                body: body.into(),
+            }),
+            _ => return Err(corrupt("state")),
+        };
+        Ok(KeyRecord {
+            charge,
+            fingerprint,
+            state,
+            attempt: r.attempt,
+            expired: r.expired,
+        })
+    }
+}
+
+impl Store {
+    /// Insert first: claims the key and creates its charge as `processing` in
+    /// one statement, committed on return, or reports the record that won.
+    ///
+    /// A record that expired is reclaimed for the new intent the same way, by a
+    /// conditional update that only one attempt can win.
+    pub async fn claim(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
+        let row: Option<ClaimRow> = sqlx::query_as(concat!(
+            "with k as (
+                insert into idempotency_keys
+                    (merchant_id, idempotency_key, fingerprint, charge_id, locked_until, expires_at)
+                values ($1, $2, $3, $4, now() + $5 * interval '1 millisecond',
+                        now() + $6 * interval '1 millisecond')
+                on conflict (merchant_id, idempotency_key) do nothing
+                returning *
+            ), c as (
+                insert into charges
+                    (id, merchant_id, order_id, amount_cents, currency, description, acquirer_reference)
+                select k.charge_id, $1, $7, $8, $9, $10, $11 from k
+                returning *
+            )
+            select true as won, ",
+            record_columns!(),
+            " from c cross join k
+            union all
+            select false as won, ",
+            record_columns!(),
+            " from idempotency_keys k join charges c on c.id = k.charge_id
+            where k.merchant_id = $1 and k.idempotency_key = $2
+              and not exists (select 1 from k)"
+        ))
+        .bind(new.merchant_id)
+        .bind(new.key.as_str())
+        .bind(new.fingerprint.as_bytes())
+        .bind(ChargeId::generate().as_str())
+        .bind(millis(new.lease))
+        .bind(millis(new.key_ttl))
+        .bind(new.request.order_id.get())
+        .bind(new.request.amount_cents.get())
+        .bind(new.request.currency.as_str())
+        .bind(new.request.description.as_ref().map(|d| d.as_str()))
+        .bind(AcquirerReference::generate().as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        match row {
+            Some(ClaimRow { won: true, record }) => Ok(Claim::Won(record.try_into()?)),
+            Some(ClaimRow { won: false, record }) => {
+                let record = KeyRecord::try_from(record)?;
+                if record.expired {
+                    return self.reclaim_expired(new).await;
+                }
+                Ok(Claim::Lost(record))
+            }
+            // The winner committed after this statement's snapshot was taken:
+            // the insert saw its row, the select could not. A fresh read will.
+            None => match self.key_record(new.merchant_id, new.key).await? {
+                Some(record) if record.expired => self.reclaim_expired(new).await,
+                Some(record) => Ok(Claim::Lost(record)),
+                None => Err(StoreError::Corrupt(format!(
+                    "key {} conflicted but cannot be read",
+                    new.key
+                ))),
+            },
+        }
+    }
+
+    /// Turns an expired, completed record into a fresh claim for a new intent
+    /// with a new charge; the old charge stays as it was.
+    async fn reclaim_expired(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
+        let row: Option<RecordRow> = sqlx::query_as(concat!(
+            "with k as (
+                update idempotency_keys
+                   set fingerprint = $3, charge_id = $4, state = 'in_flight',
+                       attempt = attempt + 1, response_status = null, response_body = null,
+                       locked_until = now() + $5 * interval '1 millisecond',
+                       expires_at = now() + $6 * interval '1 millisecond', created_at = now()
+                 where merchant_id = $1 and idempotency_key = $2
+                   and state = 'completed' and expires_at <= now()
+                returning *
+            ), c as (
+                insert into charges
+                    (id, merchant_id, order_id, amount_cents, currency, description, acquirer_reference)
+                select k.charge_id, $1, $7, $8, $9, $10, $11 from k
+                returning *
+            )
+            select ",
+            record_columns!(),
+            " from c cross join k"
+        ))
+        .bind(new.merchant_id)
+        .bind(new.key.as_str())
+        .bind(new.fingerprint.as_bytes())
+        .bind(ChargeId::generate().as_str())
+        .bind(millis(new.lease))
+        .bind(millis(new.key_ttl))
+        .bind(new.request.order_id.get())
+        .bind(new.request.amount_cents.get())
+        .bind(new.request.currency.as_str())
+        .bind(new.request.description.as_ref().map(|d| d.as_str()))
+        .bind(AcquirerReference::generate().as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        match row {
+            Some(record) => Ok(Claim::Won(record.try_into()?)),
+            // Another attempt reclaimed it first: that one is now the intent.
+            None => match self.key_record(new.merchant_id, new.key).await? {
+                Some(record) => Ok(Claim::Lost(record)),
+                None => Err(StoreError::Corrupt(format!("key {} vanished", new.key))),
+            },
+        }
+    }
+
+    /// The record under a key, with its charge.
+    pub async fn key_record(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+    ) -> Result<Option<KeyRecord>, StoreError> {
+        let row: Option<RecordRow> = sqlx::query_as(concat!(
+            "select ",
+            record_columns!(),
+            " from idempotency_keys k join charges c on c.id = k.charge_id
+             where k.merchant_id = $1 and k.idempotency_key = $2"
+        ))
+        .bind(merchant_id)
+        .bind(key.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(KeyRecord::try_from).transpose()
+    }
+
+    /// Takes over an in-flight record whose lease has run out (its holder crashed
+    /// or hung), bumping the fencing token. Only the attempt that saw `attempt`
+    /// can win; `None` means someone else moved first.
+    pub async fn take_over(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        attempt: i64,
+        lease: Duration,
+    ) -> Result<Option<KeyRecord>, StoreError> {
+        let row: Option<RecordRow> = sqlx::query_as(concat!(
+            "with k as (
+                update idempotency_keys
+                   set attempt = attempt + 1, locked_until = now() + $4 * interval '1 millisecond'
+                 where merchant_id = $1 and idempotency_key = $2 and attempt = $3
+                   and state = 'in_flight' and locked_until <= now()
+                returning *
+            )
+            select ",
+            record_columns!(),
+            " from k join charges c on c.id = k.charge_id"
+        ))
+        .bind(merchant_id)
+        .bind(key.as_str())
+        .bind(attempt)
+        .bind(millis(lease))
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(KeyRecord::try_from).transpose()
+    }
+
+    /// Ends the lease early after an unknown outcome, so the next retry re-drives
+    /// at once instead of waiting it out. A no-op for a fenced-out holder.
+    pub async fn release(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        attempt: i64,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "update idempotency_keys set locked_until = now()
+              where merchant_id = $1 and idempotency_key = $2 and attempt = $3
+                and state = 'in_flight'",
+        )
+        .bind(merchant_id)
+        .bind(key.as_str())
+        .bind(attempt)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Stores the outcome and settles the charge, in one statement, if `attempt`
+    /// still holds the record. `false`: another attempt took over (this one is
+    /// stale) or already finished; nothing was written.
+    pub async fn finalize(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        record: &KeyRecord,
+        settlement: &Settlement<'_>,
+        key_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let settled: Option<(String,)> = sqlx::query_as(
+            "with k as (
+                update idempotency_keys
+                   set state = 'completed', locked_until = null,
+                       response_status = $5, response_body = $6,
+                       expires_at = now() + $7 * interval '1 millisecond'
+                 where merchant_id = $1 and idempotency_key = $2 and charge_id = $3
+                   and attempt = $4 and state = 'in_flight'
+                returning charge_id
+            )
+            update charges c
+               set status = $8, acquirer_capture_id = $9, decline_reason = $10, updated_at = now()
+              from k
+             where c.id = k.charge_id
+            returning c.id",
+        )
+        .bind(merchant_id)
+        .bind(key.as_str())
+        .bind(record.charge.id.as_str())
+        .bind(record.attempt)
+        .bind(i16::try_from(settlement.response.status).unwrap_or(i16::MAX))
+        .bind(settlement.response.body.as_ref())
+        .bind(millis(key_ttl))
+        .bind(settlement.status.as_str())
+        .bind(settlement.capture_id)
+        .bind(settlement.decline_reason)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(settled.is_some())
+    }
+}
