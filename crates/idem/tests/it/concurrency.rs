@@ -1,0 +1,137 @@
+//! Concurrent attempts of one intent: the 409 that answers at once, and the
+//! duplicate storm across real `idem serve` processes.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+
+use crate::helpers::*;
+
+/// Connections of this test's database that wait on a lock, or sit idle
+/// inside an open transaction (a claim held open across the acquirer call).
+async fn lock_waiters_and_open_transactions(db: &TestDb) -> (i64, i64) {
+    sqlx::query_as(
+        "select count(*) filter (where wait_event_type = 'Lock'),
+                count(*) filter (where state like 'idle in transaction%')
+           from pg_stat_activity
+          where datname = current_database() and pid <> pg_backend_pid()",
+    )
+    .fetch_one(db.store.pool())
+    .await
+    .expect("pg_stat_activity")
+}
+
+#[tokio::test]
+async fn a_retry_while_the_first_attempt_waits_on_the_acquirer_gets_409_at_once() {
+    let db = TestDb::new().await;
+    let sim = TestSim::start(latency(1_000)).await;
+    let app = TestApp::start(&db, &sim).await;
+    let c = Client::new(&app.url, &db.merchant("loja").await);
+    let key = new_key();
+
+    let first = tokio::spawn({
+        let (c, key) = (c.clone(), key.clone());
+        async move { c.charge(&key, &body(123, 25000)).await }
+    });
+    // Wait until the claim is committed and the first attempt is at the acquirer.
+    while db.count("idempotency_keys").await == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let mut slowest = Duration::ZERO;
+    for _ in 0..10 {
+        let retry = c.charge(&key, &body(123, 25000)).await;
+        assert_eq!(retry.status, 409, "{:?}", retry.body);
+        assert_eq!(retry.problem_type(), "urn:idem:problem:request-in-flight");
+        let after: u64 = retry
+            .header("retry-after")
+            .expect("Retry-After")
+            .parse()
+            .expect("seconds");
+        assert!(
+            (1..=3).contains(&after),
+            "Retry-After from the 3 s lease: {after}"
+        );
+        slowest = slowest.max(retry.elapsed);
+        assert_eq!(lock_waiters_and_open_transactions(&db).await, (0, 0));
+    }
+    assert!(
+        slowest < Duration::from_millis(100),
+        "slowest 409 took {slowest:?}"
+    );
+
+    let first = first.await.expect("first");
+    assert_eq!(first.status, 201);
+    assert!(first.elapsed >= Duration::from_millis(1_000));
+    let replay = c.charge(&key, &body(123, 25000)).await;
+    assert_eq!(replay.body, first.body);
+    assert_eq!(sim.ledger().await.captures.len(), 1);
+}
+
+#[tokio::test]
+async fn a_duplicate_storm_across_three_processes_captures_each_intent_once() {
+    const INTENTS: i64 = 100;
+    const COPIES: usize = 8;
+    let db = TestDb::new().await;
+    let sim = TestSim::start(latency(20)).await;
+    let secret = db.merchant("loja").await;
+    let pool = ["--db-max-connections", "8"];
+    let servers = [
+        ServeProcess::start(&db, &sim, &pool).await,
+        ServeProcess::start(&db, &sim, &pool).await,
+        ServeProcess::start(&db, &sim, &pool).await,
+    ];
+    let clients: Vec<Client> = servers
+        .iter()
+        .map(|s| Client::new(&s.url, &secret))
+        .collect();
+    let intents: Vec<(String, String)> = (1..=INTENTS)
+        .map(|o| (new_key(), body(o, 100 + o)))
+        .collect();
+
+    let clients_ref = &clients;
+    let attempts = intents.iter().flat_map(|(key, body)| {
+        (0..COPIES).map(move |copy| {
+            let c = clients_ref[copy % clients_ref.len()].clone();
+            async move { (key.clone(), c.charge(key, body).await) }
+        })
+    });
+    let answers = join_all(attempts).await;
+
+    let mut created: HashMap<String, Vec<bytes::Bytes>> = HashMap::new();
+    for (key, a) in &answers {
+        match a.status {
+            201 => created.entry(key.clone()).or_default().push(a.body.clone()),
+            409 => assert_eq!(a.problem_type(), "urn:idem:problem:request-in-flight"),
+            other => panic!("unexpected {other}: {:?}", a.body),
+        }
+    }
+    for (key, bodies) in &created {
+        assert!(
+            bodies.windows(2).all(|w| w[0] == w[1]),
+            "every 201 for {key} is the same body"
+        );
+    }
+    // Settle the keys whose every copy got a 409, then check the final answers agree.
+    for (i, (key, body)) in intents.iter().enumerate() {
+        let last = clients[i % clients.len()]
+            .charge_until_final(key, body)
+            .await;
+        assert_eq!(last.status, 201);
+        if let Some(bodies) = created.get(key) {
+            assert_eq!(last.body, bodies[0]);
+        }
+    }
+
+    let ledger = sim.ledger().await;
+    assert_eq!(
+        ledger.captures.len(),
+        INTENTS as usize,
+        "one capture per intent"
+    );
+    assert!(ledger.counts.iter().all(|c| c.captures == 1));
+    assert_eq!(db.count("charges").await, INTENTS);
+    assert_eq!(db.count("idempotency_keys").await, INTENTS);
+}

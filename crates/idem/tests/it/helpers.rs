@@ -1,0 +1,390 @@
+//! Test harness: a database per test, an in-process simulator and server on
+//! port 0, `idem serve` child processes, and a small HTTP client.
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use idem::acquirer::AcquirerClient;
+use idem::domain::MerchantSecret;
+use idem::http::{self, AppState};
+use idem::idempotency::{Engine, EngineConfig};
+use idem::sim::{self, Faults, Ledger};
+use idem::store::Store;
+use reqwest::header::HeaderMap;
+use sqlx::Connection;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// The server to create test databases on; its own database is not touched.
+fn admin_url() -> String {
+    std::env::var("IDEM_TEST_ADMIN_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// A database of its own for one test, dropped when the test ends.
+pub struct TestDb {
+    pub url: String,
+    pub name: String,
+    pub store: Store,
+}
+
+impl TestDb {
+    pub async fn new() -> Self {
+        let name = format!("idem_test_{}", uuid::Uuid::new_v4().simple());
+        let admin = admin_url();
+        let mut conn = sqlx::PgConnection::connect(&admin)
+            .await
+            .expect("PostgreSQL must be reachable at IDEM_TEST_ADMIN_URL (see README)");
+        sqlx::query(&format!("create database {name}"))
+            .execute(&mut conn)
+            .await
+            .expect("create test database");
+        conn.close().await.ok();
+        let url = match admin.rfind('/') {
+            Some(i) => format!("{}/{name}", &admin[..i]),
+            None => panic!("admin url has no database part"),
+        };
+        let store = Store::connect(&url, 5).await.expect("connect test db");
+        store.migrate().await.expect("migrate test db");
+        Self { url, name, store }
+    }
+
+    /// A new merchant; returns its secret.
+    pub async fn merchant(&self, name: &str) -> String {
+        let secret = MerchantSecret::generate();
+        self.store
+            .create_merchant(name, &secret.hash())
+            .await
+            .expect("create merchant");
+        secret.expose().to_owned()
+    }
+
+    pub async fn count(&self, table: &str) -> i64 {
+        let (n,): (i64,) = sqlx::query_as(&format!("select count(*) from {table}"))
+            .fetch_one(self.store.pool())
+            .await
+            .expect("count");
+        n
+    }
+
+    /// Runs one SQL statement (for tests that set up scenarios by hand).
+    pub async fn exec(&self, sql: &str) {
+        sqlx::query(sql)
+            .execute(self.store.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        // A runtime of its own: Drop cannot await, and the test's may be gone.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                if let Ok(mut conn) = sqlx::PgConnection::connect(&admin_url()).await {
+                    let _ = sqlx::query(&format!("drop database if exists {name} with (force)"))
+                        .execute(&mut conn)
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// The acquirer simulator, in process, over loopback.
+pub struct TestSim {
+    pub url: String,
+    http: reqwest::Client,
+    stop: CancellationToken,
+}
+
+impl TestSim {
+    pub async fn start(faults: Faults) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind sim");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let stop = CancellationToken::new();
+        tokio::spawn(sim::serve(listener, faults, stop.clone()));
+        Self {
+            url,
+            http: reqwest::Client::new(),
+            stop,
+        }
+    }
+
+    pub async fn set_faults(&self, faults: Faults) {
+        let r = self
+            .http
+            .put(format!("{}/_sim/faults", self.url))
+            .json(&faults)
+            .send()
+            .await
+            .expect("set faults");
+        assert!(r.status().is_success(), "set faults: {}", r.status());
+    }
+
+    pub async fn ledger(&self) -> Ledger {
+        self.http
+            .get(format!("{}/_sim/ledger", self.url))
+            .send()
+            .await
+            .expect("ledger")
+            .json()
+            .await
+            .expect("ledger json")
+    }
+}
+
+impl Drop for TestSim {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Engine settings for in-process servers: short enough for tests to wait out.
+pub fn test_config() -> EngineConfig {
+    EngineConfig {
+        lease: Duration::from_secs(3),
+        key_ttl: Duration::from_secs(24 * 3600),
+    }
+}
+
+/// `idem serve`'s router, in process, on port 0.
+pub struct TestApp {
+    pub url: String,
+    stop: CancellationToken,
+}
+
+impl TestApp {
+    pub async fn start(db: &TestDb, sim: &TestSim) -> Self {
+        Self::start_with(db, sim, test_config(), Duration::from_secs(2)).await
+    }
+
+    pub async fn start_with(
+        db: &TestDb,
+        sim: &TestSim,
+        config: EngineConfig,
+        acquirer_timeout: Duration,
+    ) -> Self {
+        let acquirer = AcquirerClient::new(&sim.url, acquirer_timeout).expect("acquirer client");
+        let engine = Engine::new(db.store.clone(), acquirer, config);
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind app");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let stop = CancellationToken::new();
+        tokio::spawn(http::serve(
+            listener,
+            AppState::new(engine),
+            acquirer_timeout + Duration::from_secs(5),
+            stop.clone(),
+        ));
+        Self { url, stop }
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// A real `idem serve` process.
+pub struct ServeProcess {
+    pub url: String,
+    child: Child,
+}
+
+impl ServeProcess {
+    pub async fn start(db: &TestDb, sim: &TestSim, extra: &[&str]) -> Self {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let child = Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["serve", "--listen", &listen, "--acquirer-url", &sim.url])
+            .args(extra)
+            .env("DATABASE_URL", &db.url)
+            .env("IDEM_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn idem serve");
+        let url = format!("http://{listen}");
+        let started = Instant::now();
+        let http = reqwest::Client::new();
+        while http.get(format!("{url}/healthz")).send().await.is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "idem serve did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        Self { url, child }
+    }
+
+    /// SIGKILL: no shutdown, no cleanup, like a crash.
+    pub fn kill_9(&mut self) {
+        self.child.kill().expect("kill -9");
+        self.child.wait().expect("reap");
+    }
+
+    /// SIGTERM, then wait for a clean exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill -TERM");
+        self.child.wait().expect("wait")
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr: SocketAddr = l.local_addr().expect("addr");
+    addr.port()
+}
+
+/// One HTTP answer, kept whole.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: bytes::Bytes,
+    pub elapsed: Duration,
+}
+
+impl Answer {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    pub fn replayed(&self) -> bool {
+        self.header("idempotent-replayed") == Some("true")
+    }
+
+    /// The problem `type` of an error answer, checking its media type.
+    pub fn problem_type(&self) -> String {
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json"),
+            "status {} body {:?}",
+            self.status,
+            self.body
+        );
+        let p = self.json();
+        assert_eq!(p["status"], self.status, "problem status matches");
+        assert!(p["title"].is_string() && p["detail"].is_string(), "{p}");
+        p["type"].as_str().expect("type").to_owned()
+    }
+}
+
+/// A client for the charge API.
+#[derive(Clone)]
+pub struct Client {
+    pub base: String,
+    pub secret: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    pub fn new(base: &str, secret: &str) -> Self {
+        Self {
+            base: base.to_owned(),
+            secret: secret.to_owned(),
+            http: reqwest::Client::builder()
+                .pool_max_idle_per_host(64)
+                .build()
+                .expect("client"),
+        }
+    }
+
+    /// `POST /v1/charges` with a JSON body given as text (so tests can send any bytes).
+    pub async fn charge(&self, key: &str, body: &str) -> Answer {
+        self.send(
+            self.http
+                .post(format!("{}/v1/charges", self.base))
+                .bearer_auth(&self.secret)
+                .header("Idempotency-Key", key)
+                .header("Content-Type", "application/json")
+                .body(body.to_owned()),
+        )
+        .await
+    }
+
+    pub async fn get_charge(&self, id: &str) -> Answer {
+        self.send(
+            self.http
+                .get(format!("{}/v1/charges/{id}", self.base))
+                .bearer_auth(&self.secret),
+        )
+        .await
+    }
+
+    /// Any request, built by the caller.
+    pub async fn send(&self, request: reqwest::RequestBuilder) -> Answer {
+        let started = Instant::now();
+        let r = request.send().await.expect("request");
+        let status = r.status().as_u16();
+        let headers = r.headers().clone();
+        let body = r.bytes().await.expect("body");
+        Answer {
+            status,
+            headers,
+            body,
+            elapsed: started.elapsed(),
+        }
+    }
+
+    pub fn raw(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    /// Retries a charge on `409` and `503` until it is final, as a good client would.
+    pub async fn charge_until_final(&self, key: &str, body: &str) -> Answer {
+        let started = Instant::now();
+        loop {
+            let a = self.charge(key, body).await;
+            if a.status != 409 && a.status != 503 {
+                return a;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "never final: {a:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// A fresh random key, as a client makes one per intent.
+pub fn new_key() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+pub fn body(order_id: i64, amount_cents: i64) -> String {
+    format!(r#"{{"order_id": {order_id}, "amount_cents": {amount_cents}}}"#)
+}
+
+/// Faults with only latency set.
+pub fn latency(ms: u64) -> Faults {
+    Faults {
+        latency_ms: ms,
+        ..Faults::default()
+    }
+}

@@ -1,0 +1,12 @@
+//! Integration tests: real PostgreSQL (a fresh database per test), the real
+//! acquirer simulator over loopback, and real `idem serve` processes where
+//! processes matter (several instances, kill -9).
+
+mod helpers;
+
+mod api;
+mod concurrency;
+mod crash;
+mod outcomes;
+mod race;
+mod store;

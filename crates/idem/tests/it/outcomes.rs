@@ -1,0 +1,234 @@
+//! Every row of api.md's outcome table, against the real simulator.
+
+use std::time::Duration;
+
+use idem::idempotency::EngineConfig;
+use idem::sim::{Fault, Faults};
+
+use crate::helpers::*;
+
+#[tokio::test]
+async fn a_capture_is_stored_and_replayed_byte_for_byte_under_both_key_forms() {
+    let db = TestDb::new().await;
+    let sim = TestSim::start(Faults::default()).await;
+    let app = TestApp::start(&db, &sim).await;
+    let c = Client::new(&app.url, &db.merchant("loja").await);
+    let key = new_key();
+
+    let first = c.charge(&key, &body(123, 25000)).await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    assert!(!first.replayed());
+    let charge = first.json();
+    assert_eq!(charge["status"], "captured");
+    assert_eq!(charge["order_id"], 123);
+    assert_eq!(charge["amount_cents"], 25000);
+    assert_eq!(charge["currency"], "BRL");
+    let id = charge["id"].as_str().unwrap();
+    assert_eq!(
+        first.header("location"),
+        Some(format!("/v1/charges/{id}").as_str())
+    );
+
+    // The IETF form of the same key, the body in another layout, the default
+    // currency spelled out: the same request, so a replay.
+    let again = c
+        .charge(
+            &format!("\"{key}\""),
+            r#"{ "currency": "BRL", "amount_cents": 25000, "order_id": 123 }"#,
+        )
+        .await;
+    assert_eq!(again.status, 201);
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body, "byte-identical body");
+    assert_eq!(again.header("location"), first.header("location"));
+    assert_eq!(again.header("content-type"), Some("application/json"));
+
+    let ledger = sim.ledger().await;
+    assert_eq!(ledger.captures.len(), 1);
+    assert_eq!(ledger.captures[0].reference, charge["acquirer_reference"]);
+}
+
+#[tokio::test]
+async fn a_decline_is_final_stored_and_replayed() {
+    let db = TestDb::new().await;
+    let sim = TestSim::start(Faults {
+        decline_rate: 1.0,
+        ..Faults::default()
+    })
+    .await;
+    let app = TestApp::start(&db, &sim).await;
+    let c = Client::new(&app.url, &db.merchant("loja").await);
+    let key = new_key();
+
+    let first = c.charge(&key, &body(5, 100)).await;
+    assert_eq!(first.status, 402);
+    assert_eq!(first.problem_type(), "urn:idem:problem:charge-declined");
+    let p = first.json();
+    assert_eq!(p["charge"]["status"], "declined");
+    assert_eq!(p["charge"]["decline_reason"], "insufficient_funds");
+
+    // Even once the acquirer would accept, the stored decline is the answer.
+    sim.set_faults(Faults::default()).await;
+    let again = c.charge(&key, &body(5, 100)).await;
+    assert_eq!(again.status, 402);
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    assert!(
+        sim.ledger().await.captures.is_empty(),
+        "a decline moves no money"
+    );
+
+    let id = p["charge"]["id"].as_str().unwrap();
+    assert_eq!(c.get_charge(id).await.json()["status"], "declined");
+
+    // A new attempt is a new intent: a new key.
+    assert_eq!(c.charge(&new_key(), &body(5, 100)).await.status, 201);
+}
+
+#[tokio::test]
+async fn a_reused_key_with_another_request_is_422_naming_the_fields() {
+    let db = TestDb::new().await;
+    let sim = TestSim::start(Faults::default()).await;
+    let app = TestApp::start(&db, &sim).await;
+    let c = Client::new(&app.url, &db.merchant("loja").await);
+    let key = new_key();
+    assert_eq!(c.charge(&key, &body(123, 25000)).await.status, 201);
+
+    let a = c
+        .charge(
+            &key,
+            r#"{"order_id":123,"amount_cents":30000,"currency":"USD"}"#,
+        )
+        .await;
+    assert_eq!(a.status, 422);
+    assert_eq!(a.problem_type(), "urn:idem:problem:idempotency-key-reused");
+    assert_eq!(
+        a.json()["differing_fields"],
+        serde_json::json!(["amount_cents", "currency"])
+    );
+    let a = c
+        .charge(
+            &key,
+            r#"{"order_id":123,"amount_cents":25000,"description":"x"}"#,
+        )
+        .await;
+    assert_eq!(a.status, 422);
+    assert_eq!(
+        a.json()["differing_fields"],
+        serde_json::json!(["description"])
+    );
+    assert_eq!(sim.ledger().await.captures.len(), 1);
+    assert_eq!(db.count("charges").await, 1, "a 422 stores nothing");
+}
+
+/// Each way the acquirer can leave the outcome unknown: 503 with Retry-After,
+/// the charge stays processing, and a retry with the same key finishes it with
+/// exactly one capture.
+#[tokio::test]
+async fn every_unknown_outcome_is_503_then_a_retry_settles_it_once() {
+    let db = TestDb::new().await;
+    let sim = TestSim::start(Faults::default()).await;
+    let acquirer_timeout = Duration::from_millis(500);
+    let app = TestApp::start_with(&db, &sim, test_config(), acquirer_timeout).await;
+    let c = Client::new(&app.url, &db.merchant("loja").await);
+
+    let faults = [
+        (Fault::ErrorBefore, false),
+        (Fault::ErrorAfter, true),
+        (Fault::Hang, true),
+        (Fault::DropAfter, true),
+    ];
+    for (order, (fault, captures_anyway)) in (1..).zip(faults) {
+        sim.set_faults(Faults {
+            fault,
+            fault_count: Some(1),
+            hang_ms: 5_000,
+            ..Faults::default()
+        })
+        .await;
+        let key = new_key();
+        let first = c.charge(&key, &body(order, 100)).await;
+        assert_eq!(first.status, 503, "{fault:?}: {:?}", first.body);
+        assert_eq!(
+            first.problem_type(),
+            "urn:idem:problem:outcome-unknown",
+            "{fault:?}"
+        );
+        assert!(first.header("retry-after").is_some(), "{fault:?}");
+        let captured_so_far = sim.ledger().await.captures.len();
+        assert_eq!(
+            captured_so_far,
+            order as usize - 1 + usize::from(captures_anyway),
+            "{fault:?}"
+        );
+
+        let (id,): (String,) =
+            sqlx::query_as("select id from charges where order_id = $1 and status = 'processing'")
+                .bind(order)
+                .fetch_one(db.store.pool())
+                .await
+                .expect("the charge stays processing");
+        assert_eq!(c.get_charge(&id).await.json()["status"], "processing");
+
+        let retry = c.charge(&key, &body(order, 100)).await;
+        assert_eq!(retry.status, 201, "{fault:?}: {:?}", retry.body);
+        assert_eq!(retry.json()["id"], id.as_str(), "{fault:?}: same charge");
+        let replay = c.charge(&key, &body(order, 100)).await;
+        assert_eq!(replay.body, retry.body);
+
+        let ledger = sim.ledger().await;
+        let count = ledger
+            .counts
+            .iter()
+            .find(|n| n.order_id == order)
+            .map(|n| n.captures);
+        assert_eq!(count, Some(1), "{fault:?}: exactly one capture");
+    }
+}
+
+#[tokio::test]
+async fn after_the_ttl_a_key_is_a_new_intent_but_never_while_processing() {
+    let db = TestDb::new().await;
+    let sim = TestSim::start(Faults::default()).await;
+    let config = EngineConfig {
+        key_ttl: Duration::from_millis(300),
+        ..test_config()
+    };
+    let app = TestApp::start_with(&db, &sim, config, Duration::from_millis(500)).await;
+    let c = Client::new(&app.url, &db.merchant("loja").await);
+
+    let key = new_key();
+    let first = c.charge(&key, &body(1, 100)).await;
+    assert_eq!(first.status, 201);
+    assert!(
+        c.charge(&key, &body(1, 100)).await.replayed(),
+        "honoured within the ttl"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let later = c.charge(&key, &body(2, 200)).await;
+    assert_eq!(later.status, 201, "{:?}", later.body);
+    assert!(!later.replayed(), "a new intent, even with another body");
+    assert_ne!(later.json()["id"], first.json()["id"]);
+    let old_id = first.json()["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        c.get_charge(&old_id).await.json()["status"],
+        "captured",
+        "expiry never deletes a charge"
+    );
+
+    // An unsettled key outlives its ttl: the retry finishes the same charge.
+    sim.set_faults(Faults {
+        fault: Fault::ErrorBefore,
+        fault_count: Some(1),
+        ..Faults::default()
+    })
+    .await;
+    let key = new_key();
+    let unknown = c.charge(&key, &body(3, 300)).await;
+    assert_eq!(unknown.status, 503);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let settled = c.charge(&key, &body(3, 300)).await;
+    assert_eq!(settled.status, 201);
+    assert_eq!(db.count("charges").await, 3);
+    assert_eq!(sim.ledger().await.captures.len(), 3);
+}

@@ -1,0 +1,108 @@
+//! The store's fencing: a stale holder whose lease was taken over can never
+//! write the outcome.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem::domain::{ChargeRequest, ChargeStatus};
+use idem::idempotency::{Fingerprint, IdempotencyKey, StoredResponse};
+use idem::store::{Claim, KeyState, NewClaim, Settlement};
+
+use crate::helpers::*;
+
+#[tokio::test]
+async fn a_stale_holder_cannot_finalize_after_a_take_over() {
+    let db = TestDb::new().await;
+    db.merchant("loja").await;
+    let (merchant_id,): (i64,) = sqlx::query_as("select id from merchants")
+        .fetch_one(db.store.pool())
+        .await
+        .expect("merchant");
+    let key = IdempotencyKey::parse(b"fence-me").expect("key");
+    let request = ChargeRequest::from_json(body(1, 100).as_bytes()).expect("request");
+    let claim = NewClaim {
+        merchant_id,
+        key: &key,
+        fingerprint: Fingerprint::of_charge(&request),
+        request: &request,
+        lease: Duration::from_millis(50),
+        key_ttl: Duration::from_secs(60),
+    };
+    let Claim::Won(stale) = db.store.claim(&claim).await.expect("claim") else {
+        panic!("first claim wins")
+    };
+    let Claim::Lost(seen) = db.store.claim(&claim).await.expect("claim") else {
+        panic!("second claim loses")
+    };
+    assert!(
+        matches!(seen.state, KeyState::InFlight { lease_remaining } if !lease_remaining.is_zero())
+    );
+    assert!(
+        db.store
+            .take_over(merchant_id, &key, seen.attempt, Duration::from_secs(5))
+            .await
+            .expect("take over")
+            .is_none(),
+        "a live lease cannot be taken"
+    );
+
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let fresh = db
+        .store
+        .take_over(merchant_id, &key, stale.attempt, Duration::from_secs(5))
+        .await
+        .expect("take over")
+        .expect("an expired lease can be taken");
+    assert_eq!(fresh.attempt, stale.attempt + 1);
+    assert!(
+        db.store
+            .take_over(merchant_id, &key, stale.attempt, Duration::from_secs(5))
+            .await
+            .expect("again")
+            .is_none(),
+        "only one attempt takes over a given token"
+    );
+
+    let response = |text: &'static str| StoredResponse {
+        status: 201,
+        body: Bytes::from_static(text.as_bytes()),
+    };
+    let settle = |r: &'static StoredResponse| Settlement {
+        status: ChargeStatus::Captured,
+        capture_id: Some("cap_1"),
+        decline_reason: None,
+        response: r,
+    };
+    let stale_answer: &'static StoredResponse = Box::leak(Box::new(response("stale")));
+    let fresh_answer: &'static StoredResponse = Box::leak(Box::new(response("fresh")));
+    let ttl = Duration::from_secs(60);
+    assert!(!db
+        .store
+        .finalize(merchant_id, &key, &stale, &settle(stale_answer), ttl)
+        .await
+        .expect("fin"));
+    assert!(db
+        .store
+        .finalize(merchant_id, &key, &fresh, &settle(fresh_answer), ttl)
+        .await
+        .expect("fin"));
+    assert!(
+        !db.store
+            .finalize(merchant_id, &key, &fresh, &settle(fresh_answer), ttl)
+            .await
+            .expect("fin"),
+        "written once"
+    );
+
+    let record = db
+        .store
+        .key_record(merchant_id, &key)
+        .await
+        .expect("read")
+        .expect("exists");
+    match record.state {
+        KeyState::Completed(r) => assert_eq!(r.body, "fresh"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(record.charge.status, ChargeStatus::Captured);
+}
