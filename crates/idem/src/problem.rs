@@ -32,6 +32,26 @@ pub enum ProblemKind {
 }
 
 impl ProblemKind {
+    /// Every kind, for docs and tests.
+    pub const ALL: [ProblemKind; 16] = [
+        Self::Unauthorized,
+        Self::MissingIdempotencyKey,
+        Self::MalformedIdempotencyKey,
+        Self::InvalidBody,
+        Self::UnsupportedMediaType,
+        Self::BodyTooLarge,
+        Self::KeyReused,
+        Self::RequestInFlight,
+        Self::OutcomeUnknown,
+        Self::Declined,
+        Self::AcquirerRejected,
+        Self::NotFound,
+        Self::MethodNotAllowed,
+        Self::ServiceUnavailable,
+        Self::Timeout,
+        Self::Internal,
+    ];
+
     pub fn slug(self) -> &'static str {
         match self {
             Self::Unauthorized => "unauthorized",
@@ -160,25 +180,7 @@ mod tests {
 
     #[test]
     fn slugs_are_unique() {
-        use ProblemKind::*;
-        let all = [
-            Unauthorized,
-            MissingIdempotencyKey,
-            MalformedIdempotencyKey,
-            InvalidBody,
-            UnsupportedMediaType,
-            BodyTooLarge,
-            KeyReused,
-            RequestInFlight,
-            OutcomeUnknown,
-            Declined,
-            AcquirerRejected,
-            NotFound,
-            MethodNotAllowed,
-            ServiceUnavailable,
-            Timeout,
-            Internal,
-        ];
+        let all = ProblemKind::ALL;
         let mut slugs: Vec<_> = all.iter().map(|k| k.slug()).collect();
         slugs.sort();
         slugs.dedup();

@@ -23,7 +23,7 @@ use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::timeout::TimeoutLayer;
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
 pub use auth::MerchantCache;
 pub use charges::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
@@ -72,7 +72,8 @@ pub fn router(state: AppState, request_timeout: Duration) -> Router {
                 tracing::info_span!("request", method = %request.method(), path = %request.uri().path(),
                     request_id, merchant = tracing::field::Empty,
                     idempotency_key = tracing::field::Empty, charge_id = tracing::field::Empty)
-            }),
+            })
+            .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
         )
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(axum::middleware::map_response(problemize))

@@ -28,6 +28,43 @@ macro_rules! record_columns {
     };
 }
 
+/// A CTE `c`: the new charge of a claim `k` that was just made, if any.
+/// Parameters as bound by [`bind_new_claim`].
+macro_rules! create_charge_of_k {
+    () => {
+        "c as (
+            insert into charges
+                (id, merchant_id, order_id, amount_cents, currency, description, acquirer_reference)
+            select k.charge_id, $1, $7, $8, $9, $10, $11 from k
+            returning *
+        )"
+    };
+}
+
+type PgQueryAs<'q, O> = sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>;
+
+/// Binds `$1..$11` of the statements that make a claim: the key record's
+/// columns, then the new charge's, with a fresh charge id and reference.
+fn bind_new_claim<'q, O>(query: PgQueryAs<'q, O>, new: &NewClaim<'_>) -> PgQueryAs<'q, O> {
+    query
+        .bind(new.merchant_id)
+        .bind(new.key.as_str().to_owned())
+        .bind(new.fingerprint.as_bytes().to_vec())
+        .bind(ChargeId::generate().as_str().to_owned())
+        .bind(millis(new.lease))
+        .bind(millis(new.key_ttl))
+        .bind(new.request.order_id.get())
+        .bind(new.request.amount_cents.get())
+        .bind(new.request.currency.as_str().to_owned())
+        .bind(
+            new.request
+                .description
+                .as_ref()
+                .map(|d| d.as_str().to_owned()),
+        )
+        .bind(AcquirerReference::generate().as_str().to_owned())
+}
+
 /// What a new attempt asks to claim.
 pub struct NewClaim<'a> {
     pub merchant_id: i64,
@@ -134,7 +171,7 @@ impl Store {
     /// A record that expired is reclaimed for the new intent the same way, by a
     /// conditional update that only one attempt can win.
     pub async fn claim(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
-        let row: Option<ClaimRow> = sqlx::query_as(concat!(
+        let query = sqlx::query_as(concat!(
             "with k as (
                 insert into idempotency_keys
                     (merchant_id, idempotency_key, fingerprint, charge_id, locked_until, expires_at)
@@ -142,12 +179,9 @@ impl Store {
                         now() + $6 * interval '1 millisecond')
                 on conflict (merchant_id, idempotency_key) do nothing
                 returning *
-            ), c as (
-                insert into charges
-                    (id, merchant_id, order_id, amount_cents, currency, description, acquirer_reference)
-                select k.charge_id, $1, $7, $8, $9, $10, $11 from k
-                returning *
-            )
+            ), ",
+            create_charge_of_k!(),
+            "
             select true as won, ",
             record_columns!(),
             " from c cross join k
@@ -157,20 +191,10 @@ impl Store {
             " from idempotency_keys k join charges c on c.id = k.charge_id
             where k.merchant_id = $1 and k.idempotency_key = $2
               and not exists (select 1 from k)"
-        ))
-        .bind(new.merchant_id)
-        .bind(new.key.as_str())
-        .bind(new.fingerprint.as_bytes())
-        .bind(ChargeId::generate().as_str())
-        .bind(millis(new.lease))
-        .bind(millis(new.key_ttl))
-        .bind(new.request.order_id.get())
-        .bind(new.request.amount_cents.get())
-        .bind(new.request.currency.as_str())
-        .bind(new.request.description.as_ref().map(|d| d.as_str()))
-        .bind(AcquirerReference::generate().as_str())
-        .fetch_optional(&self.pool)
-        .await?;
+        ));
+        let row: Option<ClaimRow> = bind_new_claim(query, new)
+            .fetch_optional(&self.pool)
+            .await?;
         match row {
             Some(ClaimRow { won: true, record }) => Ok(Claim::Won(record.try_into()?)),
             Some(ClaimRow { won: false, record }) => {
@@ -196,7 +220,7 @@ impl Store {
     /// Turns an expired, completed record into a fresh claim for a new intent
     /// with a new charge; the old charge stays as it was.
     async fn reclaim_expired(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
-        let row: Option<RecordRow> = sqlx::query_as(concat!(
+        let query = sqlx::query_as(concat!(
             "with k as (
                 update idempotency_keys
                    set fingerprint = $3, charge_id = $4, state = 'in_flight',
@@ -206,29 +230,16 @@ impl Store {
                  where merchant_id = $1 and idempotency_key = $2
                    and state = 'completed' and expires_at <= now()
                 returning *
-            ), c as (
-                insert into charges
-                    (id, merchant_id, order_id, amount_cents, currency, description, acquirer_reference)
-                select k.charge_id, $1, $7, $8, $9, $10, $11 from k
-                returning *
-            )
+            ), ",
+            create_charge_of_k!(),
+            "
             select ",
             record_columns!(),
             " from c cross join k"
-        ))
-        .bind(new.merchant_id)
-        .bind(new.key.as_str())
-        .bind(new.fingerprint.as_bytes())
-        .bind(ChargeId::generate().as_str())
-        .bind(millis(new.lease))
-        .bind(millis(new.key_ttl))
-        .bind(new.request.order_id.get())
-        .bind(new.request.amount_cents.get())
-        .bind(new.request.currency.as_str())
-        .bind(new.request.description.as_ref().map(|d| d.as_str()))
-        .bind(AcquirerReference::generate().as_str())
-        .fetch_optional(&self.pool)
-        .await?;
+        ));
+        let row: Option<RecordRow> = bind_new_claim(query, new)
+            .fetch_optional(&self.pool)
+            .await?;
         match row {
             Some(record) => Ok(Claim::Won(record.try_into()?)),
             // Another attempt reclaimed it first: that one is now the intent.

@@ -15,10 +15,12 @@ async fn assert_nothing_stored(db: &TestDb) {
 
 #[tokio::test]
 async fn every_bad_input_is_a_problem_and_stores_nothing() {
-    let db = TestDb::new().await;
-    let sim = TestSim::start(Faults::default()).await;
-    let app = TestApp::start(&db, &sim).await;
-    let c = Client::new(&app.url, &db.merchant("loja").await);
+    let Env {
+        db,
+        sim,
+        app: _app,
+        client: c,
+    } = Env::start(Faults::default()).await;
     let key = new_key();
     let good = body(123, 25000);
     let long_description = format!(
@@ -310,10 +312,12 @@ async fn merchants_never_see_each_others_keys_or_charges() {
 
 #[tokio::test]
 async fn get_returns_the_charge_as_it_is_now() {
-    let db = TestDb::new().await;
-    let sim = TestSim::start(Faults::default()).await;
-    let app = TestApp::start(&db, &sim).await;
-    let c = Client::new(&app.url, &db.merchant("loja").await);
+    let Env {
+        db: _db,
+        sim: _sim,
+        app: _app,
+        client: c,
+    } = Env::start(Faults::default()).await;
     let created = c
         .charge(
             &new_key(),

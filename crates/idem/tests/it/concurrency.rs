@@ -24,10 +24,12 @@ async fn lock_waiters_and_open_transactions(db: &TestDb) -> (i64, i64) {
 
 #[tokio::test]
 async fn a_retry_while_the_first_attempt_waits_on_the_acquirer_gets_409_at_once() {
-    let db = TestDb::new().await;
-    let sim = TestSim::start(latency(1_000)).await;
-    let app = TestApp::start(&db, &sim).await;
-    let c = Client::new(&app.url, &db.merchant("loja").await);
+    let Env {
+        db,
+        sim,
+        app: _app,
+        client: c,
+    } = Env::start(latency(1_000)).await;
     let key = new_key();
 
     let first = tokio::spawn({

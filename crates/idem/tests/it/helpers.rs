@@ -388,3 +388,35 @@ pub fn latency(ms: u64) -> Faults {
         ..Faults::default()
     }
 }
+
+/// The usual set-up: a database, a simulator, an in-process server and a
+/// client for a merchant named `loja`.
+pub struct Env {
+    pub db: TestDb,
+    pub sim: TestSim,
+    pub app: TestApp,
+    pub client: Client,
+}
+
+impl Env {
+    pub async fn start(faults: Faults) -> Self {
+        Self::start_with(faults, test_config(), Duration::from_secs(2)).await
+    }
+
+    pub async fn start_with(
+        faults: Faults,
+        config: EngineConfig,
+        acquirer_timeout: Duration,
+    ) -> Self {
+        let db = TestDb::new().await;
+        let sim = TestSim::start(faults).await;
+        let app = TestApp::start_with(&db, &sim, config, acquirer_timeout).await;
+        let client = Client::new(&app.url, &db.merchant("loja").await);
+        Self {
+            db,
+            sim,
+            app,
+            client,
+        }
+    }
+}

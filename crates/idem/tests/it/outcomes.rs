@@ -9,10 +9,12 @@ use crate::helpers::*;
 
 #[tokio::test]
 async fn a_capture_is_stored_and_replayed_byte_for_byte_under_both_key_forms() {
-    let db = TestDb::new().await;
-    let sim = TestSim::start(Faults::default()).await;
-    let app = TestApp::start(&db, &sim).await;
-    let c = Client::new(&app.url, &db.merchant("loja").await);
+    let Env {
+        db: _db,
+        sim,
+        app: _app,
+        client: c,
+    } = Env::start(Faults::default()).await;
     let key = new_key();
 
     let first = c.charge(&key, &body(123, 25000)).await;
@@ -50,14 +52,16 @@ async fn a_capture_is_stored_and_replayed_byte_for_byte_under_both_key_forms() {
 
 #[tokio::test]
 async fn a_decline_is_final_stored_and_replayed() {
-    let db = TestDb::new().await;
-    let sim = TestSim::start(Faults {
+    let Env {
+        db: _db,
+        sim,
+        app: _app,
+        client: c,
+    } = Env::start(Faults {
         decline_rate: 1.0,
         ..Faults::default()
     })
     .await;
-    let app = TestApp::start(&db, &sim).await;
-    let c = Client::new(&app.url, &db.merchant("loja").await);
     let key = new_key();
 
     let first = c.charge(&key, &body(5, 100)).await;
@@ -87,10 +91,12 @@ async fn a_decline_is_final_stored_and_replayed() {
 
 #[tokio::test]
 async fn a_reused_key_with_another_request_is_422_naming_the_fields() {
-    let db = TestDb::new().await;
-    let sim = TestSim::start(Faults::default()).await;
-    let app = TestApp::start(&db, &sim).await;
-    let c = Client::new(&app.url, &db.merchant("loja").await);
+    let Env {
+        db,
+        sim,
+        app: _app,
+        client: c,
+    } = Env::start(Faults::default()).await;
     let key = new_key();
     assert_eq!(c.charge(&key, &body(123, 25000)).await.status, 201);
 
@@ -126,11 +132,12 @@ async fn a_reused_key_with_another_request_is_422_naming_the_fields() {
 /// exactly one capture.
 #[tokio::test]
 async fn every_unknown_outcome_is_503_then_a_retry_settles_it_once() {
-    let db = TestDb::new().await;
-    let sim = TestSim::start(Faults::default()).await;
-    let acquirer_timeout = Duration::from_millis(500);
-    let app = TestApp::start_with(&db, &sim, test_config(), acquirer_timeout).await;
-    let c = Client::new(&app.url, &db.merchant("loja").await);
+    let Env {
+        db,
+        sim,
+        app: _app,
+        client: c,
+    } = Env::start_with(Faults::default(), test_config(), Duration::from_millis(500)).await;
 
     let faults = [
         (Fault::ErrorBefore, false),
@@ -188,14 +195,16 @@ async fn every_unknown_outcome_is_503_then_a_retry_settles_it_once() {
 
 #[tokio::test]
 async fn after_the_ttl_a_key_is_a_new_intent_but_never_while_processing() {
-    let db = TestDb::new().await;
-    let sim = TestSim::start(Faults::default()).await;
     let config = EngineConfig {
         key_ttl: Duration::from_millis(300),
         ..test_config()
     };
-    let app = TestApp::start_with(&db, &sim, config, Duration::from_millis(500)).await;
-    let c = Client::new(&app.url, &db.merchant("loja").await);
+    let Env {
+        db,
+        sim,
+        app: _app,
+        client: c,
+    } = Env::start_with(Faults::default(), config, Duration::from_millis(500)).await;
 
     let key = new_key();
     let first = c.charge(&key, &body(1, 100)).await;
