@@ -12,6 +12,8 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use tracing::Instrument;
+
 use super::auth::Authenticated;
 use super::{ApiError, AppState, BODY_LIMIT};
 use crate::domain::{ChargeId, ChargeRequest};
@@ -39,9 +41,11 @@ pub async fn create(
     let request = ChargeRequest::from_json(&body).map_err(ApiError::InvalidBody)?;
 
     let engine = state.engine.clone();
-    let task = state
-        .tasks
-        .spawn(async move { engine.submit(&merchant, &key, &request).await });
+    // The request's span goes along, so the engine's log lines carry its fields.
+    let task = state.tasks.spawn(
+        async move { engine.submit(&merchant, &key, &request).await }
+            .instrument(tracing::Span::current()),
+    );
     let outcome = task
         .await
         .map_err(|e| ApiError::Internal(format!("charge task failed: {e}")))??;
