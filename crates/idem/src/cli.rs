@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use sqlx::migrate::MigrateDatabase;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::acquirer::AcquirerClient;
 use crate::domain::{parse_merchant_name, MerchantSecret};
@@ -18,6 +19,7 @@ use crate::http::{self, AppState};
 use crate::idempotency::{Engine, EngineConfig};
 use crate::sim::{self, Fault, Faults};
 use crate::store::Store;
+use crate::workers::{Reconciler, ReconcilerConfig, Sweeper};
 
 /// What a client waits beyond the acquirer timeout before it gets a 504: the
 /// claim and finalize statements, with room for a slow database.
@@ -56,6 +58,19 @@ pub enum Command {
     Serve(ServeArgs),
     /// Run the acquirer simulator.
     AcquirerSim(SimArgs),
+    /// Run the reconciler alone (it also runs inside `serve`).
+    Reconcile(ReconcileArgs),
+    /// Inspect charges.
+    Charges {
+        #[command(subcommand)]
+        command: ChargesCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ChargesCommand {
+    /// List the charges awaiting review: past the settle deadline without the acquirer's word.
+    Stuck(DbArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -83,11 +98,9 @@ pub struct DbArgs {
     pub db_max_connections: u32,
 }
 
+/// What the charge engine needs, shared by `serve` and `reconcile`.
 #[derive(Args, Debug, Clone)]
-pub struct ServeArgs {
-    /// Address to listen on.
-    #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8080")]
-    pub listen: SocketAddr,
+pub struct EngineArgs {
     /// Base URL of the acquirer.
     #[arg(
         long,
@@ -107,6 +120,45 @@ pub struct ServeArgs {
     pub key_ttl: Duration,
     #[command(flatten)]
     pub db: DbArgs,
+}
+
+/// The reconciler's settings, shared by `serve` and `reconcile`.
+#[derive(Args, Debug, Clone)]
+pub struct ReconcilerArgs {
+    /// Pause between reconciler passes.
+    #[arg(long, env = "IDEM_RECONCILE_INTERVAL", value_parser = parse_duration, default_value = "1s")]
+    pub reconcile_interval: Duration,
+    /// Past this age, a charge without the acquirer's word is marked for review.
+    #[arg(long, env = "IDEM_SETTLE_DEADLINE", value_parser = parse_duration, default_value = "24h")]
+    pub settle_deadline: Duration,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Do not run the reconciler and the sweeper in this process.
+    #[arg(long, env = "IDEM_NO_WORKERS")]
+    pub no_workers: bool,
+    /// Pause between sweeps of expired keys.
+    #[arg(long, env = "IDEM_SWEEP_INTERVAL", value_parser = parse_duration, default_value = "60s")]
+    pub sweep_interval: Duration,
+    #[command(flatten)]
+    pub reconciler: ReconcilerArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ReconcileArgs {
+    /// One pass, then exit (exit code 0 whatever it found; counts on stderr).
+    #[arg(long)]
+    pub once: bool,
+    #[command(flatten)]
+    pub reconciler: ReconcilerArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -170,6 +222,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
         } => create_tenant(&name, &db).await,
         Command::Serve(args) => serve(args, shutdown_signal()).await,
         Command::AcquirerSim(args) => acquirer_sim(args, shutdown_signal()).await,
+        Command::Reconcile(args) => reconcile(args, shutdown_signal()).await,
+        Command::Charges {
+            command: ChargesCommand::Stuck(db),
+        } => stuck(&db).await,
     }
 }
 
@@ -203,38 +259,103 @@ async fn create_tenant(name: &str, db: &DbArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Starts the API on its configured address and runs it until `shutdown`.
-pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+/// The engine over its store, from the shared flags.
+async fn engine(args: &EngineArgs) -> anyhow::Result<Engine> {
     anyhow::ensure!(
         args.lease > args.acquirer_timeout,
         "--lease ({}) must be longer than --acquirer-timeout ({}), or live attempts would be taken over",
         humantime::format_duration(args.lease),
         humantime::format_duration(args.acquirer_timeout)
     );
-    let store = Store::connect(&args.db.database_url, args.db.db_max_connections)
-        .await
-        .context("connecting to the database")?;
+    let store = Store::connect_lazy(&args.db.database_url, args.db.db_max_connections)
+        .context("the database URL")?;
     let acquirer = AcquirerClient::new(&args.acquirer_url, args.acquirer_timeout)?;
-    let engine = Engine::new(
+    Ok(Engine::new(
         store,
         acquirer,
         EngineConfig {
             lease: args.lease,
             key_ttl: args.key_ttl,
         },
-    );
+    ))
+}
+
+fn reconciler(engine: Engine, args: &ReconcilerArgs) -> Reconciler {
+    Reconciler::new(
+        engine,
+        ReconcilerConfig::new(args.reconcile_interval, args.settle_deadline),
+    )
+}
+
+/// Starts the API on its configured address, with the reconciler and the
+/// sweeper beside it, and runs them until `shutdown`.
+pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let engine = engine(&args.engine).await?;
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
-    tracing::info!(listen = %listener.local_addr()?, acquirer = %args.acquirer_url, "serving");
+    tracing::info!(listen = %listener.local_addr()?, acquirer = %args.engine.acquirer_url, "serving");
+    let workers = TaskTracker::new();
+    if !args.no_workers {
+        workers.spawn(reconciler(engine.clone(), &args.reconciler).run(shutdown.clone()));
+        workers
+            .spawn(Sweeper::new(engine.store().clone(), args.sweep_interval).run(shutdown.clone()));
+    }
+    workers.close();
     http::serve(
         listener,
         AppState::new(engine),
-        args.acquirer_timeout + REQUEST_TIMEOUT_MARGIN,
+        args.engine.acquirer_timeout + REQUEST_TIMEOUT_MARGIN,
         shutdown,
     )
     .await?;
+    workers.wait().await;
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// The reconciler alone: one pass with `--once`, else until `shutdown`.
+pub async fn reconcile(args: ReconcileArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let reconciler = reconciler(engine(&args.engine).await?, &args.reconciler);
+    if args.once {
+        let report = reconciler.pass().await?;
+        tracing::info!(?report, "reconciler pass");
+        eprintln!(
+            "settled {}, backed off {}, marked for review {}, skipped {}, errors {}",
+            report.settled,
+            report.backed_off,
+            report.marked_for_review,
+            report.skipped,
+            report.errors
+        );
+        return Ok(());
+    }
+    reconciler.run(shutdown).await;
+    Ok(())
+}
+
+/// Prints the charges awaiting review, one per line, tab-separated.
+async fn stuck(db: &DbArgs) -> anyhow::Result<()> {
+    let store = Store::connect(&db.database_url, 1)
+        .await
+        .context("connecting to the database")?;
+    let stuck = store.stuck_charges().await?;
+    println!("id\tmerchant\torder_id\tamount_cents\tcurrency\tacquirer_reference\tcreated_at\treview_since\treason");
+    for c in &stuck {
+        println!(
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            c.id,
+            c.merchant,
+            c.order_id,
+            c.amount_cents,
+            c.currency,
+            c.acquirer_reference,
+            c.created_at.to_rfc3339(),
+            c.review_since.to_rfc3339(),
+            c.review_reason.as_deref().unwrap_or("")
+        );
+    }
+    eprintln!("{} charge(s) awaiting review", stuck.len());
     Ok(())
 }
 

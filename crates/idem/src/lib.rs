@@ -9,14 +9,18 @@
 //! - [`acquirer`]: the external processor's protocol and idem's client for it;
 //! - [`http`]: the API (axum), errors as problem+json;
 //! - [`sim`]: the acquirer simulator with fault injection and a ledger;
+//! - [`workers`]: background work: the reconciler and the key sweeper;
+//! - [`crash`]: test-only crash points (cargo feature `crash-points`);
 //! - [`cli`]: the `idem` command line, the only place that starts things.
 #![forbid(unsafe_code)]
 
 pub mod acquirer;
 pub mod cli;
+pub mod crash;
 pub mod domain;
 pub mod http;
 pub mod idempotency;
 pub mod problem;
 pub mod sim;
 pub mod store;
+pub mod workers;

@@ -40,6 +40,9 @@ pub struct AcquirerClient {
     captures_url: String,
 }
 
+/// A definite outcome the acquirer reported.
+pub type Settled = Result<Captured, AcquirerError>;
+
 impl AcquirerClient {
     pub fn new(base_url: &str, timeout: Duration) -> anyhow::Result<Self> {
         let http = reqwest::Client::builder()
@@ -90,6 +93,44 @@ impl AcquirerClient {
             }
             s if s.is_client_error() => Err(AcquirerError::Rejected { status: s.as_u16() }),
             s => Err(AcquirerError::Unknown(format!("status {s}"))),
+        }
+    }
+}
+
+impl AcquirerClient {
+    /// `GET /v1/captures/{reference}`: the acquirer's outcome if it has one.
+    /// `Ok(None)` (404) is not proof that no capture will happen: a POST still
+    /// in flight may land later, so only a POST with the same reference settles it.
+    pub async fn lookup(&self, reference: &str) -> Result<Option<Settled>, AcquirerError> {
+        let response = self
+            .http
+            .get(format!("{}/{reference}", self.captures_url))
+            .send()
+            .await
+            .map_err(|e| AcquirerError::Unknown(describe(&e)))?;
+        let status = response.status();
+        if status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| AcquirerError::Unknown(describe(&e)))?;
+        if status != StatusCode::OK {
+            return Err(AcquirerError::Unknown(format!("lookup answered {status}")));
+        }
+        match serde_json::from_slice::<CaptureOutcome>(&body) {
+            Ok(CaptureOutcome::Captured {
+                capture_id,
+                reference: r,
+            }) if r == reference => Ok(Some(Ok(Captured { capture_id }))),
+            Ok(CaptureOutcome::Declined {
+                reason,
+                reference: r,
+            }) if r == reference => Ok(Some(Err(AcquirerError::Declined(Declined { reason })))),
+            _ => Err(AcquirerError::Unknown(
+                "lookup answered an unexpected body".to_owned(),
+            )),
         }
     }
 }

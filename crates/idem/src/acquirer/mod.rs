@@ -8,4 +8,4 @@
 mod client;
 pub mod protocol;
 
-pub use client::{AcquirerClient, AcquirerError, Captured, Declined};
+pub use client::{AcquirerClient, AcquirerError, Captured, Declined, Settled};

@@ -19,9 +19,10 @@ use bytes::Bytes;
 use super::{Fingerprint, IdempotencyKey};
 use crate::acquirer::protocol::CaptureRequest;
 use crate::acquirer::{AcquirerClient, AcquirerError};
+use crate::crash::{self, CrashPoint};
 use crate::domain::{Charge, ChargeId, ChargeRequest, ChargeStatus, Merchant};
 use crate::problem::{Problem, ProblemKind};
-use crate::store::{Claim, KeyRecord, KeyState, NewClaim, Settlement, Store, StoreError};
+use crate::store::{Claim, KeyRecord, KeyState, NewClaim, Orphan, Settlement, Store, StoreError};
 
 /// What a client is told to wait after an unknown outcome. The lease is released
 /// at once, so a retry may re-drive immediately; one second spares the acquirer
@@ -30,6 +31,15 @@ const UNKNOWN_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The shortest `Retry-After` for an in-flight key: HTTP counts it in whole seconds.
 const MIN_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// How an attempt that holds a record learns the acquirer's outcome.
+#[derive(Debug, Clone, Copy)]
+enum Approach {
+    /// POST the capture: a live attempt, the client wants the charge.
+    Capture,
+    /// Look the reference up, and POST only where the acquirer has no outcome.
+    LookupFirst,
+}
 
 /// The first outcome of a key: status and the exact body bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,7 +130,10 @@ impl Engine {
             })
             .await?;
         let record = match claim {
-            Claim::Won(record) => return self.drive(merchant, key, record).await,
+            Claim::Won(record) => {
+                crash::point(CrashPoint::AfterClaim);
+                return self.drive(merchant, key, record, Approach::Capture).await;
+            }
             Claim::Lost(record) => record,
         };
         if record.fingerprint != fingerprint {
@@ -138,7 +151,7 @@ impl Engine {
                     Some(taken) => {
                         tracing::info!(charge_id = %taken.charge.id, attempt = taken.attempt,
                             "took over an expired lease; re-driving with the same reference");
-                        self.drive(merchant, key, taken).await
+                        self.drive(merchant, key, taken, Approach::Capture).await
                     }
                     None => self.current(merchant, key).await,
                 }
@@ -147,24 +160,58 @@ impl Engine {
         }
     }
 
-    /// Calls the acquirer for a record this attempt holds, then stores the outcome.
+    /// Settles a charge whose attempt died or gave up (the reconciler's job):
+    /// takes its record over if `orphan.attempt` still holds it, asks the
+    /// acquirer for the reference's outcome, and captures with the same
+    /// reference only where the acquirer has none. `None`: another attempt
+    /// took it first.
+    pub async fn settle_orphan(&self, orphan: &Orphan) -> Result<Option<Outcome>, EngineError> {
+        let Some(record) = self
+            .store
+            .take_over(
+                orphan.merchant.id,
+                &orphan.key,
+                orphan.attempt,
+                self.config.lease,
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        let outcome = self
+            .drive(&orphan.merchant, &orphan.key, record, Approach::LookupFirst)
+            .await?;
+        Ok(Some(outcome))
+    }
+
+    /// Learns the acquirer's outcome for a record this attempt holds, then stores it.
     async fn drive(
         &self,
         merchant: &Merchant,
         key: &IdempotencyKey,
         record: KeyRecord,
+        approach: Approach,
     ) -> Result<Outcome, EngineError> {
         let charge = &record.charge;
-        let result = self
-            .acquirer
-            .capture(&CaptureRequest {
-                reference: charge.acquirer_reference.as_str().to_owned(),
-                merchant: merchant.name.clone(),
-                order_id: charge.order_id.get(),
-                amount_cents: charge.amount_cents.get(),
-                currency: charge.currency.as_str().to_owned(),
-            })
-            .await;
+        let request = CaptureRequest {
+            reference: charge.acquirer_reference.as_str().to_owned(),
+            merchant: merchant.name.clone(),
+            order_id: charge.order_id.get(),
+            amount_cents: charge.amount_cents.get(),
+            currency: charge.currency.as_str().to_owned(),
+        };
+        let known = match approach {
+            Approach::Capture => None,
+            Approach::LookupFirst => match self.acquirer.lookup(&request.reference).await {
+                Ok(found) => found,
+                Err(e) => Some(Err(e)),
+            },
+        };
+        let result = match known {
+            Some(settled) => settled,
+            None => self.acquirer.capture(&request).await,
+        };
+        crash::point(CrashPoint::AfterAcquirer);
         let (status, capture_id, decline_reason) = match result {
             Ok(captured) => (ChargeStatus::Captured, Some(captured.capture_id), None),
             Err(AcquirerError::Declined(d)) => (ChargeStatus::Declined, None, Some(d.reason)),
@@ -187,21 +234,19 @@ impl Engine {
             ..charge.clone()
         };
         let response = final_response(&settled);
-        let stored = self
-            .store
-            .finalize(
-                merchant.id,
-                key,
-                &record,
-                &Settlement {
-                    status,
-                    capture_id: capture_id.as_deref(),
-                    decline_reason: decline_reason.as_deref(),
-                    response: &response,
-                },
-                self.config.key_ttl,
-            )
-            .await?;
+        let stored = crash::around_finalize(self.store.finalize(
+            merchant.id,
+            key,
+            &record,
+            &Settlement {
+                status,
+                capture_id: capture_id.as_deref(),
+                decline_reason: decline_reason.as_deref(),
+                response: &response,
+            },
+            self.config.key_ttl,
+        ))
+        .await?;
         if stored {
             return Ok(Outcome::Completed {
                 charge_id: settled.id,

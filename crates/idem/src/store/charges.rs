@@ -73,3 +73,66 @@ impl Store {
         row.map(Charge::try_from).transpose()
     }
 }
+
+/// A charge the reconciler gave up on: past the settle deadline without the
+/// acquirer's word. A person decides, with the acquirer's records.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct StuckCharge {
+    pub id: String,
+    pub merchant: String,
+    pub order_id: i64,
+    pub amount_cents: i64,
+    pub currency: String,
+    pub acquirer_reference: String,
+    pub created_at: DateTime<Utc>,
+    pub review_since: DateTime<Utc>,
+    pub review_reason: Option<String>,
+}
+
+impl Store {
+    /// Counts an unknown outcome met by the reconciler and schedules the next try.
+    pub async fn schedule_reconcile(
+        &self,
+        id: &ChargeId,
+        after: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "update charges
+                set reconcile_attempts = reconcile_attempts + 1,
+                    next_reconcile_at = now() + $2 * interval '1 millisecond'
+              where id = $1 and status = 'processing'",
+        )
+        .bind(id.as_str())
+        .bind(super::millis(after))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Stops the reconciler trying this charge; it stays `processing`, because
+    /// only the acquirer's word may make it captured or failed.
+    pub async fn mark_for_review(&self, id: &ChargeId, reason: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "update charges set review_since = now(), review_reason = $2
+              where id = $1 and status = 'processing' and review_since is null",
+        )
+        .bind(id.as_str())
+        .bind(reason)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Charges awaiting review, oldest first.
+    pub async fn stuck_charges(&self) -> Result<Vec<StuckCharge>, StoreError> {
+        Ok(sqlx::query_as(
+            "select c.id, m.name as merchant, c.order_id, c.amount_cents, c.currency,
+                    c.acquirer_reference, c.created_at, c.review_since, c.review_reason
+               from charges c join merchants m on m.id = c.merchant_id
+              where c.status = 'processing' and c.review_since is not null
+              order by c.created_at",
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+}

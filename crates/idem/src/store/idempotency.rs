@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::charges::{charge_columns, ChargeRow};
 use super::{millis, Store, StoreError};
-use crate::domain::{AcquirerReference, Charge, ChargeId, ChargeRequest, ChargeStatus};
+use crate::domain::{AcquirerReference, Charge, ChargeId, ChargeRequest, ChargeStatus, Merchant};
 use crate::idempotency::{Fingerprint, IdempotencyKey, StoredResponse};
 
 /// Columns of a key record joined with its charge (aliases `k` and `c`).
@@ -361,5 +361,95 @@ impl Store {
         .fetch_optional(&self.pool)
         .await?;
         Ok(settled.is_some())
+    }
+}
+
+/// An in-flight record whose lease is over and that no attempt is working:
+/// the reconciler's unit of work.
+#[derive(Debug, Clone)]
+pub struct Orphan {
+    pub merchant: Merchant,
+    pub key: IdempotencyKey,
+    pub charge_id: ChargeId,
+    /// The fencing token seen; taking over succeeds only if it is still current.
+    pub attempt: i64,
+    /// Unknown outcomes the reconciler met so far, for its backoff.
+    pub reconcile_attempts: i32,
+    /// Older than the settle deadline: stop trying, mark for review.
+    pub past_deadline: bool,
+}
+
+#[derive(sqlx::FromRow)]
+struct OrphanRow {
+    merchant_id: i64,
+    merchant_name: String,
+    idempotency_key: String,
+    charge_id: String,
+    attempt: i64,
+    reconcile_attempts: i32,
+    past_deadline: bool,
+}
+
+impl Store {
+    /// Up to `limit` orphans due for the reconciler, oldest lease first. Reading
+    /// them takes nothing: each is then taken with the fenced [`Store::take_over`],
+    /// so several reconcilers and servers never work one charge at once.
+    pub async fn orphans(
+        &self,
+        limit: i64,
+        settle_deadline: Duration,
+    ) -> Result<Vec<Orphan>, StoreError> {
+        let rows: Vec<OrphanRow> = sqlx::query_as(
+            "select k.merchant_id, m.name as merchant_name, k.idempotency_key, k.charge_id,
+                    k.attempt, c.reconcile_attempts,
+                    c.created_at + $2 * interval '1 millisecond' <= now() as past_deadline
+               from idempotency_keys k
+               join charges c on c.id = k.charge_id
+               join merchants m on m.id = k.merchant_id
+              where k.state = 'in_flight' and k.locked_until <= now()
+                and c.review_since is null
+                and (c.next_reconcile_at is null or c.next_reconcile_at <= now())
+              order by k.locked_until
+              limit $1",
+        )
+        .bind(limit)
+        .bind(millis(settle_deadline))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                Ok(Orphan {
+                    key: IdempotencyKey::parse(r.idempotency_key.as_bytes())
+                        .map_err(|e| StoreError::Corrupt(format!("stored key: {e}")))?,
+                    merchant: Merchant {
+                        id: r.merchant_id,
+                        name: r.merchant_name,
+                    },
+                    charge_id: ChargeId::from_trusted(r.charge_id),
+                    attempt: r.attempt,
+                    reconcile_attempts: r.reconcile_attempts,
+                    past_deadline: r.past_deadline,
+                })
+            })
+            .collect()
+    }
+
+    /// Deletes up to `limit` expired, completed key records; returns how many.
+    /// Small bounded batches with `skip locked`: no long lock, no wait on a row
+    /// a request is reclaiming. Charges are never deleted, and an in-flight
+    /// record never expires.
+    pub async fn sweep_expired_keys(&self, limit: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "delete from idempotency_keys
+              where ctid = any(array(
+                    select ctid from idempotency_keys
+                     where state = 'completed' and expires_at <= now()
+                     limit $1
+                     for update skip locked))",
+        )
+        .bind(limit)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
     }
 }

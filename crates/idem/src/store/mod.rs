@@ -18,7 +18,8 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
-pub use idempotency::{Claim, KeyRecord, KeyState, NewClaim, Settlement};
+pub use charges::StuckCharge;
+pub use idempotency::{Claim, KeyRecord, KeyState, NewClaim, Orphan, Settlement};
 pub use merchants::MerchantError;
 
 /// How long a request waits for a pooled connection before answering 503:
@@ -64,14 +65,32 @@ impl Store {
     /// shows up as an I/O error on the statement itself, which is a 503 anyway,
     /// and a ping would add a round trip to every request.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let (pool, options) = Self::pool_options(url, max_connections)?;
+        Ok(Self {
+            pool: pool.connect_with(options).await?,
+        })
+    }
+
+    /// Like [`Store::connect`], but connects on first use: a server started
+    /// while the database is down comes up, answers 503 (readiness red), and
+    /// starts working when the database does, with no restart.
+    pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let (pool, options) = Self::pool_options(url, max_connections)?;
+        Ok(Self {
+            pool: pool.connect_lazy_with(options),
+        })
+    }
+
+    fn pool_options(
+        url: &str,
+        max_connections: u32,
+    ) -> Result<(PgPoolOptions, PgConnectOptions), StoreError> {
         let options: PgConnectOptions = url.parse()?;
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(ACQUIRE_TIMEOUT)
-            .test_before_acquire(false)
-            .connect_with(options.application_name("idem"))
-            .await?;
-        Ok(Self { pool })
+            .test_before_acquire(false);
+        Ok((pool, options.application_name("idem")))
     }
 
     pub fn from_pool(pool: PgPool) -> Self {

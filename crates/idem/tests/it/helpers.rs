@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem::acquirer::AcquirerClient;
@@ -155,6 +156,17 @@ pub fn test_config() -> EngineConfig {
     }
 }
 
+/// An engine on `store`, talking to the simulator.
+pub fn test_engine(
+    store: Store,
+    sim: &TestSim,
+    config: EngineConfig,
+    acquirer_timeout: Duration,
+) -> Engine {
+    let acquirer = AcquirerClient::new(&sim.url, acquirer_timeout).expect("acquirer client");
+    Engine::new(store, acquirer, config)
+}
+
 /// `idem serve`'s router, in process, on port 0.
 pub struct TestApp {
     pub url: String,
@@ -172,8 +184,15 @@ impl TestApp {
         config: EngineConfig,
         acquirer_timeout: Duration,
     ) -> Self {
-        let acquirer = AcquirerClient::new(&sim.url, acquirer_timeout).expect("acquirer client");
-        let engine = Engine::new(db.store.clone(), acquirer, config);
+        Self::start_on(
+            test_engine(db.store.clone(), sim, config, acquirer_timeout),
+            acquirer_timeout,
+        )
+        .await
+    }
+
+    /// On a given engine (e.g. one whose store goes through a [`DbProxy`]).
+    pub async fn start_on(engine: Engine, acquirer_timeout: Duration) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind app");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
         let stop = CancellationToken::new();
@@ -201,12 +220,23 @@ pub struct ServeProcess {
 
 impl ServeProcess {
     pub async fn start(db: &TestDb, sim: &TestSim, extra: &[&str]) -> Self {
+        Self::start_env(db, sim, extra, &[]).await
+    }
+
+    /// With extra environment, e.g. `IDEM_CRASH_AT`.
+    pub async fn start_env(
+        db: &TestDb,
+        sim: &TestSim,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
         let child = Command::new(env!("CARGO_BIN_EXE_idem"))
             .args(["serve", "--listen", &listen, "--acquirer-url", &sim.url])
             .args(extra)
             .env("DATABASE_URL", &db.url)
+            .envs(env.iter().copied())
             .env("IDEM_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -223,6 +253,12 @@ impl ServeProcess {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         Self { url, child }
+    }
+
+    /// Waits for the process to exit by itself (e.g. at a crash point).
+    #[cfg(feature = "crash-points")]
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        self.child.wait().expect("wait")
     }
 
     /// SIGKILL: no shutdown, no cleanup, like a crash.
@@ -418,5 +454,96 @@ impl Env {
             app,
             client,
         }
+    }
+}
+
+/// Runs `idem ARGS` to completion against the test database; returns stderr.
+pub async fn run_idem(db: &TestDb, args: &[&str]) -> (std::process::ExitStatus, String, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .env("DATABASE_URL", &db.url)
+        .env("IDEM_LOG", "warn")
+        .output()
+        .await
+        .expect("run idem");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A TCP proxy in front of PostgreSQL that a test can cut and restore, to take
+/// the database away from a running server as a network failure would.
+pub struct DbProxy {
+    pub url: String,
+    cut: Arc<std::sync::atomic::AtomicBool>,
+    generation: tokio::sync::watch::Sender<u64>,
+    stop: CancellationToken,
+}
+
+impl DbProxy {
+    pub async fn start(db: &TestDb) -> Self {
+        let target = reqwest::Url::parse(&db.url).expect("db url");
+        let upstream = format!(
+            "{}:{}",
+            target.host_str().expect("host"),
+            target.port().unwrap_or(5432)
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let port = listener.local_addr().expect("addr").port();
+        let mut url = target.clone();
+        url.set_host(Some("127.0.0.1")).expect("host");
+        url.set_port(Some(port)).expect("port");
+        let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (generation, _) = tokio::sync::watch::channel(0u64);
+        let stop = CancellationToken::new();
+        let (cut2, gen2, stop2) = (cut.clone(), generation.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                let (mut inbound, _) = tokio::select! {
+                    _ = stop2.cancelled() => return,
+                    accepted = listener.accept() => match accepted { Ok(a) => a, Err(_) => continue },
+                };
+                if cut2.load(std::sync::atomic::Ordering::SeqCst) {
+                    drop(inbound);
+                    continue;
+                }
+                let upstream = upstream.clone();
+                let mut severed = gen2.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = severed.changed() => {}
+                    }
+                });
+            }
+        });
+        Self {
+            url: url.to_string(),
+            cut,
+            generation,
+            stop,
+        }
+    }
+
+    /// Severs every connection and refuses new ones.
+    pub fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.generation.send_modify(|g| *g += 1);
+    }
+
+    pub fn restore(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for DbProxy {
+    fn drop(&mut self) {
+        self.cut();
+        self.stop.cancel();
     }
 }

@@ -9,4 +9,6 @@ mod concurrency;
 mod crash;
 mod outcomes;
 mod race;
+mod recovery;
+mod retention;
 mod store;

@@ -1,0 +1,175 @@
+//! The reconciler: who decides whether a charge that has been `processing` for
+//! ten minutes went through? The acquirer, asked with the charge's own reference.
+//!
+//! Each pass lists in-flight records whose lease is over and takes each with the
+//! same fenced take-over a client retry uses, so reconcilers and servers never
+//! work one charge at once. It looks the reference up at the acquirer, captures
+//! with the same reference only where the acquirer has no outcome (the acquirer
+//! deduplicates, so this cannot charge twice), and stores the outcome exactly as
+//! a live request would, so a late retry gets the replay. Unknown answers back
+//! off per charge; past the settle deadline it stops and marks the charge for
+//! review, still `processing`: it never calls a charge captured or failed
+//! without the acquirer's word.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::idempotency::{Engine, Outcome};
+use crate::store::{Orphan, StoreError};
+
+/// Orphans taken per pass: enough to drain a crash's backlog quickly, few
+/// enough that one pass stays short.
+const BATCH: i64 = 100;
+
+#[derive(Debug, Clone, Copy)]
+pub struct ReconcilerConfig {
+    /// Pause between passes.
+    pub interval: Duration,
+    /// Past this age a charge is marked for review instead of retried.
+    pub settle_deadline: Duration,
+    /// First backoff after an unknown answer; it doubles each time.
+    pub backoff_base: Duration,
+    /// The longest backoff.
+    pub backoff_cap: Duration,
+}
+
+impl ReconcilerConfig {
+    pub fn new(interval: Duration, settle_deadline: Duration) -> Self {
+        Self {
+            interval,
+            settle_deadline,
+            backoff_base: Duration::from_secs(1),
+            backoff_cap: Duration::from_secs(300),
+        }
+    }
+
+    /// Exponential with "equal jitter": half the step fixed, half random, so
+    /// retries spread out but never collapse to zero.
+    pub fn backoff(&self, unknowns_so_far: i32) -> Duration {
+        let exp = self
+            .backoff_base
+            .saturating_mul(2u32.saturating_pow(unknowns_so_far.clamp(0, 30).unsigned_abs()))
+            .min(self.backoff_cap);
+        let half = exp / 2;
+        half + half.mul_f64(rand::random::<f64>())
+    }
+}
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PassReport {
+    /// Final outcomes stored.
+    pub settled: u32,
+    /// Unknown again; scheduled for later.
+    pub backed_off: u32,
+    /// Past the deadline; marked for review.
+    pub marked_for_review: u32,
+    /// Taken by another attempt first.
+    pub skipped: u32,
+    pub errors: u32,
+}
+
+impl PassReport {
+    fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+pub struct Reconciler {
+    engine: Engine,
+    config: ReconcilerConfig,
+}
+
+impl Reconciler {
+    pub fn new(engine: Engine, config: ReconcilerConfig) -> Self {
+        Self { engine, config }
+    }
+
+    /// Passes until `shutdown`; a failed pass (database down) is logged and retried.
+    pub async fn run(self, shutdown: CancellationToken) {
+        loop {
+            match self.pass().await {
+                Ok(report) if !report.is_empty() => tracing::info!(?report, "reconciler pass"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "reconciler pass failed"),
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(self.config.interval) => {}
+            }
+        }
+    }
+
+    /// One pass over the orphans due now.
+    pub async fn pass(&self) -> Result<PassReport, StoreError> {
+        let store = self.engine.store();
+        let mut report = PassReport::default();
+        for orphan in store.orphans(BATCH, self.config.settle_deadline).await? {
+            if orphan.past_deadline {
+                tracing::warn!(charge_id = %orphan.charge_id, "no outcome within the settle deadline; marking for review");
+                store
+                    .mark_for_review(
+                        &orphan.charge_id,
+                        "no outcome from the acquirer within the settle deadline",
+                    )
+                    .await?;
+                report.marked_for_review += 1;
+                continue;
+            }
+            self.settle(&orphan, &mut report).await;
+        }
+        Ok(report)
+    }
+
+    async fn settle(&self, orphan: &Orphan, report: &mut PassReport) {
+        let span = tracing::info_span!("reconcile", charge_id = %orphan.charge_id, idempotency_key = %orphan.key);
+        let _entered = span.enter();
+        match self.engine.settle_orphan(orphan).await {
+            Ok(Some(Outcome::Completed { .. })) => {
+                tracing::info!("settled");
+                report.settled += 1;
+            }
+            Ok(Some(Outcome::Unknown { .. })) => {
+                let after = self.config.backoff(orphan.reconcile_attempts);
+                match self
+                    .engine
+                    .store()
+                    .schedule_reconcile(&orphan.charge_id, after)
+                    .await
+                {
+                    Ok(()) => report.backed_off += 1,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not schedule the next try");
+                        report.errors += 1;
+                    }
+                }
+            }
+            Ok(_) => report.skipped += 1,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not settle");
+                report.errors += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_within_jitter_and_is_capped() {
+        let c = ReconcilerConfig::new(Duration::from_secs(1), Duration::from_secs(60));
+        for n in 0..12 {
+            let step = Duration::from_secs(1 << n).min(c.backoff_cap);
+            let d = c.backoff(n);
+            assert!(
+                d >= step / 2 && d <= step,
+                "attempt {n}: {d:?} not in [{:?}, {step:?}]",
+                step / 2
+            );
+        }
+        assert!(c.backoff(i32::MAX) <= c.backoff_cap);
+    }
+}
