@@ -28,6 +28,11 @@ macro_rules! record_columns {
     };
 }
 
+/// Rounds of insert-or-read a claim may need: each extra one means the sweeper
+/// deleted the record between two statements, which takes the key's expiry and
+/// a sweep landing in the same milliseconds; three is already generous.
+const CLAIM_ROUNDS: usize = 3;
+
 /// A CTE `c`: the new charge of a claim `k` that was just made, if any.
 /// Parameters as bound by [`bind_new_claim`].
 macro_rules! create_charge_of_k {
@@ -171,6 +176,20 @@ impl Store {
     /// A record that expired is reclaimed for the new intent the same way, by a
     /// conditional update that only one attempt can win.
     pub async fn claim(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
+        for _ in 0..CLAIM_ROUNDS {
+            if let Some(claim) = self.try_claim(new).await? {
+                return Ok(claim);
+            }
+        }
+        Err(StoreError::Corrupt(format!(
+            "key {} kept vanishing between statements",
+            new.key
+        )))
+    }
+
+    /// One round of [`Store::claim`]; `None` when the record this round saw was
+    /// deleted (swept) before the round could use it.
+    async fn try_claim(&self, new: &NewClaim<'_>) -> Result<Option<Claim>, StoreError> {
         let query = sqlx::query_as(concat!(
             "with k as (
                 insert into idempotency_keys
@@ -195,31 +214,28 @@ impl Store {
         let row: Option<ClaimRow> = bind_new_claim(query, new)
             .fetch_optional(&self.pool)
             .await?;
-        match row {
-            Some(ClaimRow { won: true, record }) => Ok(Claim::Won(record.try_into()?)),
-            Some(ClaimRow { won: false, record }) => {
-                let record = KeyRecord::try_from(record)?;
-                if record.expired {
-                    return self.reclaim_expired(new).await;
-                }
-                Ok(Claim::Lost(record))
+        let record = match row {
+            Some(ClaimRow { won: true, record }) => {
+                return Ok(Some(Claim::Won(record.try_into()?)))
             }
+            Some(ClaimRow { won: false, record }) => KeyRecord::try_from(record)?,
             // The winner committed after this statement's snapshot was taken:
-            // the insert saw its row, the select could not. A fresh read will.
+            // the insert saw its row, the select could not. A fresh read will
+            // (unless the row was swept meanwhile: then the next round inserts).
             None => match self.key_record(new.merchant_id, new.key).await? {
-                Some(record) if record.expired => self.reclaim_expired(new).await,
-                Some(record) => Ok(Claim::Lost(record)),
-                None => Err(StoreError::Corrupt(format!(
-                    "key {} conflicted but cannot be read",
-                    new.key
-                ))),
+                Some(record) => record,
+                None => return Ok(None),
             },
+        };
+        if record.expired {
+            return self.reclaim_expired(new).await;
         }
+        Ok(Some(Claim::Lost(record)))
     }
 
     /// Turns an expired, completed record into a fresh claim for a new intent
     /// with a new charge; the old charge stays as it was.
-    async fn reclaim_expired(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
+    async fn reclaim_expired(&self, new: &NewClaim<'_>) -> Result<Option<Claim>, StoreError> {
         let query = sqlx::query_as(concat!(
             "with k as (
                 update idempotency_keys
@@ -241,12 +257,13 @@ impl Store {
             .fetch_optional(&self.pool)
             .await?;
         match row {
-            Some(record) => Ok(Claim::Won(record.try_into()?)),
-            // Another attempt reclaimed it first: that one is now the intent.
-            None => match self.key_record(new.merchant_id, new.key).await? {
-                Some(record) => Ok(Claim::Lost(record)),
-                None => Err(StoreError::Corrupt(format!("key {} vanished", new.key))),
-            },
+            Some(record) => Ok(Some(Claim::Won(record.try_into()?))),
+            // Another attempt reclaimed it first (that one is now the intent),
+            // or the sweeper deleted it (the next round inserts afresh).
+            None => Ok(self
+                .key_record(new.merchant_id, new.key)
+                .await?
+                .map(Claim::Lost)),
         }
     }
 

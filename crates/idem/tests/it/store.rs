@@ -106,3 +106,70 @@ async fn a_stale_holder_cannot_finalize_after_a_take_over() {
     }
     assert_eq!(record.charge.status, ChargeStatus::Captured);
 }
+
+/// A key reused at the moment the sweeper deletes its expired record: the claim
+/// starts over instead of failing, every round.
+#[tokio::test]
+async fn a_claim_racing_the_sweeper_on_an_expired_key_never_fails() {
+    let db = TestDb::new().await;
+    db.merchant("loja").await;
+    let (merchant_id,): (i64,) = sqlx::query_as("select id from merchants")
+        .fetch_one(db.store.pool())
+        .await
+        .expect("merchant");
+    let sweeping = tokio::spawn({
+        let store = db.store.clone();
+        async move {
+            for _ in 0..300 {
+                store.sweep_expired_keys(10).await.expect("sweep");
+            }
+        }
+    });
+    let key = IdempotencyKey::parse(b"reused-at-expiry").expect("key");
+    let mut won = 0;
+    for order in 1..=150 {
+        let request = ChargeRequest::from_json(body(order, 100).as_bytes()).expect("request");
+        let claim = NewClaim {
+            merchant_id,
+            key: &key,
+            fingerprint: Fingerprint::of_charge(&request),
+            request: &request,
+            lease: Duration::from_secs(5),
+            key_ttl: Duration::ZERO,
+        };
+        match db
+            .store
+            .claim(&claim)
+            .await
+            .expect("a claim never fails on a swept key")
+        {
+            Claim::Won(record) => {
+                won += 1;
+                let response = StoredResponse {
+                    status: 201,
+                    body: Bytes::from_static(b"{}"),
+                };
+                let settlement = Settlement {
+                    status: ChargeStatus::Captured,
+                    capture_id: None,
+                    decline_reason: None,
+                    response: &response,
+                };
+                // Expired the moment it is stored: the next round reuses the key.
+                assert!(db
+                    .store
+                    .finalize(merchant_id, &key, &record, &settlement, Duration::ZERO)
+                    .await
+                    .expect("finalize"));
+            }
+            Claim::Lost(record) => panic!("an expired key is free, got {:?}", record.state),
+        }
+    }
+    sweeping.await.expect("sweeper");
+    assert_eq!(won, 150);
+    assert_eq!(
+        db.count("charges").await,
+        150,
+        "each reuse after expiry is a new charge"
+    );
+}
