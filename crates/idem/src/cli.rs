@@ -60,6 +60,10 @@ pub enum Command {
     AcquirerSim(SimArgs),
     /// Run the reconciler alone (it also runs inside `serve`).
     Reconcile(ReconcileArgs),
+    /// Play the article's story under three strategies and compare them.
+    Demo(DemoArgs),
+    /// Send one charge with a client that retries right; prints the final answer.
+    Charge(ChargeArgs),
     /// Inspect charges.
     Charges {
         #[command(subcommand)]
@@ -162,6 +166,65 @@ pub struct ReconcileArgs {
 }
 
 #[derive(Args, Debug, Clone)]
+pub struct DemoArgs {
+    /// PostgreSQL URL; the demo creates its own databases (idem_demo_*) on that server.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/idem"
+    )]
+    pub database_url: String,
+    /// Intents whose client times out and retries on another instance.
+    #[arg(long, default_value_t = 30)]
+    pub intents: usize,
+    /// Intents sent as bursts of simultaneous duplicates.
+    #[arg(long, default_value_t = 10)]
+    pub bursts: usize,
+    /// Copies in each burst.
+    #[arg(long, default_value_t = 5)]
+    pub copies: usize,
+    /// The acquirer's latency; longer than --client-timeout, so the timeout fires.
+    #[arg(long, value_parser = parse_duration, default_value = "600ms")]
+    pub acquirer_latency: Duration,
+    /// The client's per-attempt timeout.
+    #[arg(long, value_parser = parse_duration, default_value = "250ms")]
+    pub client_timeout: Duration,
+    /// Print the figures as one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Where to write the HTML report.
+    #[arg(long, default_value = "idem-demo.html")]
+    pub report: std::path::PathBuf,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ChargeArgs {
+    /// The merchant's order number.
+    #[arg(long)]
+    pub order: i64,
+    /// The amount in cents.
+    #[arg(long)]
+    pub amount: i64,
+    /// ISO 4217 code; the server's default (BRL) when absent.
+    #[arg(long)]
+    pub currency: Option<String>,
+    /// The Idempotency-Key; a fresh random one when absent (one per intent).
+    #[arg(long)]
+    pub key: Option<String>,
+    /// The API's base URL; repeat for several instances.
+    #[arg(
+        long = "url",
+        env = "IDEM_URL",
+        default_value = "http://127.0.0.1:8080",
+        value_delimiter = ','
+    )]
+    pub urls: Vec<String>,
+    /// The merchant's secret.
+    #[arg(long, env = "IDEM_SECRET", hide_env_values = true)]
+    pub secret: String,
+}
+
+#[derive(Args, Debug, Clone)]
 pub struct SimArgs {
     /// Address to listen on.
     #[arg(long, env = "IDEM_SIM_LISTEN", default_value = "127.0.0.1:9090")]
@@ -223,6 +286,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Serve(args) => serve(args, shutdown_signal()).await,
         Command::AcquirerSim(args) => acquirer_sim(args, shutdown_signal()).await,
         Command::Reconcile(args) => reconcile(args, shutdown_signal()).await,
+        Command::Demo(args) => demo(args, shutdown_signal()).await,
+        Command::Charge(args) => charge(args).await,
         Command::Charges {
             command: ChargesCommand::Stuck(db),
         } => stuck(&db).await,
@@ -331,6 +396,63 @@ pub async fn reconcile(args: ReconcileArgs, shutdown: CancellationToken) -> anyh
         return Ok(());
     }
     reconciler.run(shutdown).await;
+    Ok(())
+}
+
+/// Runs the demo, prints its table (or JSON), writes the report; fails if
+/// idem itself ever charged twice.
+async fn demo(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let config = crate::demo::DemoConfig {
+        database_url: args.database_url,
+        intents: args.intents,
+        bursts: args.bursts,
+        copies: args.copies,
+        acquirer_latency: args.acquirer_latency,
+        client_timeout: args.client_timeout,
+    };
+    let report = crate::demo::run(&config, shutdown).await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    crate::demo::write_html(&report, &args.report)
+        .with_context(|| format!("writing {}", args.report.display()))?;
+    eprintln!("report: {}", args.report.display());
+    anyhow::ensure!(
+        !report.idem_double_charged(),
+        "idem charged an intent twice"
+    );
+    Ok(())
+}
+
+/// One intent through the retrying client.
+async fn charge(args: ChargeArgs) -> anyhow::Result<()> {
+    let client =
+        idem_client::Client::new(args.urls, args.secret, idem_client::RetryPolicy::default())?;
+    let request = idem_client::ChargeRequest {
+        order_id: args.order,
+        amount_cents: args.amount,
+        currency: args.currency,
+        description: None,
+    };
+    let answer = match &args.key {
+        Some(key) => client.charge_with_key(key, &request).await?,
+        None => client.charge(&request).await?,
+    };
+    eprintln!(
+        "key {} · {} attempt(s) · status {}{}",
+        answer.key,
+        answer.attempts.len(),
+        answer.status,
+        if answer.replayed { " · replayed" } else { "" }
+    );
+    println!("{}", String::from_utf8_lossy(&answer.body));
+    anyhow::ensure!(
+        (200..300).contains(&answer.status),
+        "the charge was not captured (status {})",
+        answer.status
+    );
     Ok(())
 }
 

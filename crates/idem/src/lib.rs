@@ -11,12 +11,14 @@
 //! - [`sim`]: the acquirer simulator with fault injection and a ledger;
 //! - [`workers`]: background work: the reconciler and the key sweeper;
 //! - [`crash`]: test-only crash points (cargo feature `crash-points`);
+//! - [`demo`]: `idem demo`, the article's story under three strategies;
 //! - [`cli`]: the `idem` command line, the only place that starts things.
 #![forbid(unsafe_code)]
 
 pub mod acquirer;
 pub mod cli;
 pub mod crash;
+pub mod demo;
 pub mod domain;
 pub mod http;
 pub mod idempotency;

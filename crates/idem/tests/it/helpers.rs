@@ -18,7 +18,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 /// The server to create test databases on; its own database is not touched.
-fn admin_url() -> String {
+pub fn admin_url() -> String {
     std::env::var("IDEM_TEST_ADMIN_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
 }

@@ -7,6 +7,7 @@ mod helpers;
 mod api;
 mod concurrency;
 mod crash;
+mod demo;
 mod outcomes;
 mod race;
 mod recovery;

@@ -1,0 +1,74 @@
+//! What one payment intent sends and what it gets back.
+//!
+//! [`ChargeRequest`] is the JSON body of `POST /v1/charges`; it is encoded once
+//! per intent so every attempt carries the same bytes. [`ChargeAnswer`] is the
+//! final answer with the full history of [`Attempt`]s that led to it.
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+/// The body of `POST /v1/charges`, as the contract defines it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ChargeRequest {
+    /// The merchant's order this charge pays for (a positive integer).
+    pub order_id: i64,
+    /// Minor units, so no rounding ever happens on the wire (1 ..= 10_000_000_000).
+    pub amount_cents: i64,
+    /// ISO 4217 alpha-3, upper case. Left out when `None`, and the server reads `BRL`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
+    /// Free text kept with the charge. Left out when `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// How one attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    /// The server answered with this status and its whole body was read.
+    Status(u16),
+    /// No complete answer within the attempt's timeout; the outcome is unknown.
+    Timeout,
+    /// The connection failed (refused, reset, or the body could not be read);
+    /// the text is the error and its causes. The outcome may be unknown.
+    Connection(String),
+}
+
+impl fmt::Display for AttemptOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Status(status) => write!(f, "status {status}"),
+            Self::Timeout => f.write_str("timed out"),
+            Self::Connection(error) => write!(f, "connection failed: {error}"),
+        }
+    }
+}
+
+/// One HTTP attempt of an intent.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    /// The base URL the attempt went to, exactly as given to [`crate::Client::new`].
+    pub endpoint: String,
+    /// How it ended.
+    pub outcome: AttemptOutcome,
+    /// Time from sending to the end of the attempt; the wait before it is not included.
+    pub elapsed: Duration,
+}
+
+/// The final answer to one intent.
+#[derive(Debug, Clone)]
+pub struct ChargeAnswer {
+    /// The idempotency key used for every attempt (unquoted).
+    pub key: String,
+    /// The final answer's status (`201`, `402`, `422`, `400`, ...).
+    pub status: u16,
+    /// Its exact body, so a replay can be compared byte for byte.
+    pub body: Bytes,
+    /// `Idempotent-Replayed: true` was on the final answer: it was stored by an
+    /// earlier attempt of this intent, not produced by this one.
+    pub replayed: bool,
+    /// Every attempt in order, the final one last.
+    pub attempts: Vec<Attempt>,
+}

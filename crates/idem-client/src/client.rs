@@ -1,0 +1,368 @@
+//! The attempt loop: one intent, one key, one body, as many attempts as the
+//! policy allows.
+//!
+//! Owns sending one attempt and classifying how it ended. Invariants: every
+//! attempt of an intent carries the same `Idempotency-Key` and byte-identical
+//! body; attempt `i` goes to `endpoints[i % len]`; no wait and no attempt runs
+//! past `max_elapsed`; only `409`, `502`, `503`, `504`, timeouts and connection
+//! failures are retried.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use reqwest::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
+
+use crate::answer::{Attempt, AttemptOutcome, ChargeAnswer, ChargeRequest};
+use crate::error::ClientError;
+use crate::policy::{backoff_delay, is_retryable_status, parse_retry_after, RetryPolicy};
+
+/// Where charges are created, relative to an endpoint's base URL.
+const CHARGES_PATH: &str = "/v1/charges";
+
+/// The request header naming the intent (IETF draft and Stripe spell it so).
+const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// The answer header the server sets when it replays a stored outcome.
+const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// A charge client bound to a set of instances and one merchant's secret.
+///
+/// Cheap to clone: clones share one connection pool.
+#[derive(Clone)]
+pub struct Client {
+    /// Shared so a clone per task costs one reference count, not a new pool.
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// One pool for all endpoints; redirects are off (see [`Client::new`]).
+    http: reqwest::Client,
+    /// Never empty: [`Client::new`] refuses an empty list, so `i % len` is sound.
+    endpoints: Vec<Endpoint>,
+    /// `Bearer <secret>`, built once and marked sensitive so it never shows in
+    /// a `Debug` of the request.
+    authorization: HeaderValue,
+    policy: RetryPolicy,
+}
+
+struct Endpoint {
+    /// The base URL as the caller gave it, reported in [`Attempt::endpoint`].
+    base: String,
+    /// `base` + [`CHARGES_PATH`], parsed once.
+    charges: reqwest::Url,
+}
+
+/// A complete answer from the server to one attempt.
+struct Reply {
+    status: u16,
+    body: Bytes,
+    replayed: bool,
+    retry_after: Option<Duration>,
+}
+
+impl Client {
+    /// `endpoints`: base URLs of instances, e.g. "http://127.0.0.1:8080"; attempt i goes to
+    /// endpoints[i % len] (so a retry lands on another instance, as behind a load balancer).
+    ///
+    /// Only `http://` URLs are accepted (the crate is built without TLS).
+    /// Redirects are not followed: a redirected `POST` would lose its body or
+    /// its credentials, so a `3xx` is returned as the final answer instead.
+    pub fn new(
+        endpoints: Vec<String>,
+        secret: impl Into<String>,
+        policy: RetryPolicy,
+    ) -> Result<Self, ClientError> {
+        if endpoints.is_empty() {
+            return Err(ClientError::NoEndpoints);
+        }
+        let endpoints = endpoints
+            .into_iter()
+            .map(Endpoint::parse)
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut authorization = HeaderValue::try_from(format!("Bearer {}", secret.into()))
+            .map_err(|_| ClientError::Build("the secret is not a valid header value".into()))?;
+        authorization.set_sensitive(true);
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| ClientError::Build(error_chain(&e)))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                http,
+                endpoints,
+                authorization,
+                policy,
+            }),
+        })
+    }
+
+    /// One intent: a fresh random key (UUID v4), reused on every attempt.
+    pub async fn charge(&self, request: &ChargeRequest) -> Result<ChargeAnswer, ClientError> {
+        let key = uuid::Uuid::new_v4().to_string();
+        self.charge_with_key(&key, request).await
+    }
+
+    /// One intent under a caller-chosen key (same retry behaviour).
+    ///
+    /// Use it to finish an intent that ended in [`ClientError::GaveUp`]: the same
+    /// key and request return the stored outcome instead of charging again.
+    /// The key is sent as a quoted Structured Field string (`"` and `\` escaped);
+    /// the server judges it (1..=255 visible ASCII) and answers `400` if it is
+    /// not a valid key. A key that no such string can hold (control or
+    /// non-ASCII characters) is [`ClientError::Build`], with no attempt made.
+    pub async fn charge_with_key(
+        &self,
+        key: &str,
+        request: &ChargeRequest,
+    ) -> Result<ChargeAnswer, ClientError> {
+        let key_header = quoted_key(key)?;
+        // Encoded once: every attempt must carry the very same bytes.
+        let body = serde_json::to_vec(request)
+            .map(Bytes::from)
+            .map_err(|e| ClientError::Build(format!("encoding the charge request: {e}")))?;
+        let policy = &self.inner.policy;
+        let started = Instant::now();
+        let max_attempts = policy.max_attempts.max(1);
+        let mut attempts = Vec::new();
+        let mut retry_after = None;
+
+        for number in 0..max_attempts {
+            if number > 0 {
+                let wait = backoff_delay(policy, number - 1, retry_after);
+                let remaining = policy.max_elapsed.saturating_sub(started.elapsed());
+                if wait >= remaining {
+                    let reason = format!(
+                        "the next wait ({wait:?}) would pass max_elapsed ({:?})",
+                        policy.max_elapsed
+                    );
+                    return Err(give_up(key, attempts, &reason));
+                }
+                tokio::time::sleep(wait).await;
+            }
+            let remaining = policy.max_elapsed.saturating_sub(started.elapsed());
+            if remaining.is_zero() {
+                let reason = format!("max_elapsed ({:?}) spent", policy.max_elapsed);
+                return Err(give_up(key, attempts, &reason));
+            }
+
+            let endpoint = &self.inner.endpoints[number as usize % self.inner.endpoints.len()];
+            let sent = Instant::now();
+            let result = self
+                .attempt(
+                    endpoint,
+                    &key_header,
+                    &body,
+                    policy.attempt_timeout.min(remaining),
+                )
+                .await;
+            attempts.push(Attempt {
+                endpoint: endpoint.base.clone(),
+                outcome: match &result {
+                    Ok(reply) => AttemptOutcome::Status(reply.status),
+                    Err(outcome) => outcome.clone(),
+                },
+                elapsed: sent.elapsed(),
+            });
+            match result {
+                Ok(reply) if !is_retryable_status(reply.status) => {
+                    return Ok(ChargeAnswer {
+                        key: key.to_owned(),
+                        status: reply.status,
+                        body: reply.body,
+                        replayed: reply.replayed,
+                        attempts,
+                    });
+                }
+                Ok(reply) => retry_after = reply.retry_after,
+                Err(_) => retry_after = None,
+            }
+        }
+        let reason = format!("max_attempts ({max_attempts}) reached");
+        Err(give_up(key, attempts, &reason))
+    }
+
+    /// Sends one attempt and reads the whole answer, all within `timeout`.
+    async fn attempt(
+        &self,
+        endpoint: &Endpoint,
+        key: &HeaderValue,
+        body: &Bytes,
+        timeout: Duration,
+    ) -> Result<Reply, AttemptOutcome> {
+        let exchange = async {
+            let response = self
+                .inner
+                .http
+                .post(endpoint.charges.clone())
+                .header(AUTHORIZATION, self.inner.authorization.clone())
+                .header(IDEMPOTENCY_KEY, key.clone())
+                .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+                .body(body.clone())
+                .send()
+                .await?;
+            let status = response.status().as_u16();
+            let headers = response.headers();
+            let replayed = headers
+                .get(IDEMPOTENT_REPLAYED)
+                .is_some_and(|value| value.as_bytes().trim_ascii().eq_ignore_ascii_case(b"true"));
+            let retry_after = headers
+                .get(RETRY_AFTER)
+                .and_then(|value| parse_retry_after(value.as_bytes()));
+            // A body cut off half way is a lost answer, not a final one.
+            let body = response.bytes().await?;
+            Ok::<_, reqwest::Error>(Reply {
+                status,
+                body,
+                replayed,
+                retry_after,
+            })
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(error)) if error.is_timeout() => Err(AttemptOutcome::Timeout),
+            Ok(Err(error)) => Err(AttemptOutcome::Connection(error_chain(&error))),
+            Err(_elapsed) => Err(AttemptOutcome::Timeout),
+        }
+    }
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let endpoints: Vec<&str> = self
+            .inner
+            .endpoints
+            .iter()
+            .map(|e| e.base.as_str())
+            .collect();
+        f.debug_struct("Client")
+            .field("endpoints", &endpoints)
+            .field("secret", &"<redacted>")
+            .field("policy", &self.inner.policy)
+            .finish()
+    }
+}
+
+impl Endpoint {
+    fn parse(base: String) -> Result<Self, ClientError> {
+        let bad = |why: &str| ClientError::Build(format!("endpoint {base:?}: {why}"));
+        let charges = reqwest::Url::parse(&format!("{}{CHARGES_PATH}", base.trim_end_matches('/')))
+            .map_err(|e| bad(&e.to_string()))?;
+        if charges.scheme() != "http" {
+            return Err(bad("only http:// is supported (built without TLS)"));
+        }
+        if charges.query().is_some() || charges.fragment().is_some() {
+            return Err(bad("a base URL takes no query or fragment"));
+        }
+        Ok(Self { base, charges })
+    }
+}
+
+/// The key as an RFC 8941 string: `"` + key with `"` and `\` escaped + `"`.
+/// Such a string holds only printable ASCII (0x20..=0x7E); anything else is refused.
+fn quoted_key(key: &str) -> Result<HeaderValue, ClientError> {
+    if !key.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+        return Err(ClientError::Build(format!(
+            "the idempotency key {key:?} is not printable ASCII, so it cannot be sent"
+        )));
+    }
+    let mut quoted = String::with_capacity(key.len() + 2);
+    quoted.push('"');
+    for c in key.chars() {
+        if matches!(c, '"' | '\\') {
+            quoted.push('\\');
+        }
+        quoted.push(c);
+    }
+    quoted.push('"');
+    HeaderValue::try_from(quoted)
+        .map_err(|e| ClientError::Build(format!("the idempotency key {key:?}: {e}")))
+}
+
+fn give_up(key: &str, attempts: Vec<Attempt>, reason: &str) -> ClientError {
+    let last = match attempts.last() {
+        Some(attempt) => format!("{} from {}; {reason}", attempt.outcome, attempt.endpoint),
+        None => reason.to_owned(),
+    };
+    ClientError::GaveUp {
+        key: key.to_owned(),
+        attempts,
+        last,
+    }
+}
+
+/// An error and all its causes, `: `-separated: reqwest's own message alone
+/// ("error sending request") hides whether the port was closed or the peer reset.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_sent_as_quoted_strings_with_escapes() {
+        let uuid = "5b0e7a52-3f1c-4d7e-9a61-2c8f0d4e7b13";
+        assert_eq!(quoted_key(uuid).unwrap(), format!("\"{uuid}\"").as_str());
+        assert_eq!(quoted_key(r#"a"b\c"#).unwrap(), r#""a\"b\\c""#);
+    }
+
+    #[test]
+    fn keys_that_cannot_be_header_values_are_refused() {
+        assert!(matches!(quoted_key("a\nb"), Err(ClientError::Build(_))));
+        assert!(matches!(quoted_key("chave-é"), Err(ClientError::Build(_))));
+        assert!(matches!(
+            quoted_key("tab\there"),
+            Err(ClientError::Build(_))
+        ));
+    }
+
+    fn new(endpoints: &[&str]) -> Result<Client, ClientError> {
+        let endpoints = endpoints.iter().map(|e| e.to_string()).collect();
+        Client::new(endpoints, "s3cret", RetryPolicy::default())
+    }
+
+    #[test]
+    fn endpoints_are_checked_up_front() {
+        assert!(matches!(new(&[]), Err(ClientError::NoEndpoints)));
+        for bad in [
+            "not a url",
+            "https://127.0.0.1:1",
+            "http://h:1/?q=1",
+            "ftp://h",
+        ] {
+            assert!(matches!(new(&[bad]), Err(ClientError::Build(_))), "{bad}");
+        }
+        let client = new(&["http://127.0.0.1:8080/", "http://10.0.0.1:8080/base"]).unwrap();
+        let urls: Vec<&str> = client
+            .inner
+            .endpoints
+            .iter()
+            .map(|e| e.charges.as_str())
+            .collect();
+        assert_eq!(
+            urls,
+            [
+                "http://127.0.0.1:8080/v1/charges",
+                "http://10.0.0.1:8080/base/v1/charges"
+            ]
+        );
+    }
+
+    #[test]
+    fn debug_never_shows_the_secret() {
+        let client = new(&["http://127.0.0.1:8080"]).unwrap();
+        let shown = format!("{client:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("127.0.0.1:8080"), "{shown}");
+    }
+}

@@ -1,0 +1,44 @@
+//! `idem-client`: a client for the idem charge API that does retries right.
+//!
+//! One call to [`Client::charge`] is one payment intent: it picks one
+//! idempotency key and sends the same key with the same bytes on every attempt,
+//! so however often it retries, the server charges at most once. It retries only
+//! what may succeed on a retry (timeouts, lost connections, `409`, `502`, `503`,
+//! `504`), waits with full-jitter exponential backoff that never undercuts the
+//! server's `Retry-After`, spreads attempts over the given instances, and never
+//! runs past its time budget.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), idem_client::ClientError> {
+//! use idem_client::{ChargeRequest, Client, RetryPolicy};
+//!
+//! let client = Client::new(
+//!     vec!["http://127.0.0.1:8080".into(), "http://127.0.0.1:8081".into()],
+//!     "sk_test_secret",
+//!     RetryPolicy::default(),
+//! )?;
+//! let request = ChargeRequest {
+//!     order_id: 123,
+//!     amount_cents: 25_000,
+//!     currency: Some("BRL".into()),
+//!     description: None,
+//! };
+//! let answer = client.charge(&request).await?;
+//! println!("{} after {} attempts", answer.status, answer.attempts.len());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Modules: [`policy`] (how long to wait and when to stop), [`answer`] (what one
+//! intent sends and gets back), [`client`] (the attempt loop), [`error`].
+#![forbid(unsafe_code)]
+
+pub mod answer;
+pub mod client;
+pub mod error;
+pub mod policy;
+
+pub use answer::{Attempt, AttemptOutcome, ChargeAnswer, ChargeRequest};
+pub use client::Client;
+pub use error::ClientError;
+pub use policy::{backoff_delay, RetryPolicy};

@@ -1,0 +1,443 @@
+//! Integration tests: the client against a real HTTP server on port 0.
+//!
+//! Timings are scaled down (1 ms backoff, sub-second timeouts) so the whole
+//! binary runs in a few seconds; assertions on time leave wide margins.
+
+mod server;
+
+use std::time::{Duration, Instant};
+
+use idem_client::{AttemptOutcome, ChargeAnswer, ChargeRequest, Client, ClientError, RetryPolicy};
+use server::{closed_endpoint, Scripted, Step};
+
+const SECRET: &str = "sk_test_idem";
+
+fn fast_policy() -> RetryPolicy {
+    RetryPolicy {
+        max_attempts: 5,
+        max_elapsed: Duration::from_secs(5),
+        attempt_timeout: Duration::from_secs(2),
+        base_delay: Duration::from_millis(1),
+        max_delay: Duration::from_millis(5),
+    }
+}
+
+fn client(endpoints: &[&str], policy: RetryPolicy) -> Client {
+    let endpoints = endpoints.iter().map(|e| e.to_string()).collect();
+    Client::new(endpoints, SECRET, policy).unwrap()
+}
+
+fn request() -> ChargeRequest {
+    ChargeRequest {
+        order_id: 123,
+        amount_cents: 25_000,
+        currency: Some("BRL".into()),
+        description: Some("pedido 123".into()),
+    }
+}
+
+fn outcomes(answer: &ChargeAnswer) -> Vec<AttemptOutcome> {
+    answer.attempts.iter().map(|a| a.outcome.clone()).collect()
+}
+
+const CHARGE: &str = r#"{"id":"ch_1","status":"captured"}"#;
+
+#[tokio::test]
+async fn retries_503_then_returns_the_capture() {
+    let server = Scripted::start(vec![
+        Step::status(503).header("retry-after", "0"),
+        Step::status(201).body(CHARGE),
+    ])
+    .await;
+    let answer = client(&[&server.base], fast_policy())
+        .charge(&request())
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 201);
+    assert_eq!(&answer.body[..], CHARGE.as_bytes());
+    assert!(!answer.replayed);
+    assert_eq!(
+        outcomes(&answer),
+        [AttemptOutcome::Status(503), AttemptOutcome::Status(201)]
+    );
+    assert_eq!(server.received().len(), 2);
+}
+
+#[tokio::test]
+async fn retries_409_in_flight_then_returns_the_capture() {
+    let server = Scripted::start(vec![
+        Step::status(409).header("retry-after", "0"),
+        Step::status(201).body(CHARGE),
+    ])
+    .await;
+    let answer = client(&[&server.base], fast_policy())
+        .charge(&request())
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 201);
+    assert_eq!(
+        outcomes(&answer),
+        [AttemptOutcome::Status(409), AttemptOutcome::Status(201)]
+    );
+}
+
+/// 502 and 504 come from a gateway that lost the answer: unknown, so retried.
+#[tokio::test]
+async fn retries_gateway_errors() {
+    let server = Scripted::start(vec![
+        Step::status(502),
+        Step::status(504),
+        Step::status(201),
+    ])
+    .await;
+    let answer = client(&[&server.base], fast_policy())
+        .charge(&request())
+        .await
+        .unwrap();
+    assert_eq!(
+        outcomes(&answer),
+        [
+            AttemptOutcome::Status(502),
+            AttemptOutcome::Status(504),
+            AttemptOutcome::Status(201)
+        ]
+    );
+}
+
+/// The first attempt hangs past attempt_timeout; the client cuts it off and
+/// the retry gets the answer, long before the hang would have ended.
+#[tokio::test]
+async fn a_hung_attempt_times_out_and_is_retried() {
+    let server = Scripted::start(vec![
+        Step::status(201).after(Duration::from_secs(5)),
+        Step::status(201).body(CHARGE),
+    ])
+    .await;
+    let policy = RetryPolicy {
+        attempt_timeout: Duration::from_millis(150),
+        ..fast_policy()
+    };
+    let started = Instant::now();
+    let answer = client(&[&server.base], policy)
+        .charge(&request())
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 201);
+    assert_eq!(&answer.body[..], CHARGE.as_bytes());
+    assert_eq!(
+        outcomes(&answer),
+        [AttemptOutcome::Timeout, AttemptOutcome::Status(201)]
+    );
+    assert!(answer.attempts[0].elapsed >= Duration::from_millis(150));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// 422 (key reused with another body) is final: exactly one attempt, even
+/// though the server would answer 201 to a second one.
+#[tokio::test]
+async fn key_reuse_422_is_final() {
+    let problem = r#"{"status":422,"detail":"amount_cents differs"}"#;
+    let server = Scripted::start(vec![Step::status(422).body(problem), Step::status(201)]).await;
+    let answer = client(&[&server.base], fast_policy())
+        .charge(&request())
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 422);
+    assert_eq!(&answer.body[..], problem.as_bytes());
+    assert_eq!(outcomes(&answer), [AttemptOutcome::Status(422)]);
+    assert_eq!(server.received().len(), 1);
+}
+
+/// A decline is the stored outcome of the intent, not a failure to retry.
+#[tokio::test]
+async fn decline_402_is_final() {
+    let server = Scripted::start(vec![Step::status(402), Step::status(201)]).await;
+    let answer = client(&[&server.base], fast_policy())
+        .charge(&request())
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 402);
+    assert_eq!(outcomes(&answer), [AttemptOutcome::Status(402)]);
+    assert_eq!(server.received().len(), 1);
+}
+
+/// Every other status is final too, including 500 and redirects (not followed).
+#[tokio::test]
+async fn other_statuses_are_final_after_one_attempt() {
+    for status in [200, 302, 400, 401, 404, 413, 415, 429, 500] {
+        let mut first = Step::status(status);
+        if status == 302 {
+            first = first.header("location", "/elsewhere");
+        }
+        let server = Scripted::start(vec![first, Step::status(201)]).await;
+        let answer = client(&[&server.base], fast_policy())
+            .charge(&request())
+            .await
+            .unwrap();
+        assert_eq!(answer.status, status);
+        assert_eq!(answer.attempts.len(), 1, "status {status} was retried");
+        assert_eq!(server.received().len(), 1, "status {status} was retried");
+    }
+}
+
+/// Endpoint 0 refuses connections; attempt 1 goes to endpoint 1 and succeeds.
+#[tokio::test]
+async fn connection_refused_moves_on_to_the_next_endpoint() {
+    let closed = closed_endpoint();
+    let server = Scripted::start(vec![Step::status(201).body(CHARGE)]).await;
+    let answer = client(&[&closed, &server.base], fast_policy())
+        .charge(&request())
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 201);
+    assert_eq!(answer.attempts.len(), 2);
+    assert!(
+        matches!(&answer.attempts[0].outcome, AttemptOutcome::Connection(_)),
+        "{:?}",
+        answer.attempts[0].outcome
+    );
+    assert_eq!(answer.attempts[0].endpoint, closed);
+    assert_eq!(answer.attempts[1].endpoint, server.base);
+    assert_eq!(answer.attempts[1].outcome, AttemptOutcome::Status(201));
+    assert_eq!(server.received().len(), 1);
+}
+
+/// Attempts rotate over the endpoints: i goes to endpoints[i % len].
+#[tokio::test]
+async fn attempts_rotate_over_endpoints() {
+    let a = Scripted::start(vec![Step::status(503)]).await;
+    let b = Scripted::start(vec![Step::status(503)]).await;
+    let policy = RetryPolicy {
+        max_attempts: 5,
+        ..fast_policy()
+    };
+    let err = client(&[&a.base, &b.base], policy)
+        .charge(&request())
+        .await
+        .unwrap_err();
+    let ClientError::GaveUp { attempts, .. } = err else {
+        panic!("expected GaveUp, got {err:?}");
+    };
+    let landed: Vec<&str> = attempts.iter().map(|x| x.endpoint.as_str()).collect();
+    assert_eq!(landed, [&a.base, &b.base, &a.base, &b.base, &a.base]);
+    assert_eq!(a.received().len(), 3);
+    assert_eq!(b.received().len(), 2);
+}
+
+/// Every attempt of one intent carries the same quoted key, the same bytes,
+/// the secret and the JSON content type; the key is a fresh UUID v4.
+#[tokio::test]
+async fn every_attempt_sends_the_same_key_and_body() {
+    let server = Scripted::start(vec![
+        Step::status(503).header("retry-after", "0"),
+        Step::status(409).header("retry-after", "0"),
+        Step::status(201).after(Duration::from_secs(5)),
+        Step::status(201),
+    ])
+    .await;
+    let policy = RetryPolicy {
+        attempt_timeout: Duration::from_millis(150),
+        ..fast_policy()
+    };
+    let answer = client(&[&server.base], policy)
+        .charge(&request())
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 201);
+
+    let received = server.received();
+    assert_eq!(received.len(), 4);
+    let quoted = format!("\"{}\"", answer.key);
+    let expected_body = serde_json::to_vec(&request()).unwrap();
+    for r in &received {
+        assert_eq!(r.idempotency_key.as_deref(), Some(quoted.as_str()));
+        assert_eq!(&r.body[..], &expected_body[..]);
+        assert_eq!(r.authorization.as_deref(), Some("Bearer sk_test_idem"));
+        assert_eq!(r.content_type.as_deref(), Some("application/json"));
+    }
+    let json: serde_json::Value = serde_json::from_slice(&received[0].body).unwrap();
+    assert_eq!(
+        json,
+        serde_json::json!({"order_id": 123, "amount_cents": 25000,
+                           "currency": "BRL", "description": "pedido 123"})
+    );
+    let key = uuid::Uuid::parse_str(&answer.key).unwrap();
+    assert_eq!(key.get_version_num(), 4);
+}
+
+/// Two intents are two keys; absent optional fields are left out of the body.
+#[tokio::test]
+async fn each_intent_gets_its_own_key() {
+    let server = Scripted::start(vec![Step::status(201)]).await;
+    let client = client(&[&server.base], fast_policy());
+    let bare = ChargeRequest {
+        currency: None,
+        description: None,
+        ..request()
+    };
+    let first = client.charge(&bare).await.unwrap();
+    let second = client.charge(&bare).await.unwrap();
+    assert_ne!(first.key, second.key);
+    let received = server.received();
+    assert_eq!(
+        &received[0].body[..],
+        br#"{"order_id":123,"amount_cents":25000}"#
+    );
+}
+
+/// A caller-chosen key is used as is, quoted with RFC 8941 escapes.
+#[tokio::test]
+async fn charge_with_key_sends_the_callers_key() {
+    let server = Scripted::start(vec![Step::status(503), Step::status(201)]).await;
+    let key = r#"order-123/"try"\1"#;
+    let answer = client(&[&server.base], fast_policy())
+        .charge_with_key(key, &request())
+        .await
+        .unwrap();
+    assert_eq!(answer.key, key);
+    for r in server.received() {
+        assert_eq!(
+            r.idempotency_key.as_deref(),
+            Some(r#""order-123/\"try\"\\1""#)
+        );
+    }
+}
+
+#[tokio::test]
+async fn replayed_reflects_the_servers_header() {
+    let server = Scripted::start(vec![
+        Step::status(503).header("idempotent-replayed", "true"),
+        Step::status(201)
+            .header("idempotent-replayed", "true")
+            .body(CHARGE),
+    ])
+    .await;
+    let answer = client(&[&server.base], fast_policy())
+        .charge(&request())
+        .await
+        .unwrap();
+    assert!(answer.replayed);
+    assert_eq!(&answer.body[..], CHARGE.as_bytes());
+
+    let fresh = Scripted::start(vec![
+        Step::status(201).header("idempotent-replayed", "false")
+    ])
+    .await;
+    let answer = client(&[&fresh.base], fast_policy())
+        .charge(&request())
+        .await
+        .unwrap();
+    assert!(!answer.replayed);
+}
+
+#[tokio::test]
+async fn gives_up_after_max_attempts() {
+    let server = Scripted::start(vec![Step::status(503).header("retry-after", "0")]).await;
+    let policy = RetryPolicy {
+        max_attempts: 3,
+        ..fast_policy()
+    };
+    let err = client(&[&server.base], policy)
+        .charge_with_key("k-503", &request())
+        .await
+        .unwrap_err();
+    let ClientError::GaveUp {
+        key,
+        attempts,
+        last,
+    } = &err
+    else {
+        panic!("expected GaveUp, got {err:?}");
+    };
+    assert_eq!(key, "k-503");
+    assert_eq!(attempts.len(), 3);
+    assert!(attempts
+        .iter()
+        .all(|a| a.outcome == AttemptOutcome::Status(503)));
+    assert!(last.contains("max_attempts"), "{last}");
+    assert_eq!(server.received().len(), 3);
+    assert!(
+        err.to_string()
+            .starts_with("gave up on key k-503 after 3 attempts"),
+        "{err}"
+    );
+}
+
+/// A Retry-After longer than the remaining budget: give up at once rather
+/// than sleep past max_elapsed.
+#[tokio::test]
+async fn gives_up_when_retry_after_would_pass_max_elapsed() {
+    let server = Scripted::start(vec![Step::status(503).header("retry-after", "30")]).await;
+    let policy = RetryPolicy {
+        max_elapsed: Duration::from_millis(500),
+        max_attempts: 100,
+        ..fast_policy()
+    };
+    let started = Instant::now();
+    let err = client(&[&server.base], policy)
+        .charge(&request())
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+    let ClientError::GaveUp { attempts, last, .. } = &err else {
+        panic!("expected GaveUp, got {err:?}");
+    };
+    assert_eq!(attempts.len(), 1);
+    assert!(last.contains("max_elapsed"), "{last}");
+}
+
+/// Retry-After is honoured as a minimum wait between attempts.
+#[tokio::test]
+async fn retry_after_is_waited_out() {
+    let server = Scripted::start(vec![
+        Step::status(503).header("retry-after", "1"),
+        Step::status(201),
+    ])
+    .await;
+    let started = Instant::now();
+    let answer = client(&[&server.base], fast_policy())
+        .charge(&request())
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 201);
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// A server that always hangs: the budget, not attempt_timeout (10 s here),
+/// bounds the intent; the last attempt is cut short to fit.
+#[tokio::test]
+async fn gives_up_when_max_elapsed_is_spent() {
+    let server = Scripted::start(vec![Step::status(201).after(Duration::from_secs(30))]).await;
+    let policy = RetryPolicy {
+        max_attempts: 100,
+        max_elapsed: Duration::from_millis(400),
+        attempt_timeout: Duration::from_secs(10),
+        ..fast_policy()
+    };
+    let started = Instant::now();
+    let err = client(&[&server.base], policy)
+        .charge(&request())
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(400), "{took:?}");
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    let ClientError::GaveUp { attempts, last, .. } = &err else {
+        panic!("expected GaveUp, got {err:?}");
+    };
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].outcome, AttemptOutcome::Timeout);
+    assert!(last.contains("max_elapsed"), "{last}");
+}
