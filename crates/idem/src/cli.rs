@@ -62,6 +62,8 @@ pub enum Command {
     Reconcile(ReconcileArgs),
     /// Play the article's story under three strategies and compare them.
     Demo(DemoArgs),
+    /// Load a deployment (one it starts, or --url) and print throughput and latency.
+    Bench(BenchArgs),
     /// Send one charge with a client that retries right; prints the final answer.
     Charge(ChargeArgs),
     /// Inspect charges.
@@ -198,6 +200,37 @@ pub struct DemoArgs {
 }
 
 #[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    #[arg(long, value_enum, default_value_t = crate::bench::Scenario::New)]
+    pub scenario: crate::bench::Scenario,
+    /// Concurrent clients, each with one request in flight.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// How long to measure (after a 1 s warm-up).
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub duration: Duration,
+    /// PostgreSQL for the deployment the bench starts (database idem_bench).
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/idem"
+    )]
+    pub database_url: String,
+    /// A running deployment to load instead of starting one (needs --secret).
+    #[arg(long, requires = "secret")]
+    pub url: Option<String>,
+    /// The merchant's secret for --url.
+    #[arg(long, env = "IDEM_SECRET", hide_env_values = true)]
+    pub secret: Option<String>,
+    /// Also run pgbench with the store's statements at the same concurrency, and print the ratio.
+    #[arg(long, conflicts_with = "url")]
+    pub vs_pgbench: bool,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Clone)]
 pub struct ChargeArgs {
     /// The merchant's order number.
     #[arg(long)]
@@ -288,6 +321,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Reconcile(args) => reconcile(args, shutdown_signal()).await,
         Command::Demo(args) => demo(args, shutdown_signal()).await,
         Command::Charge(args) => charge(args).await,
+        Command::Bench(args) => bench(args).await,
         Command::Charges {
             command: ChargesCommand::Stuck(db),
         } => stuck(&db).await,
@@ -423,6 +457,24 @@ async fn demo(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<()>
         !report.idem_double_charged(),
         "idem charged an intent twice"
     );
+    Ok(())
+}
+
+async fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    let config = crate::bench::BenchConfig {
+        scenario: args.scenario,
+        concurrency: args.concurrency,
+        duration: args.duration,
+        database_url: args.database_url,
+        target: args.url.zip(args.secret),
+        vs_pgbench: args.vs_pgbench,
+    };
+    let result = crate::bench::run(&config).await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&result)?);
+    } else {
+        print!("{}", result.summary());
+    }
     Ok(())
 }
 

@@ -12,10 +12,12 @@
 //! - [`workers`]: background work: the reconciler and the key sweeper;
 //! - [`crash`]: test-only crash points (cargo feature `crash-points`);
 //! - [`demo`]: `idem demo`, the article's story under three strategies;
+//! - [`bench`]: `idem bench`, load figures against pgbench's for the same statements;
 //! - [`cli`]: the `idem` command line, the only place that starts things.
 #![forbid(unsafe_code)]
 
 pub mod acquirer;
+pub mod bench;
 pub mod cli;
 pub mod crash;
 pub mod demo;

@@ -157,9 +157,9 @@ impl Strategy {
 }
 
 /// Things started for one strategy, stopped on drop (also on Ctrl-C).
-struct Started {
-    children: Vec<Child>,
-    stop: CancellationToken,
+pub(crate) struct Started {
+    pub(crate) children: Vec<Child>,
+    pub(crate) stop: CancellationToken,
 }
 
 impl Drop for Started {
@@ -173,7 +173,8 @@ impl Drop for Started {
 }
 
 async fn run_strategy(config: &DemoConfig, strategy: Strategy) -> anyhow::Result<StrategyResult> {
-    let db_url = fresh_database(&config.database_url, strategy.name()).await?;
+    let db_name = format!("idem_demo_{}", strategy.name().replace('-', "_"));
+    let db_url = fresh_database(&config.database_url, &db_name).await?;
     let mut started = Started {
         children: Vec::new(),
         stop: CancellationToken::new(),
@@ -189,7 +190,10 @@ async fn run_strategy(config: &DemoConfig, strategy: Strategy) -> anyhow::Result
     tokio::spawn(sim::serve(sim_listener, faults, started.stop.clone()));
 
     let (endpoints, secret) = match strategy {
-        Strategy::Idem => start_idem(&db_url, &sim_url, &merchant, &mut started).await?,
+        Strategy::Idem => {
+            let flags = ["--acquirer-timeout", "2s", "--lease", "3s"];
+            start_idem(&db_url, &sim_url, &merchant, 3, &flags, &mut started).await?
+        }
         Strategy::CheckThenAct => {
             start_teaching(
                 &db_url,
@@ -259,9 +263,9 @@ async fn run_strategy(config: &DemoConfig, strategy: Strategy) -> anyhow::Result
     })
 }
 
-/// Drops and recreates `idem_demo_<strategy>` on the server of `url`.
-async fn fresh_database(url: &str, strategy: &str) -> anyhow::Result<String> {
-    let name = format!("idem_demo_{}", strategy.replace('-', "_"));
+/// Drops and recreates the database `name` on the server of `url` (connecting
+/// to `url` itself, or to that server's `postgres` database); returns its URL.
+pub(crate) async fn fresh_database(url: &str, name: &str) -> anyhow::Result<String> {
     let base = &url[..url
         .rfind('/')
         .context("the database URL has no database name")?];
@@ -278,11 +282,14 @@ async fn fresh_database(url: &str, strategy: &str) -> anyhow::Result<String> {
     Ok(format!("{base}/{name}"))
 }
 
-/// Three real `idem serve` processes on the strategy's database.
-async fn start_idem(
+/// `instances` real `idem serve` processes on a fresh database, with a
+/// merchant; returns their base URLs and the merchant's secret.
+pub(crate) async fn start_idem(
     db_url: &str,
     sim_url: &str,
     merchant: &str,
+    instances: usize,
+    flags: &[&str],
     started: &mut Started,
 ) -> anyhow::Result<(Vec<String>, String)> {
     let store = Store::connect(db_url, 1).await?;
@@ -291,7 +298,7 @@ async fn start_idem(
     store.create_merchant(merchant, &secret.hash()).await?;
     let exe = std::env::current_exe().context("finding the idem binary")?;
     let mut endpoints = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..instances {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -303,7 +310,7 @@ async fn start_idem(
                 "--acquirer-url",
                 sim_url,
             ])
-            .args(["--acquirer-timeout", "2s", "--lease", "3s"])
+            .args(flags)
             .env("DATABASE_URL", db_url)
             .env("IDEM_LOG", "warn")
             .stdout(Stdio::null())

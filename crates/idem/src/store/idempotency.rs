@@ -70,6 +70,50 @@ fn bind_new_claim<'q, O>(query: PgQueryAs<'q, O>, new: &NewClaim<'_>) -> PgQuery
         .bind(AcquirerReference::generate().as_str().to_owned())
 }
 
+/// Insert first, in one statement: claim the key and create its charge, or
+/// read the record that won. Parameters as bound by [`bind_new_claim`]; public
+/// so that `idem bench --vs-pgbench` runs the very same statement.
+pub const CLAIM_SQL: &str = concat!(
+    "with k as (
+                insert into idempotency_keys
+                    (merchant_id, idempotency_key, fingerprint, charge_id, locked_until, expires_at)
+                values ($1, $2, $3, $4, now() + $5 * interval '1 millisecond',
+                        now() + $6 * interval '1 millisecond')
+                on conflict (merchant_id, idempotency_key) do nothing
+                returning *
+            ), ",
+    create_charge_of_k!(),
+    "
+            select true as won, ",
+    record_columns!(),
+    " from c cross join k
+            union all
+            select false as won, ",
+    record_columns!(),
+    " from idempotency_keys k join charges c on c.id = k.charge_id
+            where k.merchant_id = $1 and k.idempotency_key = $2
+              and not exists (select 1 from k)"
+);
+
+/// Store the outcome and settle the charge, fenced by `attempt`:
+/// `$1` merchant, `$2` key, `$3` charge id, `$4` attempt, `$5` response status,
+/// `$6` response body, `$7` key TTL in ms, `$8` charge status, `$9` capture id,
+/// `$10` decline reason. Public for `idem bench --vs-pgbench`.
+pub const FINALIZE_SQL: &str = "with k as (
+                update idempotency_keys
+                   set state = 'completed', locked_until = null,
+                       response_status = $5, response_body = $6,
+                       expires_at = now() + $7 * interval '1 millisecond'
+                 where merchant_id = $1 and idempotency_key = $2 and charge_id = $3
+                   and attempt = $4 and state = 'in_flight'
+                returning charge_id
+            )
+            update charges c
+               set status = $8, acquirer_capture_id = $9, decline_reason = $10, updated_at = now()
+              from k
+             where c.id = k.charge_id
+            returning c.id";
+
 /// What a new attempt asks to claim.
 pub struct NewClaim<'a> {
     pub merchant_id: i64,
@@ -190,27 +234,7 @@ impl Store {
     /// One round of [`Store::claim`]; `None` when the record this round saw was
     /// deleted (swept) before the round could use it.
     async fn try_claim(&self, new: &NewClaim<'_>) -> Result<Option<Claim>, StoreError> {
-        let query = sqlx::query_as(concat!(
-            "with k as (
-                insert into idempotency_keys
-                    (merchant_id, idempotency_key, fingerprint, charge_id, locked_until, expires_at)
-                values ($1, $2, $3, $4, now() + $5 * interval '1 millisecond',
-                        now() + $6 * interval '1 millisecond')
-                on conflict (merchant_id, idempotency_key) do nothing
-                returning *
-            ), ",
-            create_charge_of_k!(),
-            "
-            select true as won, ",
-            record_columns!(),
-            " from c cross join k
-            union all
-            select false as won, ",
-            record_columns!(),
-            " from idempotency_keys k join charges c on c.id = k.charge_id
-            where k.merchant_id = $1 and k.idempotency_key = $2
-              and not exists (select 1 from k)"
-        ));
+        let query = sqlx::query_as(CLAIM_SQL);
         let row: Option<ClaimRow> = bind_new_claim(query, new)
             .fetch_optional(&self.pool)
             .await?;
@@ -349,34 +373,19 @@ impl Store {
         settlement: &Settlement<'_>,
         key_ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let settled: Option<(String,)> = sqlx::query_as(
-            "with k as (
-                update idempotency_keys
-                   set state = 'completed', locked_until = null,
-                       response_status = $5, response_body = $6,
-                       expires_at = now() + $7 * interval '1 millisecond'
-                 where merchant_id = $1 and idempotency_key = $2 and charge_id = $3
-                   and attempt = $4 and state = 'in_flight'
-                returning charge_id
-            )
-            update charges c
-               set status = $8, acquirer_capture_id = $9, decline_reason = $10, updated_at = now()
-              from k
-             where c.id = k.charge_id
-            returning c.id",
-        )
-        .bind(merchant_id)
-        .bind(key.as_str())
-        .bind(record.charge.id.as_str())
-        .bind(record.attempt)
-        .bind(i16::try_from(settlement.response.status).unwrap_or(i16::MAX))
-        .bind(settlement.response.body.as_ref())
-        .bind(millis(key_ttl))
-        .bind(settlement.status.as_str())
-        .bind(settlement.capture_id)
-        .bind(settlement.decline_reason)
-        .fetch_optional(&self.pool)
-        .await?;
+        let settled: Option<(String,)> = sqlx::query_as(FINALIZE_SQL)
+            .bind(merchant_id)
+            .bind(key.as_str())
+            .bind(record.charge.id.as_str())
+            .bind(record.attempt)
+            .bind(i16::try_from(settlement.response.status).unwrap_or(i16::MAX))
+            .bind(settlement.response.body.as_ref())
+            .bind(millis(key_ttl))
+            .bind(settlement.status.as_str())
+            .bind(settlement.capture_id)
+            .bind(settlement.decline_reason)
+            .fetch_optional(&self.pool)
+            .await?;
         Ok(settled.is_some())
     }
 }

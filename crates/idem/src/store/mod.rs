@@ -19,7 +19,9 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
 pub use charges::StuckCharge;
-pub use idempotency::{Claim, KeyRecord, KeyState, NewClaim, Orphan, Settlement};
+pub use idempotency::{
+    Claim, KeyRecord, KeyState, NewClaim, Orphan, Settlement, CLAIM_SQL, FINALIZE_SQL,
+};
 pub use merchants::MerchantError;
 
 /// How long a request waits for a pooled connection before answering 503:

@@ -5,6 +5,7 @@
 mod helpers;
 
 mod api;
+mod bench;
 mod concurrency;
 mod crash;
 mod demo;

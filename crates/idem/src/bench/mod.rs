@@ -1,0 +1,342 @@
+//! `idem bench`: load against a deployment it starts (or one given by `--url`),
+//! with throughput and latency from a histogram, the server's peak memory, and
+//! with `--vs-pgbench` the database's own limit for the same statements.
+//!
+//! Scenarios:
+//! - `new`: every request a new key (claim, acquirer, finalize);
+//! - `replay`: the same keys again (one statement: the claim that conflicts
+//!   and reads the stored outcome);
+//! - `conflict`: duplicates while the first attempts are in flight (409s).
+
+mod pgbench;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::demo::{fresh_database, start_idem, Started};
+use crate::sim::{self, Faults};
+
+/// Keys the `replay` and `conflict` scenarios cycle through: enough to spread
+/// over the index, few enough to create before the clock starts.
+const HOT_KEYS: usize = 256;
+
+/// Discarded first seconds: connection pools fill, caches warm.
+const WARM_UP: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scenario {
+    New,
+    Replay,
+    Conflict,
+}
+
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    pub scenario: Scenario,
+    pub concurrency: usize,
+    pub duration: Duration,
+    /// PostgreSQL to start a deployment on (ignored with `url`).
+    pub database_url: String,
+    /// A running deployment and its merchant's secret, instead of starting one.
+    pub target: Option<(String, String)>,
+    pub vs_pgbench: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchResult {
+    pub scenario: Scenario,
+    pub concurrency: usize,
+    pub seconds: f64,
+    pub requests: u64,
+    pub per_second: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub statuses: BTreeMap<u16, u64>,
+    pub errors: u64,
+    /// Peak resident memory of the `serve` process (started deployments only).
+    pub server_peak_rss_mib: Option<f64>,
+    /// pgbench's transactions per second for the same statements.
+    pub pgbench_per_second: Option<f64>,
+    pub ratio_vs_pgbench: Option<f64>,
+}
+
+impl BenchResult {
+    pub fn summary(&self) -> String {
+        let mut out = format!(
+            "scenario {:?}, {} clients, {:.1} s: {} requests, {:.0}/s\n\
+             latency p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms\n\
+             statuses {:?}, transport errors {}\n",
+            self.scenario,
+            self.concurrency,
+            self.seconds,
+            self.requests,
+            self.per_second,
+            self.p50_ms,
+            self.p99_ms,
+            self.p999_ms,
+            self.statuses,
+            self.errors
+        );
+        if let Some(rss) = self.server_peak_rss_mib {
+            out.push_str(&format!("server peak RSS {rss:.1} MiB\n"));
+        }
+        if let (Some(pg), Some(r)) = (self.pgbench_per_second, self.ratio_vs_pgbench) {
+            out.push_str(&format!(
+                "pgbench, same statements, same clients: {pg:.0}/s; idem/pgbench = {r:.2}\n"
+            ));
+        }
+        out
+    }
+}
+
+pub async fn run(config: &BenchConfig) -> anyhow::Result<BenchResult> {
+    let mut started = Started {
+        children: Vec::new(),
+        stop: CancellationToken::new(),
+    };
+    let (base, secret, db_url) = match &config.target {
+        Some((url, secret)) => (url.clone(), secret.clone(), None),
+        None => {
+            let db_url = fresh_database(&config.database_url, "idem_bench").await?;
+            // For `conflict` the first attempts must stay at the acquirer for
+            // the whole run; otherwise it answers at once.
+            let hold = config.duration + WARM_UP + Duration::from_secs(5);
+            let latency = match config.scenario {
+                Scenario::Conflict => hold,
+                _ => Duration::ZERO,
+            };
+            let sim_listener = TcpListener::bind("127.0.0.1:0").await?;
+            let sim_url = format!("http://{}", sim_listener.local_addr()?);
+            let faults = Faults {
+                latency_ms: u64::try_from(latency.as_millis())?,
+                ..Faults::default()
+            };
+            tokio::spawn(sim::serve(sim_listener, faults, started.stop.clone()));
+            let timeout = humantime::format_duration(hold + Duration::from_secs(5)).to_string();
+            let lease = humantime::format_duration(hold + Duration::from_secs(30)).to_string();
+            let pool = config.concurrency.to_string();
+            let flags = [
+                "--acquirer-timeout",
+                &timeout,
+                "--lease",
+                &lease,
+                "--no-workers",
+                "--db-max-connections",
+                &pool,
+            ];
+            let (endpoints, secret) =
+                start_idem(&db_url, &sim_url, "bench", 1, &flags, &mut started).await?;
+            (endpoints[0].clone(), secret, Some(db_url))
+        }
+    };
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(config.concurrency)
+        .build()?;
+    let load = Load {
+        http,
+        url: format!("{base}/v1/charges"),
+        secret,
+        scenario: config.scenario,
+    };
+    load.prepare().await?;
+
+    let mut result = load.drive(config).await?;
+    result.server_peak_rss_mib = started.children.first().and_then(|c| peak_rss_mib(c.id()));
+    if config.vs_pgbench {
+        let db_url = db_url.context("--vs-pgbench needs a deployment it starts (no --url)")?;
+        let tps = pgbench::run(
+            &db_url,
+            config.scenario,
+            config.concurrency,
+            config.duration,
+        )
+        .await?;
+        result.pgbench_per_second = Some(tps);
+        result.ratio_vs_pgbench = Some(result.per_second / tps);
+    }
+    drop(started);
+    Ok(result)
+}
+
+struct Load {
+    http: reqwest::Client,
+    url: String,
+    secret: String,
+    scenario: Scenario,
+}
+
+impl Load {
+    fn hot_key(i: usize) -> String {
+        format!("bench-hot-{i}")
+    }
+
+    /// Creates the stored outcomes (`replay`) or the in-flight attempts (`conflict`).
+    async fn prepare(&self) -> anyhow::Result<()> {
+        match self.scenario {
+            Scenario::New => Ok(()),
+            Scenario::Replay => {
+                for i in 0..HOT_KEYS {
+                    let status = self.send(&Self::hot_key(i), i).await?;
+                    anyhow::ensure!(status == 201, "preparing replays: status {status}");
+                }
+                Ok(())
+            }
+            Scenario::Conflict => {
+                // Fire and forget: these stay at the acquirer for the whole run.
+                for i in 0..HOT_KEYS {
+                    let (http, url, secret) =
+                        (self.http.clone(), self.url.clone(), self.secret.clone());
+                    tokio::spawn(async move {
+                        let _ = http
+                            .post(url)
+                            .bearer_auth(secret)
+                            .header("Idempotency-Key", Self::hot_key(i))
+                            .header("content-type", "application/json")
+                            .body(body(i))
+                            .send()
+                            .await;
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                Ok(())
+            }
+        }
+    }
+
+    async fn send(&self, key: &str, order: usize) -> anyhow::Result<u16> {
+        let r = self
+            .http
+            .post(&self.url)
+            .bearer_auth(&self.secret)
+            .header("Idempotency-Key", key)
+            .header("content-type", "application/json")
+            .body(body(order))
+            .send()
+            .await?;
+        let status = r.status().as_u16();
+        r.bytes().await?;
+        Ok(status)
+    }
+
+    async fn drive(&self, config: &BenchConfig) -> anyhow::Result<BenchResult> {
+        let measuring = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let workers: Vec<_> = (0..config.concurrency)
+            .map(|w| {
+                let (load, measuring, stop) =
+                    (self.clone_handle(), measuring.clone(), stop.clone());
+                tokio::spawn(async move { load.worker(w, &measuring, &stop).await })
+            })
+            .collect();
+        tokio::time::sleep(WARM_UP).await;
+        measuring.store(true, Ordering::SeqCst);
+        let started = Instant::now();
+        tokio::time::sleep(config.duration).await;
+        stop.store(true, Ordering::SeqCst);
+        let seconds = started.elapsed().as_secs_f64();
+        let mut histogram = Histogram::<u64>::new(3)?;
+        let mut statuses = BTreeMap::new();
+        let mut errors = 0;
+        for w in workers {
+            let part = w.await??;
+            histogram.add(&part.histogram)?;
+            for (s, n) in part.statuses {
+                *statuses.entry(s).or_insert(0) += n;
+            }
+            errors += part.errors;
+        }
+        let ms = |q: f64| histogram.value_at_quantile(q) as f64 / 1000.0;
+        let requests = histogram.len();
+        Ok(BenchResult {
+            scenario: config.scenario,
+            concurrency: config.concurrency,
+            seconds,
+            requests,
+            per_second: requests as f64 / seconds,
+            p50_ms: ms(0.50),
+            p99_ms: ms(0.99),
+            p999_ms: ms(0.999),
+            statuses,
+            errors,
+            server_peak_rss_mib: None,
+            pgbench_per_second: None,
+            ratio_vs_pgbench: None,
+        })
+    }
+
+    fn clone_handle(&self) -> Load {
+        Load {
+            http: self.http.clone(),
+            url: self.url.clone(),
+            secret: self.secret.clone(),
+            scenario: self.scenario,
+        }
+    }
+
+    async fn worker(
+        &self,
+        w: usize,
+        measuring: &AtomicBool,
+        stop: &AtomicBool,
+    ) -> anyhow::Result<Part> {
+        let mut part = Part {
+            histogram: Histogram::new(3)?,
+            statuses: BTreeMap::new(),
+            errors: 0,
+        };
+        let mut i = 0usize;
+        while !stop.load(Ordering::Relaxed) {
+            i += 1;
+            let (key, order) = match self.scenario {
+                Scenario::New => (format!("bench-{w}-{i}"), i),
+                // The hot key's own body, so the request is the same one.
+                Scenario::Replay | Scenario::Conflict => {
+                    let n = (w * 7919 + i) % HOT_KEYS;
+                    (Self::hot_key(n), n)
+                }
+            };
+            let sent = Instant::now();
+            let status = self.send(&key, order).await;
+            let micros = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
+            if !measuring.load(Ordering::Relaxed) {
+                continue;
+            }
+            match status {
+                Ok(s) => {
+                    part.histogram.record(micros.max(1))?;
+                    *part.statuses.entry(s).or_insert(0) += 1;
+                }
+                Err(_) => part.errors += 1,
+            }
+        }
+        Ok(part)
+    }
+}
+
+struct Part {
+    histogram: Histogram<u64>,
+    statuses: BTreeMap<u16, u64>,
+    errors: u64,
+}
+
+fn body(order: usize) -> String {
+    format!(r#"{{"order_id": {}, "amount_cents": 25000}}"#, order + 1)
+}
+
+/// `VmHWM` of a process: the most resident memory it ever had.
+fn peak_rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
