@@ -104,14 +104,29 @@ async fn charge(State(ctx): State<Ctx>, headers: HeaderMap, body: Bytes) -> Resp
     }
 }
 
-fn capture_request(ctx: &Ctx, reference: &str, request: &ChargeRequest) -> CaptureRequest {
-    CaptureRequest {
-        reference: reference.to_owned(),
-        merchant: ctx.merchant.clone(),
-        order_id: request.order_id.get(),
-        amount_cents: request.amount_cents.get(),
-        currency: request.currency.as_str().to_owned(),
-    }
+/// Calls the acquirer with this row's own reference; returns the body to store.
+async fn capture(
+    ctx: &Ctx,
+    id: i64,
+    reference: &AcquirerReference,
+    request: &ChargeRequest,
+) -> String {
+    let captured = ctx
+        .acquirer
+        .capture(&CaptureRequest {
+            reference: reference.as_str().to_owned(),
+            merchant: ctx.merchant.clone(),
+            order_id: request.order_id.get(),
+            amount_cents: request.amount_cents.get(),
+            currency: request.currency.as_str().to_owned(),
+        })
+        .await;
+    let status = if captured.is_ok() {
+        "captured"
+    } else {
+        "failed"
+    };
+    format!(r#"{{"id":{id},"status":"{status}"}}"#)
 }
 
 fn answer(stored: Option<(String, Option<String>)>) -> Response {
@@ -147,18 +162,7 @@ async fn check_then_act(
     .bind(reference.as_str())
     .fetch_one(&ctx.pool)
     .await?;
-    let captured = ctx
-        .acquirer
-        .capture(&capture_request(ctx, reference.as_str(), request))
-        .await;
-    let body = format!(
-        r#"{{"id":{id},"status":"{}"}}"#,
-        if captured.is_ok() {
-            "captured"
-        } else {
-            "failed"
-        }
-    );
+    let body = capture(ctx, id, &reference, request).await;
     sqlx::query("update cobranca set status = 'done', response_body = $2 where id = $1")
         .bind(id)
         .bind(&body)
@@ -196,18 +200,7 @@ async fn hold_transaction(
                 .await?;
         return Ok(answer(found));
     };
-    let captured = ctx
-        .acquirer
-        .capture(&capture_request(ctx, reference.as_str(), request))
-        .await;
-    let body = format!(
-        r#"{{"id":{id},"status":"{}"}}"#,
-        if captured.is_ok() {
-            "captured"
-        } else {
-            "failed"
-        }
-    );
+    let body = capture(ctx, id, &reference, request).await;
     sqlx::query("update cobranca set status = 'done', response_body = $2 where id = $1")
         .bind(id)
         .bind(&body)

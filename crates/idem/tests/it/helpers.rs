@@ -61,6 +61,16 @@ impl TestDb {
         secret.expose().to_owned()
     }
 
+    /// The store's id of the merchant named `name`.
+    pub async fn merchant_id(&self, name: &str) -> i64 {
+        let (id,): (i64,) = sqlx::query_as("select id from merchants where name = $1")
+            .bind(name)
+            .fetch_one(self.store.pool())
+            .await
+            .expect("merchant id");
+        id
+    }
+
     pub async fn count(&self, table: &str) -> i64 {
         let (n,): (i64,) = sqlx::query_as(&format!("select count(*) from {table}"))
             .fetch_one(self.store.pool())

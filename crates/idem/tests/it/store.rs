@@ -14,10 +14,7 @@ use crate::helpers::*;
 async fn a_stale_holder_cannot_finalize_after_a_take_over() {
     let db = TestDb::new().await;
     db.merchant("loja").await;
-    let (merchant_id,): (i64,) = sqlx::query_as("select id from merchants")
-        .fetch_one(db.store.pool())
-        .await
-        .expect("merchant");
+    let merchant_id = db.merchant_id("loja").await;
     let key = IdempotencyKey::parse(b"fence-me").expect("key");
     let request = ChargeRequest::from_json(body(1, 100).as_bytes()).expect("request");
     let claim = NewClaim {
@@ -113,10 +110,7 @@ async fn a_stale_holder_cannot_finalize_after_a_take_over() {
 async fn a_claim_racing_the_sweeper_on_an_expired_key_never_fails() {
     let db = TestDb::new().await;
     db.merchant("loja").await;
-    let (merchant_id,): (i64,) = sqlx::query_as("select id from merchants")
-        .fetch_one(db.store.pool())
-        .await
-        .expect("merchant");
+    let merchant_id = db.merchant_id("loja").await;
     let sweeping = tokio::spawn({
         let store = db.store.clone();
         async move {
