@@ -13,6 +13,7 @@
 //! - [`crash`]: test-only crash points (cargo feature `crash-points`);
 //! - [`demo`]: `idem demo`, the article's story under three strategies;
 //! - [`bench`]: `idem bench`, load figures against pgbench's for the same statements;
+//! - [`metrics`]: the Prometheus metrics idem records;
 //! - [`cli`]: the `idem` command line, the only place that starts things.
 #![forbid(unsafe_code)]
 
@@ -24,6 +25,7 @@ pub mod demo;
 pub mod domain;
 pub mod http;
 pub mod idempotency;
+pub mod metrics;
 pub mod problem;
 pub mod sim;
 pub mod store;

@@ -49,6 +49,7 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(engine: Engine) -> Self {
+        crate::metrics::handle();
         Self {
             engine,
             merchants: MerchantCache::default(),
@@ -92,6 +93,8 @@ pub fn router(state: AppState, request_timeout: Duration) -> Router {
         .route("/v1/charges/{id}", get(charges::get))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .route_layer(axum::middleware::from_fn(count_requests))
         .with_state(state)
         .layer(middleware)
 }
@@ -111,6 +114,21 @@ pub async fn serve(
     tasks.close();
     tasks.wait().await;
     Ok(())
+}
+
+/// Counts every routed request by its route template, method and status.
+async fn count_requests(request: Request, next: axum::middleware::Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_default();
+    let method = request.method().to_string();
+    let response = next.run(request).await;
+    metrics::counter!(crate::metrics::HTTP_REQUESTS, "route" => route, "method" => method,
+        "status" => response.status().as_u16().to_string())
+    .increment(1);
+    response
 }
 
 /// Turns any error response that is not already problem+json (the framework's

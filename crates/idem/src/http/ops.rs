@@ -1,4 +1,4 @@
-//! Operational endpoints: liveness and readiness.
+//! Operational endpoints: liveness, readiness and metrics.
 
 use std::time::Duration;
 
@@ -24,6 +24,22 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Response, ApiError>
         Ok(Err(e)) => Err(e.into()),
         Err(_) => Err(ApiError::Unavailable),
     }
+}
+
+/// `GET /metrics`: Prometheus text. The database gauges are read now.
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    use crate::metrics as m;
+    let store = state.engine.store();
+    if let Ok(Ok(stats)) = tokio::time::timeout(READY_TIMEOUT, store.processing_stats()).await {
+        metrics::gauge!(m::OLDEST_PROCESSING).set(stats.oldest_processing_seconds);
+        metrics::gauge!(m::AWAITING_REVIEW).set(stats.awaiting_review as f64);
+    }
+    let pool = store.pool();
+    let idle = pool.num_idle() as f64;
+    metrics::gauge!(m::POOL_CONNECTIONS, "state" => "idle").set(idle);
+    metrics::gauge!(m::POOL_CONNECTIONS, "state" => "in_use").set(f64::from(pool.size()) - idle);
+    let body = m::handle().map(|h| h.render()).unwrap_or_default();
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 
 fn json_ok(body: &'static str) -> Response {

@@ -200,6 +200,7 @@ impl Engine {
             amount_cents: charge.amount_cents.get(),
             currency: charge.currency.as_str().to_owned(),
         };
+        let called = std::time::Instant::now();
         let known = match approach {
             Approach::Capture => None,
             Approach::LookupFirst => match self.acquirer.lookup(&request.reference).await {
@@ -212,6 +213,15 @@ impl Engine {
             None => self.acquirer.capture(&request).await,
         };
         crash::point(CrashPoint::AfterAcquirer);
+        metrics::histogram!(crate::metrics::ACQUIRER_SECONDS)
+            .record(called.elapsed().as_secs_f64());
+        let label = match &result {
+            Ok(_) => "captured",
+            Err(AcquirerError::Declined(_)) => "declined",
+            Err(AcquirerError::Rejected { .. }) => "rejected",
+            Err(AcquirerError::Unknown(_)) => "unknown",
+        };
+        metrics::counter!(crate::metrics::ACQUIRER_CALLS, "outcome" => label).increment(1);
         let (status, capture_id, decline_reason) = match result {
             Ok(captured) => (ChargeStatus::Captured, Some(captured.capture_id), None),
             Err(AcquirerError::Declined(d)) => (ChargeStatus::Declined, None, Some(d.reason)),

@@ -136,3 +136,23 @@ impl Store {
         .await?)
     }
 }
+
+/// What the `/metrics` gauges show about unsettled charges.
+#[derive(Debug, Clone, Copy, sqlx::FromRow)]
+pub struct ProcessingStats {
+    pub oldest_processing_seconds: f64,
+    pub awaiting_review: i64,
+}
+
+impl Store {
+    pub async fn processing_stats(&self) -> Result<ProcessingStats, StoreError> {
+        Ok(sqlx::query_as(
+            "select coalesce(extract(epoch from now() - min(created_at)), 0)::float8
+                      as oldest_processing_seconds,
+                    count(*) filter (where review_since is not null) as awaiting_review
+               from charges where status = 'processing'",
+        )
+        .fetch_one(&self.pool)
+        .await?)
+    }
+}

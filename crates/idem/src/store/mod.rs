@@ -18,7 +18,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
-pub use charges::StuckCharge;
+pub use charges::{ProcessingStats, StuckCharge};
 pub use idempotency::{
     Claim, KeyRecord, KeyState, NewClaim, Orphan, Settlement, CLAIM_SQL, FINALIZE_SQL,
 };

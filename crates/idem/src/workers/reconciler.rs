@@ -103,6 +103,24 @@ impl Reconciler {
 
     /// One pass over the orphans due now.
     pub async fn pass(&self) -> Result<PassReport, StoreError> {
+        let report = self.pass_uncounted().await?;
+        let counts = [
+            ("settled", report.settled),
+            ("backed_off", report.backed_off),
+            ("marked_for_review", report.marked_for_review),
+            ("skipped", report.skipped),
+            ("error", report.errors),
+        ];
+        for (result, n) in counts {
+            if n > 0 {
+                metrics::counter!(crate::metrics::RECONCILER, "result" => result)
+                    .increment(u64::from(n));
+            }
+        }
+        Ok(report)
+    }
+
+    async fn pass_uncounted(&self) -> Result<PassReport, StoreError> {
         let store = self.engine.store();
         let mut report = PassReport::default();
         for orphan in store.orphans(BATCH, self.config.settle_deadline).await? {

@@ -36,6 +36,7 @@ impl Sweeper {
         loop {
             let started = std::time::Instant::now();
             let n = self.store.sweep_expired_keys(SWEEP_BATCH).await?;
+            metrics::counter!(crate::metrics::SWEPT_KEYS).increment(n);
             total += n;
             if n < SWEEP_BATCH.unsigned_abs() {
                 return Ok(total);

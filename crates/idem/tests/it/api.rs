@@ -380,3 +380,31 @@ async fn framework_errors_and_operations_speak_problem_json() {
     assert_eq!(a.status, 200);
     assert!(a.header("x-request-id").is_some(), "a request id is echoed");
 }
+
+#[tokio::test]
+async fn metrics_count_requests_outcomes_and_acquirer_calls() {
+    let Env {
+        db: _db,
+        sim: _sim,
+        app,
+        client: c,
+    } = Env::start(Faults::default()).await;
+    let key = new_key();
+    assert_eq!(c.charge(&key, &body(1, 100)).await.status, 201);
+    assert!(c.charge(&key, &body(1, 100)).await.replayed());
+    let m = c.send(c.raw().get(format!("{}/metrics", app.url))).await;
+    assert_eq!(m.status, 200);
+    assert!(m.header("content-type").unwrap().starts_with("text/plain"));
+    let text = String::from_utf8_lossy(&m.body);
+    for line in [
+        r#"idem_charge_outcomes_total{outcome="captured"}"#,
+        r#"idem_charge_outcomes_total{outcome="replayed"}"#,
+        r#"idem_acquirer_calls_total{outcome="captured"}"#,
+        r#"route="/v1/charges""#,
+        "idem_acquirer_call_seconds",
+        "idem_oldest_processing_charge_seconds",
+        r#"idem_db_pool_connections{state="idle"}"#,
+    ] {
+        assert!(text.contains(line), "{line} missing from:\n{text}");
+    }
+}

@@ -1,0 +1,72 @@
+//! Metrics (Prometheus text at `GET /metrics`): the names idem records, and the
+//! process-wide recorder that renders them.
+//!
+//! Counters and histograms are recorded where things happen (the HTTP layer,
+//! the engine, the workers) with the `metrics` macros under the names below;
+//! gauges that describe the database (oldest `processing` charge, pool use) are
+//! read when scraped.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// Requests by matched route, method and status.
+pub const HTTP_REQUESTS: &str = "idem_http_requests_total";
+/// Answers to `POST /v1/charges` by outcome: `captured`, `declined`, `failed`,
+/// `replayed`, `in_flight` (409), `key_reused` (422), `unknown` (503).
+pub const CHARGE_OUTCOMES: &str = "idem_charge_outcomes_total";
+/// Calls to the acquirer by outcome: `captured`, `declined`, `rejected`, `unknown`.
+pub const ACQUIRER_CALLS: &str = "idem_acquirer_calls_total";
+/// Duration of each acquirer call, seconds.
+pub const ACQUIRER_SECONDS: &str = "idem_acquirer_call_seconds";
+/// Reconciler results: `settled`, `backed_off`, `marked_for_review`, `skipped`, `error`.
+pub const RECONCILER: &str = "idem_reconciler_charges_total";
+/// Expired key records deleted by the sweeper.
+pub const SWEPT_KEYS: &str = "idem_swept_keys_total";
+/// Age of the oldest charge still `processing`, seconds (0 when none).
+pub const OLDEST_PROCESSING: &str = "idem_oldest_processing_charge_seconds";
+/// Charges awaiting review (past the settle deadline).
+pub const AWAITING_REVIEW: &str = "idem_charges_awaiting_review";
+/// Database pool connections by state: `idle`, `in_use`.
+pub const POOL_CONNECTIONS: &str = "idem_db_pool_connections";
+
+/// The recorder, installed once per process (also when a test runs several
+/// servers in one process).
+pub fn handle() -> Option<&'static PrometheusHandle> {
+    static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| match PrometheusBuilder::new().install_recorder() {
+            Ok(h) => {
+                describe();
+                Some(h)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics recorder not installed");
+                None
+            }
+        })
+        .as_ref()
+}
+
+fn describe() {
+    metrics::describe_counter!(HTTP_REQUESTS, "HTTP requests by route, method and status");
+    metrics::describe_counter!(CHARGE_OUTCOMES, "POST /v1/charges answers by outcome");
+    metrics::describe_counter!(ACQUIRER_CALLS, "acquirer calls by outcome");
+    metrics::describe_histogram!(
+        ACQUIRER_SECONDS,
+        metrics::Unit::Seconds,
+        "acquirer call duration"
+    );
+    metrics::describe_counter!(RECONCILER, "charges handled by the reconciler, by result");
+    metrics::describe_counter!(SWEPT_KEYS, "expired idempotency keys deleted");
+    metrics::describe_gauge!(
+        OLDEST_PROCESSING,
+        metrics::Unit::Seconds,
+        "age of the oldest processing charge"
+    );
+    metrics::describe_gauge!(
+        AWAITING_REVIEW,
+        "charges past the settle deadline, awaiting review"
+    );
+    metrics::describe_gauge!(POOL_CONNECTIONS, "database pool connections by state");
+}
