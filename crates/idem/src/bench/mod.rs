@@ -208,6 +208,21 @@ impl Load {
                     });
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
+                // Make sure every key is claimed before the clock starts: a probe
+                // answers 409 at once, or (if its first request has not arrived yet)
+                // claims the key itself and is left in flight by the timeout.
+                for i in 0..HOT_KEYS {
+                    let _ = self
+                        .http
+                        .post(&self.url)
+                        .timeout(Duration::from_millis(300))
+                        .bearer_auth(&self.secret)
+                        .header("Idempotency-Key", Self::hot_key(i))
+                        .header("content-type", "application/json")
+                        .body(body(i))
+                        .send()
+                        .await;
+                }
                 Ok(())
             }
         }

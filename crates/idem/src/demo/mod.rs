@@ -37,6 +37,11 @@ pub use report::write_html;
 /// wait of a few milliseconds, cheap enough not to be the load itself.
 const SAMPLE_EVERY: Duration = Duration::from_millis(5);
 
+/// How long a request must wait on a row lock to count as waiting: far more
+/// than a commit takes (a losing claim waits for the winner's commit), far
+/// less than an acquirer call (what hold-transaction makes retries wait for).
+const LOCK_WAIT_THRESHOLD: Duration = Duration::from_millis(50);
+
 /// The acquirer timeout of every strategy's instances: well above the
 /// simulator's latency, so only the *client's* timeout fires.
 const ACQUIRER_TIMEOUT: Duration = Duration::from_secs(2);
@@ -244,7 +249,7 @@ async fn run_strategy(config: &DemoConfig, strategy: Strategy) -> anyhow::Result
             "charged {double_charged} of {intents} intents more than once: the check-then-act race"
         )
     } else if lock_waits > 0 {
-        format!("charged once, but {lock_waits} requests waited on a row lock and {max_busy} connections were busy at once: retries hang, connections pile up")
+        format!("charged once, but {lock_waits} requests waited over 50 ms on a row lock and {max_busy} connections were busy at once: retries hang, connections pile up")
     } else {
         format!("charged once; retries answered at once (p99 {p99:.1} ms), no lock waits")
     };
@@ -462,7 +467,7 @@ impl Sampler {
         let flag = stop.clone();
         let task = tokio::spawn(async move {
             let mut max_busy = 0;
-            let mut waiting_before = std::collections::HashSet::new();
+            let mut first_seen = std::collections::HashMap::new();
             let mut waiters = std::collections::HashSet::new();
             while !flag.load(Ordering::SeqCst) {
                 let rows: Vec<(i32, Option<chrono::DateTime<chrono::Utc>>, bool, bool)> =
@@ -475,13 +480,16 @@ impl Sampler {
                     .fetch_all(&mut conn)
                     .await?;
                 max_busy = max_busy.max(rows.iter().filter(|r| r.3).count() as i64);
-                // A wait counts once seen in two samples in a row (at least
-                // SAMPLE_EVERY long): an insert that conflicts with a claim being
-                // committed waits microseconds, and that is not a request hanging.
-                let waiting_now: std::collections::HashSet<_> =
-                    rows.iter().filter(|r| r.2).map(|r| (r.0, r.1)).collect();
-                waiters.extend(waiting_now.intersection(&waiting_before).copied());
-                waiting_before = waiting_now;
+                // A wait counts once it has lasted LOCK_WAIT_THRESHOLD: an insert
+                // that conflicts with a claim being committed waits for that
+                // commit (milliseconds), and that is not a request hanging.
+                let now = Instant::now();
+                for r in rows.iter().filter(|r| r.2) {
+                    let since = *first_seen.entry((r.0, r.1)).or_insert(now);
+                    if now - since >= LOCK_WAIT_THRESHOLD {
+                        waiters.insert((r.0, r.1));
+                    }
+                }
                 tokio::time::sleep(SAMPLE_EVERY).await;
             }
             Ok((max_busy, waiters.len()))
@@ -490,7 +498,7 @@ impl Sampler {
     }
 
     /// The most connections busy at once, and the requests seen waiting on a
-    /// lock for at least one sampling interval.
+    /// lock for at least [`LOCK_WAIT_THRESHOLD`].
     async fn stop(self) -> anyhow::Result<(i64, usize)> {
         self.stop.store(true, Ordering::SeqCst);
         self.task.await?

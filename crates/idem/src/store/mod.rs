@@ -95,10 +95,6 @@ impl Store {
         Ok((pool, options.application_name("idem")))
     }
 
-    pub fn from_pool(pool: PgPool) -> Self {
-        Self { pool }
-    }
-
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
