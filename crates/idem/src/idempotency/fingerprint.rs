@@ -63,3 +63,65 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn render(fields: &[(&str, String)], order: &[usize], space: &str) -> String {
+        let parts: Vec<String> = order
+            .iter()
+            .map(|&i| {
+                format!(
+                    "{space}\"{}\"{space}:{space}{}{space}",
+                    fields[i].0, fields[i].1
+                )
+            })
+            .collect();
+        format!("{{{}}}", parts.join(","))
+    }
+
+    proptest! {
+        #[test]
+        fn field_order_and_whitespace_never_change_it(
+            order_id in 1i64..=i64::MAX,
+            amount in 1i64..=10_000_000_000,
+            currency in "[A-Z]{3}",
+            description in proptest::option::of("[a-zA-Z0-9 ]{0,40}"),
+            order in Just(vec![0usize, 1, 2, 3]).prop_shuffle(),
+            space in "[ \t\n]{0,3}",
+        ) {
+            let fields = vec![
+                ("order_id", order_id.to_string()),
+                ("amount_cents", amount.to_string()),
+                ("currency", format!("\"{currency}\"")),
+                ("description", description.as_ref().map_or("null".to_owned(), |d| format!("\"{d}\""))),
+            ];
+            let plain = render(&fields, &[0, 1, 2, 3], "");
+            let shuffled = render(&fields, &order, &space);
+            let a = ChargeRequest::from_json(plain.as_bytes()).unwrap();
+            let b = ChargeRequest::from_json(shuffled.as_bytes()).unwrap();
+            prop_assert_eq!(Fingerprint::of_charge(&a), Fingerprint::of_charge(&b));
+        }
+
+        #[test]
+        fn any_change_of_a_field_changes_it(
+            order_id in 1i64..i64::MAX,
+            amount in 1i64..10_000_000_000,
+            which in 0usize..4,
+        ) {
+            let base = format!(r#"{{"order_id":{order_id},"amount_cents":{amount}}}"#);
+            let changed = match which {
+                0 => format!(r#"{{"order_id":{},"amount_cents":{amount}}}"#, order_id + 1),
+                1 => format!(r#"{{"order_id":{order_id},"amount_cents":{}}}"#, amount + 1),
+                2 => format!(r#"{{"order_id":{order_id},"amount_cents":{amount},"currency":"USD"}}"#),
+                _ => format!(r#"{{"order_id":{order_id},"amount_cents":{amount},"description":""}}"#),
+            };
+            let a = ChargeRequest::from_json(base.as_bytes()).unwrap();
+            let b = ChargeRequest::from_json(changed.as_bytes()).unwrap();
+            prop_assert_ne!(Fingerprint::of_charge(&a), Fingerprint::of_charge(&b));
+        }
+    }
+}

@@ -145,3 +145,45 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// The IETF form of a key: quoted, with `"` and `\` escaped.
+    fn quote(key: &str) -> String {
+        format!("\"{}\"", key.replace('\\', "\\\\").replace('"', "\\\""))
+    }
+
+    proptest! {
+        #[test]
+        fn both_forms_of_any_valid_key_parse_to_it(key in "[!-~]{1,255}") {
+            let bare = IdempotencyKey::parse(key.as_bytes());
+            let quoted = IdempotencyKey::parse(quote(&key).as_bytes());
+            // A bare value that starts with a quote is read as the quoted form.
+            if !key.starts_with('"') {
+                prop_assert_eq!(bare.as_ref().map(|k| k.as_str()), Ok(key.as_str()));
+            }
+            prop_assert_eq!(quoted.map(|k| k.as_str().to_owned()), Ok(key));
+        }
+
+        #[test]
+        fn a_key_with_any_invisible_or_non_ascii_char_is_refused(
+            head in "[!-~]{0,20}", bad in "[^!-~]", tail in "[!-~]{0,20}"
+        ) {
+            let key = format!("{head}{bad}{tail}");
+            // A blank at either end is HTTP whitespace, trimmed before parsing.
+            let blank = bad == " " || bad == "\t";
+            prop_assume!(!blank || (!head.is_empty() && !tail.is_empty()));
+            prop_assert!(IdempotencyKey::parse(key.as_bytes()).is_err());
+        }
+
+        #[test]
+        fn keys_over_255_are_refused(key in "[!-~]{256,300}") {
+            prop_assume!(!key.starts_with('"'));
+            prop_assert_eq!(IdempotencyKey::parse(key.as_bytes()), Err(KeyError::TooLong));
+        }
+    }
+}
