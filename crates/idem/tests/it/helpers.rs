@@ -427,6 +427,14 @@ pub fn body(order_id: i64, amount_cents: i64) -> String {
     format!(r#"{{"order_id": {order_id}, "amount_cents": {amount_cents}}}"#)
 }
 
+/// Faults that make every capture call suffer `fault`.
+pub fn failing(fault: idem::sim::Fault) -> Faults {
+    Faults {
+        fault,
+        ..Faults::default()
+    }
+}
+
 /// Faults with only latency set.
 pub fn latency(ms: u64) -> Faults {
     Faults {
@@ -447,6 +455,15 @@ pub struct Env {
 impl Env {
     pub async fn start(faults: Faults) -> Self {
         Self::start_with(faults, test_config(), Duration::from_secs(2)).await
+    }
+
+    /// The usual set-up with a short key TTL (and acquirer timeout).
+    pub async fn with_key_ttl(key_ttl: Duration, acquirer_timeout: Duration) -> Self {
+        let config = EngineConfig {
+            key_ttl,
+            ..test_config()
+        };
+        Self::start_with(Faults::default(), config, acquirer_timeout).await
     }
 
     pub async fn start_with(

@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use idem::idempotency::EngineConfig;
 use idem::sim::{Fault, Faults};
 
 use crate::helpers::*;
@@ -195,16 +194,12 @@ async fn every_unknown_outcome_is_503_then_a_retry_settles_it_once() {
 
 #[tokio::test]
 async fn after_the_ttl_a_key_is_a_new_intent_but_never_while_processing() {
-    let config = EngineConfig {
-        key_ttl: Duration::from_millis(300),
-        ..test_config()
-    };
     let Env {
         db,
         sim,
         app: _app,
         client: c,
-    } = Env::start_with(Faults::default(), config, Duration::from_millis(500)).await;
+    } = Env::with_key_ttl(Duration::from_millis(300), Duration::from_millis(500)).await;
 
     let key = new_key();
     let first = c.charge(&key, &body(1, 100)).await;

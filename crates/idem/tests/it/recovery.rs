@@ -168,11 +168,7 @@ async fn past_the_deadline_the_reconciler_marks_for_review_and_never_decides_alo
         app: _app,
         client: c,
     } = Env::start_with(Faults::default(), test_config(), Duration::from_millis(300)).await;
-    sim.set_faults(Faults {
-        fault: Fault::ErrorBefore,
-        ..Faults::default()
-    })
-    .await;
+    sim.set_faults(failing(Fault::ErrorBefore)).await;
     let first = c.charge(&new_key(), &body(1, 100)).await;
     assert_eq!(first.status, 503);
 
@@ -231,11 +227,7 @@ async fn reconcilers_racing_each_other_settle_each_charge_once() {
         app: _app,
         client: c,
     } = Env::start_with(Faults::default(), test_config(), Duration::from_millis(300)).await;
-    sim.set_faults(Faults {
-        fault: Fault::ErrorAfter,
-        ..Faults::default()
-    })
-    .await;
+    sim.set_faults(failing(Fault::ErrorAfter)).await;
     for order in 1..=ORPHANS {
         assert_eq!(c.charge(&new_key(), &body(order, 100)).await.status, 503);
     }

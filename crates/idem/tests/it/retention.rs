@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use idem::idempotency::EngineConfig;
 use idem::sim::{Fault, Faults};
 use idem::workers::Sweeper;
 
@@ -10,24 +9,16 @@ use crate::helpers::*;
 
 #[tokio::test]
 async fn the_sweeper_deletes_expired_keys_but_no_charge_and_no_unsettled_key() {
-    let config = EngineConfig {
-        key_ttl: Duration::from_millis(200),
-        ..test_config()
-    };
     let Env {
         db,
         sim,
         app: _app,
         client: c,
-    } = Env::start_with(Faults::default(), config, Duration::from_millis(300)).await;
+    } = Env::with_key_ttl(Duration::from_millis(200), Duration::from_millis(300)).await;
     for order in 1..=5 {
         assert_eq!(c.charge(&new_key(), &body(order, 100)).await.status, 201);
     }
-    sim.set_faults(Faults {
-        fault: Fault::ErrorBefore,
-        ..Faults::default()
-    })
-    .await;
+    sim.set_faults(failing(Fault::ErrorBefore)).await;
     assert_eq!(c.charge(&new_key(), &body(6, 100)).await.status, 503);
     let fresh_config_key = new_key();
     sim.set_faults(Faults::default()).await;
