@@ -206,6 +206,7 @@ async fn write_charges(
             capture_id: Some("cap"),
             decline_reason: None,
             response: &response,
+            event: None,
         };
         store
             .finalize(

@@ -4,12 +4,14 @@
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use sqlx::migrate::MigrateDatabase;
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -17,6 +19,7 @@ use crate::acquirer::AcquirerClient;
 use crate::domain::{parse_merchant_name, MerchantSecret};
 use crate::http::{self, AppState};
 use crate::idempotency::{Engine, EngineConfig};
+use crate::queue::{Consumer, ConsumerConfig, Relay, RelayConfig};
 use crate::sim::{self, Fault, Faults};
 use crate::store::Store;
 use crate::workers::{Reconciler, ReconcilerConfig, Sweeper};
@@ -24,6 +27,9 @@ use crate::workers::{Reconciler, ReconcilerConfig, Sweeper};
 /// What a client waits beyond the acquirer timeout before it gets a 504: the
 /// claim and finalize statements, with room for a slow database.
 const REQUEST_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
+
+/// How long the broker may take to confirm one batch of the outbox.
+const RELAY_CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Parser, Debug)]
 #[command(
@@ -60,6 +66,8 @@ pub enum Command {
     AcquirerSim(SimArgs),
     /// Run the reconciler alone (it also runs inside `serve`).
     Reconcile(ReconcileArgs),
+    /// Consume charge commands from RabbitMQ, and relay the outbox.
+    Consume(ConsumeArgs),
     /// Play the article's story under three strategies and compare them.
     Demo(DemoArgs),
     /// Load a deployment (one it starts, or --url) and print throughput and latency.
@@ -139,11 +147,9 @@ pub struct ReconcilerArgs {
     pub settle_deadline: Duration,
 }
 
+/// The background workers beside `serve` and `consume`.
 #[derive(Args, Debug, Clone)]
-pub struct ServeArgs {
-    /// Address to listen on.
-    #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8080")]
-    pub listen: SocketAddr,
+pub struct WorkerArgs {
     /// Do not run the reconciler and the sweeper in this process.
     #[arg(long, env = "IDEM_NO_WORKERS")]
     pub no_workers: bool,
@@ -152,6 +158,53 @@ pub struct ServeArgs {
     pub sweep_interval: Duration,
     #[command(flatten)]
     pub reconciler: ReconcilerArgs,
+}
+
+/// The queue consumer's and the outbox relay's settings.
+#[derive(Args, Debug, Clone)]
+pub struct QueueArgs {
+    /// Commands the broker may send ahead of acks; also how many are worked at once.
+    #[arg(long, env = "IDEM_PREFETCH", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
+    pub prefetch: u16,
+    /// Between looks at the outbox for messages that other processes wrote.
+    #[arg(long, env = "IDEM_OUTBOX_POLL", value_parser = parse_duration, default_value = "250ms")]
+    pub outbox_poll: Duration,
+    /// How long published outbox messages are kept before they are pruned.
+    #[arg(long, env = "IDEM_OUTBOX_RETENTION", value_parser = parse_duration, default_value = "24h")]
+    pub outbox_retention: Duration,
+}
+
+/// RabbitMQ on this machine, as `spec/queue.md` starts it.
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// RabbitMQ URL: when set, this process also relays the outbox (charge events).
+    #[arg(long, env = "IDEM_AMQP_URL")]
+    pub amqp_url: Option<String>,
+    /// Also consume charge commands from the queue (needs --amqp-url).
+    #[arg(long, env = "IDEM_CONSUME", requires = "amqp_url")]
+    pub consume: bool,
+    #[command(flatten)]
+    pub queue: QueueArgs,
+    #[command(flatten)]
+    pub workers: WorkerArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ConsumeArgs {
+    /// RabbitMQ URL.
+    #[arg(long, env = "IDEM_AMQP_URL", default_value = DEFAULT_AMQP_URL)]
+    pub amqp_url: String,
+    #[command(flatten)]
+    pub queue: QueueArgs,
+    #[command(flatten)]
+    pub workers: WorkerArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -319,6 +372,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Serve(args) => serve(args, shutdown_signal()).await,
         Command::AcquirerSim(args) => acquirer_sim(args, shutdown_signal()).await,
         Command::Reconcile(args) => reconcile(args, shutdown_signal()).await,
+        Command::Consume(args) => consume(args, shutdown_signal()).await,
         Command::Demo(args) => demo(args, shutdown_signal()).await,
         Command::Charge(args) => charge(args).await,
         Command::Bench(args) => bench(args).await,
@@ -395,10 +449,9 @@ pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Resu
         .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(listen = %listener.local_addr()?, acquirer = %args.engine.acquirer_url, "serving");
     let workers = TaskTracker::new();
-    if !args.no_workers {
-        workers.spawn(reconciler(engine.clone(), &args.reconciler).run(shutdown.clone()));
-        workers
-            .spawn(Sweeper::new(engine.store().clone(), args.sweep_interval).run(shutdown.clone()));
+    spawn_workers(&workers, &engine, &args.workers, &shutdown);
+    if let Some(url) = &args.amqp_url {
+        spawn_queue(&workers, &engine, url, &args.queue, args.consume, &shutdown);
     }
     workers.close();
     http::serve(
@@ -409,6 +462,75 @@ pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Resu
     )
     .await?;
     workers.wait().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The reconciler and the sweeper, unless `--no-workers`.
+fn spawn_workers(
+    tracker: &TaskTracker,
+    engine: &Engine,
+    args: &WorkerArgs,
+    shutdown: &CancellationToken,
+) {
+    if args.no_workers {
+        return;
+    }
+    tracker.spawn(reconciler(engine.clone(), &args.reconciler).run(shutdown.clone()));
+    tracker.spawn(Sweeper::new(engine.store().clone(), args.sweep_interval).run(shutdown.clone()));
+}
+
+/// The outbox relay, and with `consume` the queue consumer beside it.
+fn spawn_queue(
+    tracker: &TaskTracker,
+    engine: &Engine,
+    amqp_url: &str,
+    args: &QueueArgs,
+    consume: bool,
+    shutdown: &CancellationToken,
+) {
+    let wake = Arc::new(Notify::new());
+    let relay = Relay::new(
+        engine.store().clone(),
+        RelayConfig {
+            amqp_url: amqp_url.to_owned(),
+            poll_interval: args.outbox_poll,
+            retention: args.outbox_retention,
+            confirm_timeout: RELAY_CONFIRM_TIMEOUT,
+        },
+        wake.clone(),
+    );
+    tracker.spawn(relay.run(shutdown.clone()));
+    if consume {
+        let consumer = Consumer::new(
+            engine.clone(),
+            ConsumerConfig {
+                amqp_url: amqp_url.to_owned(),
+                prefetch: args.prefetch,
+            },
+            wake,
+        );
+        tracker.spawn(consumer.run(shutdown.clone()));
+    }
+}
+
+/// `idem consume`: the consumer and the relay, with the workers beside them,
+/// until `shutdown`.
+pub async fn consume(args: ConsumeArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let engine = engine(&args.engine).await?;
+    tracing::info!(acquirer = %args.engine.acquirer_url, "consuming charge commands");
+    let tasks = TaskTracker::new();
+    spawn_workers(&tasks, &engine, &args.workers, &shutdown);
+    spawn_queue(
+        &tasks,
+        &engine,
+        &args.amqp_url,
+        &args.queue,
+        true,
+        &shutdown,
+    );
+    tasks.close();
+    tasks.wait().await;
     tracing::info!("stopped");
     Ok(())
 }

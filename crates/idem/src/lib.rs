@@ -9,6 +9,7 @@
 //! - [`acquirer`]: the external processor's protocol and idem's client for it;
 //! - [`http`]: the API (axum), errors as problem+json;
 //! - [`sim`]: the acquirer simulator with fault injection and a ledger;
+//! - [`queue`]: charges from RabbitMQ (the idempotent consumer) and the outbox relay;
 //! - [`workers`]: background work: the reconciler and the key sweeper;
 //! - [`crash`]: test-only crash points (cargo feature `crash-points`);
 //! - [`demo`]: `idem demo`, the article's story under three strategies;
@@ -27,6 +28,7 @@ pub mod http;
 pub mod idempotency;
 pub mod metrics;
 pub mod problem;
+pub mod queue;
 pub mod sim;
 pub mod store;
 pub mod workers;

@@ -27,6 +27,15 @@ pub const SWEPT_KEYS: &str = "idem_swept_keys_total";
 pub const OLDEST_PROCESSING: &str = "idem_oldest_processing_charge_seconds";
 /// Charges awaiting review (past the settle deadline).
 pub const AWAITING_REVIEW: &str = "idem_charges_awaiting_review";
+/// Queue commands by result: an engine outcome (as in [`CHARGE_OUTCOMES`]),
+/// `dead_lettered`, or `requeued` (database trouble).
+pub const QUEUE_COMMANDS: &str = "idem_queue_commands_total";
+/// Outbox messages (events and results) the broker confirmed.
+pub const OUTBOX_PUBLISHED: &str = "idem_outbox_published_total";
+/// Outbox messages not yet published (results waiting for an outcome included).
+pub const OUTBOX_PENDING: &str = "idem_outbox_pending";
+/// Age of the oldest unpublished outbox message, seconds (0 when none).
+pub const OUTBOX_OLDEST: &str = "idem_outbox_oldest_pending_seconds";
 /// Database pool connections by state: `idle`, `in_use`.
 pub const POOL_CONNECTIONS: &str = "idem_db_pool_connections";
 
@@ -67,6 +76,14 @@ fn describe() {
     metrics::describe_gauge!(
         AWAITING_REVIEW,
         "charges past the settle deadline, awaiting review"
+    );
+    metrics::describe_counter!(QUEUE_COMMANDS, "queue commands handled, by result");
+    metrics::describe_counter!(OUTBOX_PUBLISHED, "outbox messages confirmed by the broker");
+    metrics::describe_gauge!(OUTBOX_PENDING, "outbox messages not yet published");
+    metrics::describe_gauge!(
+        OUTBOX_OLDEST,
+        metrics::Unit::Seconds,
+        "age of the oldest unpublished outbox message"
     );
     metrics::describe_gauge!(POOL_CONNECTIONS, "database pool connections by state");
 }

@@ -28,8 +28,9 @@ const CLAIM_ARGS: [&str; 11] = [
     "('ref_pgb' || :client_id || '_' || :n)",
 ];
 
-/// The finalize's parameters, `$1` first (`$2` and `$3` as in the claim).
-const FINALIZE_ARGS: [&str; 10] = [
+/// The finalize's parameters, `$1` first (`$2` and `$3` as in the claim),
+/// with a charge event of about the size the engine writes.
+const FINALIZE_ARGS: [&str; 15] = [
     ":merchant",
     "KEY",
     "('ch_pgb' || :client_id || '_' || :n)",
@@ -40,6 +41,11 @@ const FINALIZE_ARGS: [&str; 10] = [
     "'captured'",
     "'cap'",
     "null::text",
+    "('evt_pgb' || :client_id || '_' || :n)",
+    "'idem.events'",
+    "'charge.captured'",
+    "'bench'",
+    "convert_to(repeat('x', 330), 'UTF8')",
 ];
 
 /// Replaces `$N` by `args[N-1]`, longest numbers first so `$1` never eats `$11`.

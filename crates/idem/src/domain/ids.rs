@@ -1,4 +1,5 @@
-//! Identifiers idem mints: the public charge id and the acquirer reference.
+//! Identifiers idem mints: the public charge id, the acquirer reference, and the
+//! ids of the messages it publishes.
 //!
 //! Both are random (not derived from the key or the order) so they reveal nothing
 //! and never collide across merchants.
@@ -64,6 +65,26 @@ impl AcquirerReference {
 
     pub fn from_trusted(s: String) -> Self {
         Self(s)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The AMQP `message_id` of a message idem publishes: `evt_...` for a charge
+/// event, `res_...` for a command's result. Unique per message, so a subscriber
+/// that sees one twice (delivery is at-least-once) can drop the copy.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct MessageId(String);
+
+impl MessageId {
+    pub fn event() -> Self {
+        Self(mint("evt_"))
+    }
+
+    pub fn result() -> Self {
+        Self(mint("res_"))
     }
 
     pub fn as_str(&self) -> &str {

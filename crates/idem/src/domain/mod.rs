@@ -5,11 +5,13 @@
 //! from these types at their edge.
 
 mod charge;
+mod event;
 mod ids;
 mod merchant;
 
 pub use charge::{
     AmountCents, Charge, ChargeRequest, ChargeStatus, Currency, Description, FieldError, OrderId,
 };
-pub use ids::{AcquirerReference, ChargeId};
+pub use event::{ChargeEvent, EventType};
+pub use ids::{AcquirerReference, ChargeId, MessageId};
 pub use merchant::{parse_merchant_name, Merchant, MerchantSecret, SecretHash};

@@ -50,8 +50,7 @@ pub async fn create(
         .await
         .map_err(|e| ApiError::Internal(format!("charge task failed: {e}")))??;
 
-    metrics::counter!(crate::metrics::CHARGE_OUTCOMES, "outcome" => outcome_label(&outcome))
-        .increment(1);
+    metrics::counter!(crate::metrics::CHARGE_OUTCOMES, "outcome" => outcome.label()).increment(1);
     match outcome {
         Outcome::Completed {
             charge_id,
@@ -83,7 +82,7 @@ pub async fn create(
             }
             Ok(r)
         }
-        Outcome::InFlight { retry_after } => Err(ApiError::InFlight { retry_after }),
+        Outcome::InFlight { retry_after, .. } => Err(ApiError::InFlight { retry_after }),
         Outcome::Mismatch { fields } => Err(ApiError::KeyReused(fields)),
         Outcome::Unknown {
             charge_id,
@@ -113,20 +112,6 @@ pub async fn get(
     tracing::Span::current().record("charge_id", id.as_str());
     let body = serde_json::to_vec(&charge).map_err(|e| ApiError::Internal(e.to_string()))?;
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
-}
-
-fn outcome_label(outcome: &Outcome) -> &'static str {
-    match outcome {
-        Outcome::Completed { replayed: true, .. } => "replayed",
-        Outcome::Completed { response, .. } => match response.status {
-            201 => "captured",
-            402 => "declined",
-            _ => "failed",
-        },
-        Outcome::InFlight { .. } => "in_flight",
-        Outcome::Mismatch { .. } => "key_reused",
-        Outcome::Unknown { .. } => "unknown",
-    }
 }
 
 /// `application/json`, with or without parameters such as `charset=utf-8`.

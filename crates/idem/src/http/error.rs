@@ -106,10 +106,12 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+impl ApiError {
+    /// The problem document this error answers with, as status and bytes
+    /// (also what a queue command's result carries).
+    pub fn problem_body(&self) -> (u16, Vec<u8>) {
         let kind = self.kind();
-        let detail = match &self {
+        let detail = match self {
             Self::Internal(cause) => {
                 tracing::error!(%cause, "internal error");
                 "The request could not be completed; it is safe to retry with the same Idempotency-Key.".to_owned()
@@ -117,13 +119,26 @@ impl IntoResponse for ApiError {
             other => other.to_string(),
         };
         let mut problem = Problem::new(kind, detail);
-        if let Self::InvalidBody(e) = &self {
+        if let Self::InvalidBody(e) = self {
             problem.field = e.field.as_deref();
         }
-        if let Self::KeyReused(fields) = &self {
+        if let Self::KeyReused(fields) = self {
             problem.differing_fields = Some(fields);
         }
-        let mut response = problem_response(&problem);
+        (problem.status, problem.to_bytes())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, body) = self.problem_body();
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut response = (
+            status,
+            [(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON))],
+            body,
+        )
+            .into_response();
         if let Some(after) = self.retry_after() {
             response
                 .headers_mut()

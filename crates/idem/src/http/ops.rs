@@ -34,6 +34,12 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         metrics::gauge!(m::OLDEST_PROCESSING).set(stats.oldest_processing_seconds);
         metrics::gauge!(m::AWAITING_REVIEW).set(stats.awaiting_review as f64);
     }
+    if let Ok(Ok((pending, oldest))) =
+        tokio::time::timeout(READY_TIMEOUT, store.outbox_backlog()).await
+    {
+        metrics::gauge!(m::OUTBOX_PENDING).set(pending as f64);
+        metrics::gauge!(m::OUTBOX_OLDEST).set(oldest);
+    }
     let pool = store.pool();
     let idle = pool.num_idle() as f64;
     metrics::gauge!(m::POOL_CONNECTIONS, "state" => "idle").set(idle);

@@ -20,9 +20,14 @@ use super::{Fingerprint, IdempotencyKey};
 use crate::acquirer::protocol::CaptureRequest;
 use crate::acquirer::{AcquirerClient, AcquirerError};
 use crate::crash::{self, CrashPoint};
-use crate::domain::{Charge, ChargeId, ChargeRequest, ChargeStatus, Merchant};
+use crate::domain::{
+    Charge, ChargeEvent, ChargeId, ChargeRequest, ChargeStatus, EventType, Merchant, MessageId,
+};
 use crate::problem::{Problem, ProblemKind};
-use crate::store::{Claim, KeyRecord, KeyState, NewClaim, Orphan, Settlement, Store, StoreError};
+use crate::queue;
+use crate::store::{
+    Claim, KeyRecord, KeyState, NewClaim, NewEvent, Orphan, Settlement, Store, StoreError,
+};
 
 /// What a client is told to wait after an unknown outcome. The lease is released
 /// at once, so a retry may re-drive immediately; one second spares the acquirer
@@ -58,7 +63,10 @@ pub enum Outcome {
         replayed: bool,
     },
     /// Another attempt holds the key; ask again after `retry_after`.
-    InFlight { retry_after: Duration },
+    InFlight {
+        charge_id: ChargeId,
+        retry_after: Duration,
+    },
     /// The key was first used for a different request.
     Mismatch { fields: Vec<&'static str> },
     /// The acquirer gave no definite answer; the charge stays `processing` and
@@ -244,6 +252,18 @@ impl Engine {
             ..charge.clone()
         };
         let response = final_response(&settled);
+        let event = EventType::of(status).map(|event_type| {
+            let message_id = MessageId::event();
+            let body =
+                ChargeEvent::new(&message_id, event_type, &merchant.name, &settled).to_bytes();
+            NewEvent {
+                message_id,
+                exchange: queue::EVENTS_EXCHANGE,
+                event_type: event_type.as_str(),
+                tenant: &merchant.name,
+                body: body.into(),
+            }
+        });
         let stored = crash::around_finalize(self.store.finalize(
             merchant.id,
             key,
@@ -253,6 +273,7 @@ impl Engine {
                 capture_id: capture_id.as_deref(),
                 decline_reason: decline_reason.as_deref(),
                 response: &response,
+                event: event.as_ref(),
             },
             self.config.key_ttl,
         ))
@@ -284,6 +305,24 @@ impl Engine {
     }
 }
 
+impl Outcome {
+    /// The outcome's name in metrics: `captured`, `declined`, `failed`,
+    /// `replayed`, `in_flight`, `key_reused`, `unknown`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Completed { replayed: true, .. } => "replayed",
+            Self::Completed { response, .. } => match response.status {
+                201 => "captured",
+                402 => "declined",
+                _ => "failed",
+            },
+            Self::InFlight { .. } => "in_flight",
+            Self::Mismatch { .. } => "key_reused",
+            Self::Unknown { .. } => "unknown",
+        }
+    }
+}
+
 fn settled_or_waiting(record: KeyRecord) -> Outcome {
     match record.state {
         KeyState::Completed(response) => Outcome::Completed {
@@ -292,6 +331,7 @@ fn settled_or_waiting(record: KeyRecord) -> Outcome {
             replayed: true,
         },
         KeyState::InFlight { lease_remaining } => Outcome::InFlight {
+            charge_id: record.charge.id,
             retry_after: lease_remaining.max(MIN_RETRY_AFTER),
         },
     }

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use super::charges::{charge_columns, ChargeRow};
-use super::{millis, Store, StoreError};
+use super::{millis, NewEvent, Store, StoreError};
 use crate::domain::{AcquirerReference, Charge, ChargeId, ChargeRequest, ChargeStatus, Merchant};
 use crate::idempotency::{Fingerprint, IdempotencyKey, StoredResponse};
 
@@ -95,10 +95,13 @@ pub const CLAIM_SQL: &str = concat!(
               and not exists (select 1 from k)"
 );
 
-/// Store the outcome and settle the charge, fenced by `attempt`:
+/// Store the outcome, settle the charge and write its event to the outbox, in
+/// one statement (one transaction), fenced by `attempt`:
 /// `$1` merchant, `$2` key, `$3` charge id, `$4` attempt, `$5` response status,
 /// `$6` response body, `$7` key TTL in ms, `$8` charge status, `$9` capture id,
-/// `$10` decline reason. Public for `idem bench --vs-pgbench`.
+/// `$10` decline reason; the event: `$11` message id (null: no event), `$12`
+/// exchange, `$13` type (also its routing key), `$14` tenant, `$15` body.
+/// Public for `idem bench --vs-pgbench`.
 pub const FINALIZE_SQL: &str = "with k as (
                 update idempotency_keys
                    set state = 'completed', locked_until = null,
@@ -107,6 +110,9 @@ pub const FINALIZE_SQL: &str = "with k as (
                  where merchant_id = $1 and idempotency_key = $2 and charge_id = $3
                    and attempt = $4 and state = 'in_flight'
                 returning charge_id
+            ), e as (
+                insert into outbox (kind, message_id, exchange, routing_key, tenant, event_type, body)
+                select 'event', $11, $12, $13, $14, $13, $15 from k where $11::text is not null
             )
             update charges c
                set status = $8, acquirer_capture_id = $9, decline_reason = $10, updated_at = now()
@@ -162,6 +168,8 @@ pub struct Settlement<'a> {
     pub capture_id: Option<&'a str>,
     pub decline_reason: Option<&'a str>,
     pub response: &'a StoredResponse,
+    /// The charge event the outcome produces, if any.
+    pub event: Option<&'a NewEvent<'a>>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -384,6 +392,11 @@ impl Store {
             .bind(settlement.status.as_str())
             .bind(settlement.capture_id)
             .bind(settlement.decline_reason)
+            .bind(settlement.event.map(|e| e.message_id.as_str()))
+            .bind(settlement.event.map(|e| e.exchange))
+            .bind(settlement.event.map(|e| e.event_type))
+            .bind(settlement.event.map(|e| e.tenant))
+            .bind(settlement.event.map(|e| e.body.as_ref()))
             .fetch_optional(&self.pool)
             .await?;
         Ok(settled.is_some())

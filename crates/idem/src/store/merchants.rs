@@ -48,3 +48,15 @@ impl Store {
         Ok(row.map(|(id, name)| Merchant { id, name }))
     }
 }
+
+impl Store {
+    /// The merchant a queue command names in its `tenant` header.
+    pub async fn merchant_by_name(&self, name: &str) -> Result<Option<Merchant>, StoreError> {
+        let row: Option<(i64, String)> =
+            sqlx::query_as("select id, name from merchants where name = $1")
+                .bind(name)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|(id, name)| Merchant { id, name }))
+    }
+}

@@ -12,6 +12,7 @@
 mod charges;
 mod idempotency;
 mod merchants;
+mod outbox;
 
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ pub use idempotency::{
     Claim, KeyRecord, KeyState, NewClaim, Orphan, Settlement, CLAIM_SQL, FINALIZE_SQL,
 };
 pub use merchants::MerchantError;
+pub use outbox::{NewEvent, NewResult, OutboxBatch, OutboxMessage, ResultAnswer};
 
 /// How long a request waits for a pooled connection before answering 503:
 /// long enough to ride out a burst, short enough that a client retries on a

@@ -222,47 +222,24 @@ impl Drop for TestApp {
     }
 }
 
-/// A real `idem serve` process.
-pub struct ServeProcess {
-    pub url: String,
+/// A real `idem` child process (killed when dropped).
+pub struct IdemProcess {
     child: Child,
 }
 
-impl ServeProcess {
-    pub async fn start(db: &TestDb, sim: &TestSim, extra: &[&str]) -> Self {
-        Self::start_env(db, sim, extra, &[]).await
-    }
-
-    /// With extra environment, e.g. `IDEM_CRASH_AT`.
-    pub async fn start_env(
-        db: &TestDb,
-        sim: &TestSim,
-        extra: &[&str],
-        env: &[(&str, &str)],
-    ) -> Self {
-        let port = free_port();
-        let listen = format!("127.0.0.1:{port}");
+impl IdemProcess {
+    /// Starts `idem ARGS` against the test database, with extra environment.
+    pub fn spawn(db: &TestDb, args: &[&str], env: &[(&str, &str)]) -> Self {
         let child = Command::new(env!("CARGO_BIN_EXE_idem"))
-            .args(["serve", "--listen", &listen, "--acquirer-url", &sim.url])
-            .args(extra)
+            .args(args)
             .env("DATABASE_URL", &db.url)
             .envs(env.iter().copied())
             .env("IDEM_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("spawn idem serve");
-        let url = format!("http://{listen}");
-        let started = Instant::now();
-        let http = reqwest::Client::new();
-        while http.get(format!("{url}/healthz")).send().await.is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "idem serve did not start"
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        Self { url, child }
+            .expect("spawn idem");
+        Self { child }
     }
 
     /// Waits for the process to exit by itself (e.g. at a crash point).
@@ -288,10 +265,61 @@ impl ServeProcess {
     }
 }
 
-impl Drop for ServeProcess {
+impl Drop for IdemProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A real `idem serve` process.
+pub struct ServeProcess {
+    pub url: String,
+    process: IdemProcess,
+}
+
+impl std::ops::Deref for ServeProcess {
+    type Target = IdemProcess;
+
+    fn deref(&self) -> &IdemProcess {
+        &self.process
+    }
+}
+
+impl std::ops::DerefMut for ServeProcess {
+    fn deref_mut(&mut self) -> &mut IdemProcess {
+        &mut self.process
+    }
+}
+
+impl ServeProcess {
+    pub async fn start(db: &TestDb, sim: &TestSim, extra: &[&str]) -> Self {
+        Self::start_env(db, sim, extra, &[]).await
+    }
+
+    /// With extra environment, e.g. `IDEM_CRASH_AT`.
+    pub async fn start_env(
+        db: &TestDb,
+        sim: &TestSim,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let mut args = vec!["serve", "--listen", &listen, "--acquirer-url", &sim.url];
+        args.extend_from_slice(extra);
+        let process = IdemProcess::spawn(db, &args, env);
+        let url = format!("http://{listen}");
+        let started = Instant::now();
+        let http = reqwest::Client::new();
+        while http.get(format!("{url}/healthz")).send().await.is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "idem serve did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        Self { url, process }
     }
 }
 

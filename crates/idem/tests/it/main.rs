@@ -2,6 +2,7 @@
 //! acquirer simulator over loopback, and real `idem serve` processes where
 //! processes matter (several instances, kill -9).
 
+mod broker;
 mod helpers;
 
 mod api;
@@ -10,6 +11,7 @@ mod concurrency;
 mod crash;
 mod demo;
 mod outcomes;
+mod queue;
 mod race;
 mod recovery;
 mod retention;

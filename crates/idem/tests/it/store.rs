@@ -69,6 +69,7 @@ async fn a_stale_holder_cannot_finalize_after_a_take_over() {
         capture_id: Some("cap_1"),
         decline_reason: None,
         response: r,
+        event: None,
     };
     let stale_answer: &'static StoredResponse = Box::leak(Box::new(response("stale")));
     let fresh_answer: &'static StoredResponse = Box::leak(Box::new(response("fresh")));
@@ -148,6 +149,7 @@ async fn a_claim_racing_the_sweeper_on_an_expired_key_never_fails() {
                     capture_id: None,
                     decline_reason: None,
                     response: &response,
+                    event: None,
                 };
                 // Expired the moment it is stored: the next round reuses the key.
                 assert!(db

@@ -1,0 +1,69 @@
+//! Charge events: what subscribers of `idem.events` learn when a charge
+//! reaches a final outcome, however the charge arrived (HTTP or queue).
+
+use chrono::{SecondsFormat, Utc};
+use serde::Serialize;
+
+use super::{Charge, ChargeStatus, MessageId};
+
+/// The types of charge event, also their routing keys on `idem.events`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Captured,
+    Declined,
+}
+
+impl EventType {
+    /// The event a final status produces. `failed` (the acquirer refused the
+    /// request itself) and `processing` produce none: the contract names only
+    /// these two.
+    pub fn of(status: ChargeStatus) -> Option<Self> {
+        match status {
+            ChargeStatus::Captured => Some(Self::Captured),
+            ChargeStatus::Declined => Some(Self::Declined),
+            ChargeStatus::Processing | ChargeStatus::Failed => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Captured => "charge.captured",
+            Self::Declined => "charge.declined",
+        }
+    }
+}
+
+/// One event's body, as published.
+#[derive(Debug, Serialize)]
+pub struct ChargeEvent<'a> {
+    /// The event's unique id, also its AMQP `message_id`.
+    pub id: &'a str,
+    #[serde(rename = "type")]
+    pub event_type: &'static str,
+    /// The merchant's name.
+    pub merchant: &'a str,
+    /// When the outcome was decided (RFC 3339, UTC).
+    pub occurred_at: String,
+    pub charge: &'a Charge,
+}
+
+impl<'a> ChargeEvent<'a> {
+    pub fn new(
+        id: &'a MessageId,
+        event_type: EventType,
+        merchant: &'a str,
+        charge: &'a Charge,
+    ) -> Self {
+        Self {
+            id: id.as_str(),
+            event_type: event_type.as_str(),
+            merchant,
+            occurred_at: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
+            charge,
+        }
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}

@@ -1,0 +1,186 @@
+//! What a delivery on `idem.charges` must carry, checked before anything is
+//! claimed: a message refused here stores nothing and goes to the dead-letter
+//! queue with its reason.
+
+use lapin::types::AMQPValue;
+use lapin::BasicProperties;
+
+use crate::domain::ChargeRequest;
+use crate::idempotency::IdempotencyKey;
+
+/// The header naming the merchant; publishers on the broker are trusted.
+pub const TENANT_HEADER: &str = "tenant";
+
+/// A well-formed command, not yet tied to a merchant.
+#[derive(Debug)]
+pub struct Command {
+    pub key: IdempotencyKey,
+    pub tenant: String,
+    pub request: ChargeRequest,
+    pub reply_to: Option<String>,
+    pub correlation_id: Option<String>,
+}
+
+/// Why a message is dead-lettered: a stable code and a sentence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub code: &'static str,
+    pub reason: String,
+}
+
+impl Rejection {
+    pub fn new(code: &'static str, reason: impl Into<String>) -> Self {
+        Self {
+            code,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Parses one delivery's properties and body.
+pub fn parse(properties: &BasicProperties, body: &[u8]) -> Result<Command, Rejection> {
+    let key = match properties.message_id() {
+        None => {
+            return Err(Rejection::new(
+                "missing-key",
+                "message_id (the idempotency key) is required",
+            ))
+        }
+        Some(id) => IdempotencyKey::parse(id.as_str().as_bytes())
+            .map_err(|e| Rejection::new("malformed-key", format!("message_id: {e}")))?,
+    };
+    let tenant = tenant(properties)?;
+    if let Some(ct) = properties.content_type() {
+        let mime = ct.as_str().split(';').next().unwrap_or_default().trim();
+        if !mime.eq_ignore_ascii_case("application/json") {
+            return Err(Rejection::new(
+                "unsupported-content-type",
+                format!(
+                    "content_type {:?}: commands are application/json",
+                    ct.as_str()
+                ),
+            ));
+        }
+    }
+    let request = ChargeRequest::from_json(body)
+        .map_err(|e| Rejection::new("invalid-body", format!("body: {e}")))?;
+    Ok(Command {
+        key,
+        tenant,
+        request,
+        reply_to: properties
+            .reply_to()
+            .as_ref()
+            .map(|r| r.as_str().to_owned())
+            .filter(|r| !r.is_empty()),
+        correlation_id: properties
+            .correlation_id()
+            .as_ref()
+            .map(|c| c.as_str().to_owned()),
+    })
+}
+
+fn tenant(properties: &BasicProperties) -> Result<String, Rejection> {
+    let value = properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get(TENANT_HEADER));
+    let name = match value {
+        None => {
+            return Err(Rejection::new(
+                "missing-tenant",
+                "the header `tenant` (the merchant's name) is required",
+            ))
+        }
+        Some(AMQPValue::LongString(s)) => String::from_utf8(s.as_bytes().to_vec()).ok(),
+        Some(AMQPValue::ShortString(s)) => Some(s.as_str().to_owned()),
+        Some(_) => None,
+    };
+    match name {
+        Some(n) if !n.is_empty() => Ok(n),
+        _ => Err(Rejection::new(
+            "malformed-tenant",
+            "the header `tenant` must be a non-empty UTF-8 string",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lapin::types::FieldTable;
+
+    use super::*;
+
+    const BODY: &[u8] = br#"{"order_id": 1, "amount_cents": 25000}"#;
+
+    fn props(key: Option<&str>, tenant: Option<AMQPValue>) -> BasicProperties {
+        let mut p = BasicProperties::default().with_content_type("application/json".into());
+        if let Some(k) = key {
+            p = p.with_message_id(k.into());
+        }
+        if let Some(t) = tenant {
+            let mut h = FieldTable::default();
+            h.insert(TENANT_HEADER.into(), t);
+            p = p.with_headers(h);
+        }
+        p
+    }
+
+    fn tenant(name: &str) -> Option<AMQPValue> {
+        Some(AMQPValue::LongString(name.into()))
+    }
+
+    #[test]
+    fn a_complete_command_parses() {
+        let p = props(Some("k-1"), tenant("acme"))
+            .with_reply_to("replies".into())
+            .with_correlation_id("c-9".into());
+        let c = parse(&p, BODY).unwrap();
+        assert_eq!(c.key.as_str(), "k-1");
+        assert_eq!(c.tenant, "acme");
+        assert_eq!(c.request.amount_cents.get(), 25000);
+        assert_eq!(c.reply_to.as_deref(), Some("replies"));
+        assert_eq!(c.correlation_id.as_deref(), Some("c-9"));
+    }
+
+    #[test]
+    fn each_missing_or_bad_part_has_its_own_code() {
+        let cases: [(BasicProperties, &[u8], &str); 7] = [
+            (props(None, tenant("acme")), BODY, "missing-key"),
+            (props(Some(""), tenant("acme")), BODY, "malformed-key"),
+            (props(Some("k"), None), BODY, "missing-tenant"),
+            (
+                props(Some("k"), Some(AMQPValue::LongLongInt(7))),
+                BODY,
+                "malformed-tenant",
+            ),
+            (
+                props(Some("k"), tenant("acme")),
+                b"{not json",
+                "invalid-body",
+            ),
+            (
+                props(Some("k"), tenant("acme")),
+                br#"{"order_id": 1, "amount_cents": -5}"#,
+                "invalid-body",
+            ),
+            (
+                props(Some("k"), tenant("acme")).with_content_type("text/plain".into()),
+                BODY,
+                "unsupported-content-type",
+            ),
+        ];
+        for (p, body, code) in cases {
+            let rejection = parse(&p, body).unwrap_err();
+            assert_eq!(rejection.code, code, "{rejection:?}");
+            assert!(!rejection.reason.is_empty());
+        }
+    }
+
+    #[test]
+    fn the_body_error_names_the_field() {
+        let p = props(Some("k"), tenant("acme"));
+        let r = parse(&p, br#"{"order_id": 1, "amount_cents": -5}"#).unwrap_err();
+        assert!(r.reason.contains("amount_cents"), "{}", r.reason);
+    }
+}

@@ -1,0 +1,158 @@
+//! Charges from a queue (RabbitMQ), by the contract in `spec/queue.md`.
+//!
+//! Delivery is at-least-once, so a command may arrive twice, or again after a
+//! consumer died half-way. The effect is still once, because each command goes
+//! through the same engine as an HTTP request, under the merchant's key space:
+//!
+//! ```text
+//! idem.charges ─► consumer ─► engine (claim, acquirer, finalize + event) ─► outbox: result ─► ack
+//!      │ malformed                                                             │
+//!      └─► idem.charges.dead (reason in a header)          relay (skip locked, confirms)
+//!                                                               ├─► reply_to / idem.results
+//!                                                               └─► idem.events
+//! ```
+//!
+//! - [`command`]: what a delivery must carry, parsed before anything is claimed;
+//! - [`consumer`]: `idem consume`: manual acks, bounded prefetch, reconnects;
+//! - [`relay`]: publishes the outbox with publisher confirms; several may run.
+
+pub mod command;
+pub mod consumer;
+pub mod relay;
+
+use std::time::Duration;
+
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+
+pub use consumer::{Consumer, ConsumerConfig};
+pub use relay::{Relay, RelayConfig};
+
+/// Commands in: durable; what is rejected there goes to [`DEAD_LETTER_QUEUE`].
+pub const COMMANDS_QUEUE: &str = "idem.charges";
+/// Commands that can never succeed, each with the reason in a header.
+pub const DEAD_LETTER_QUEUE: &str = "idem.charges.dead";
+/// Results of commands without `reply_to`: topic, routing key = merchant name.
+pub const RESULTS_EXCHANGE: &str = "idem.results";
+/// Charge events (`charge.captured`, `charge.declined`): topic, routing key = type.
+pub const EVENTS_EXCHANGE: &str = "idem.events";
+
+/// The header a dead letter carries its reason in (a sentence), and its code.
+pub const REASON_HEADER: &str = "x-idem-reason";
+pub const REASON_CODE_HEADER: &str = "x-idem-reason-code";
+
+/// AMQP delivery mode 2: the broker writes the message to disk.
+const PERSISTENT: u8 = 2;
+
+/// Connects to the broker.
+pub async fn connect(url: &str) -> lapin::Result<Connection> {
+    Connection::connect(url, ConnectionProperties::default()).await
+}
+
+/// Declares everything idem uses, durable. Declarations are idempotent, so
+/// every consumer and relay makes them at start. A queue that exists with
+/// other arguments makes this fail (the broker's PRECONDITION_FAILED), rather
+/// than run with a topology that loses dead letters.
+pub async fn declare(channel: &Channel) -> lapin::Result<()> {
+    let durable = ExchangeDeclareOptions {
+        durable: true,
+        ..ExchangeDeclareOptions::default()
+    };
+    for exchange in [RESULTS_EXCHANGE, EVENTS_EXCHANGE] {
+        channel
+            .exchange_declare(
+                exchange.into(),
+                ExchangeKind::Topic,
+                durable,
+                FieldTable::default(),
+            )
+            .await?;
+    }
+    channel
+        .queue_declare(
+            DEAD_LETTER_QUEUE.into(),
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut dead_lettered = FieldTable::default();
+    dead_lettered.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString("".into()),
+    );
+    dead_lettered.insert(
+        "x-dead-letter-routing-key".into(),
+        AMQPValue::LongString(DEAD_LETTER_QUEUE.into()),
+    );
+    channel
+        .queue_declare(
+            COMMANDS_QUEUE.into(),
+            QueueDeclareOptions::durable(),
+            dead_lettered,
+        )
+        .await?;
+    Ok(())
+}
+
+/// Binds a queue to the results of one merchant (for tools and tests that
+/// listen to `idem.results`).
+pub async fn bind_results(channel: &Channel, queue: &str, merchant: &str) -> lapin::Result<()> {
+    channel
+        .queue_bind(
+            queue.into(),
+            RESULTS_EXCHANGE.into(),
+            merchant.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+}
+
+/// A short string property, or `None` when the value does not fit (255 bytes).
+fn short(value: &str) -> Option<ShortString> {
+    ShortString::try_new(value).ok()
+}
+
+/// Exponential backoff with full jitter between reconnects: 100 ms doubling to 5 s.
+#[derive(Debug)]
+struct Reconnect {
+    failures: u32,
+}
+
+impl Reconnect {
+    const BASE: Duration = Duration::from_millis(100);
+    const CAP: Duration = Duration::from_secs(5);
+
+    fn new() -> Self {
+        Self { failures: 0 }
+    }
+
+    fn next_delay(&mut self) -> Duration {
+        let exp = Self::BASE
+            .saturating_mul(2u32.saturating_pow(self.failures.min(16)))
+            .min(Self::CAP);
+        self.failures += 1;
+        exp.mul_f64(rand::random::<f64>())
+    }
+
+    fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnect_delays_grow_to_the_cap_and_reset() {
+        let mut r = Reconnect::new();
+        for _ in 0..40 {
+            assert!(r.next_delay() <= Reconnect::CAP);
+        }
+        assert_eq!(r.failures, 40);
+        r.reset();
+        assert!(r.next_delay() <= Reconnect::BASE);
+    }
+}

@@ -1,0 +1,401 @@
+//! Charges from RabbitMQ (spec/queue.md): at-least-once in, one capture per
+//! intent, a result per delivery, and one event per outcome through the outbox.
+//! Real broker (a virtual host per test), real `idem consume` processes.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use idem::queue::{DEAD_LETTER_QUEUE, EVENTS_EXCHANGE, REASON_CODE_HEADER, RESULTS_EXCHANGE};
+use idem::sim::Faults;
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::BasicProperties;
+
+use crate::broker::{Amqp, Cmd, ConsumeProcess, TestBroker};
+use crate::helpers::{body, failing, new_key, Client, TestApp, TestDb, TestSim};
+
+const WITHIN: Duration = Duration::from_secs(20);
+
+struct QueueEnv {
+    db: TestDb,
+    sim: TestSim,
+    broker: TestBroker,
+    amqp: Amqp,
+}
+
+impl QueueEnv {
+    async fn start(faults: Faults) -> Self {
+        let broker = TestBroker::new().await;
+        Self::on(broker, faults).await
+    }
+
+    async fn on(broker: TestBroker, faults: Faults) -> Self {
+        let db = TestDb::new().await;
+        db.merchant("loja").await;
+        let sim = TestSim::start(faults).await;
+        let amqp = Amqp::connect(&broker).await;
+        Self {
+            db,
+            sim,
+            broker,
+            amqp,
+        }
+    }
+
+    async fn consumer(&self, extra: &[&str]) -> ConsumeProcess {
+        ConsumeProcess::start(&self.db, &self.sim, &self.broker, extra, &[], 1).await
+    }
+
+    /// A queue bound to every charge event.
+    async fn events(&self) -> String {
+        self.amqp
+            .queue("test.events", Some((EVENTS_EXCHANGE, "#")))
+            .await
+    }
+}
+
+#[tokio::test]
+async fn a_command_delivered_three_times_captures_once_and_answers_each_delivery() {
+    let env = QueueEnv::start(Faults::default()).await;
+    let replies = env.amqp.queue("test.replies", None).await;
+    let events = env.events().await;
+    let _consumer = env.consumer(&[]).await;
+
+    let key = new_key();
+    let order = body(250, 25_000);
+    for _ in 0..3 {
+        let mut cmd = Cmd::new(&key, "loja", &order).reply_to(&replies);
+        cmd.correlation_id = Some("pedido-250");
+        env.amqp.publish(&cmd).await;
+    }
+
+    let results = env.amqp.take(&replies, 3, WITHIN).await;
+    assert_eq!(env.sim.ledger().await.captures.len(), 1, "one capture");
+    assert!(results.iter().all(|r| r.status() == 201));
+    assert!(
+        results.iter().all(|r| r.body == results[0].body),
+        "the same bytes each time"
+    );
+    assert_eq!(results.iter().filter(|r| !r.replayed()).count(), 1);
+    assert_eq!(results.iter().filter(|r| r.replayed()).count(), 2);
+    for r in &results {
+        assert_eq!(
+            r.header_str("idempotency-key").as_deref(),
+            Some(key.as_str())
+        );
+        assert_eq!(
+            r.properties.correlation_id().as_ref().map(|c| c.as_str()),
+            Some("pedido-250")
+        );
+        assert_eq!(r.json()["status"], "captured");
+    }
+    let ids: HashSet<_> = results.iter().map(|r| r.message_id()).collect();
+    assert_eq!(ids.len(), 3, "each result has its own message id");
+
+    let event = env.amqp.take(&events, 1, WITHIN).await.remove(0);
+    assert_eq!(event.json()["type"], "charge.captured");
+    assert_eq!(event.json()["charge"]["id"], results[0].json()["id"]);
+    assert!(event.message_id().starts_with("evt_"));
+}
+
+#[tokio::test]
+async fn the_same_key_over_http_and_over_the_queue_is_one_charge() {
+    let env = QueueEnv::start(Faults::default()).await;
+    let app = TestApp::start(&env.db, &env.sim).await;
+    let secret = env.db.merchant("balcao").await;
+    let client = Client::new(&app.url, &secret);
+    let results = env
+        .amqp
+        .queue("test.results", Some((RESULTS_EXCHANGE, "balcao")))
+        .await;
+    let _consumer = env.consumer(&[]).await;
+
+    let key = new_key();
+    let first = client.charge(&key, &body(7, 9_900)).await;
+    assert_eq!(first.status, 201);
+    env.amqp
+        .publish(&Cmd::new(&key, "balcao", &body(7, 9_900)))
+        .await;
+    // The same key with another amount: the API's 422, as a result.
+    env.amqp
+        .publish(&Cmd::new(&key, "balcao", &body(7, 1)))
+        .await;
+
+    let got = env.amqp.take(&results, 2, WITHIN).await;
+    let replay = got.iter().find(|r| r.status() == 201).expect("the replay");
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body, "the HTTP answer, byte for byte");
+    let mismatch = got.iter().find(|r| r.status() == 422).expect("the 422");
+    assert_eq!(
+        mismatch.json()["type"],
+        "urn:idem:problem:idempotency-key-reused"
+    );
+    assert_eq!(
+        mismatch
+            .properties
+            .content_type()
+            .as_ref()
+            .map(|c| c.as_str()),
+        Some("application/problem+json")
+    );
+    assert_eq!(env.sim.ledger().await.captures.len(), 1);
+    assert_eq!(env.db.count("charges").await, 1);
+}
+
+#[tokio::test]
+async fn poison_messages_are_dead_lettered_with_their_reason_and_the_next_command_goes_through() {
+    let env = QueueEnv::start(Faults::default()).await;
+    let results = env
+        .amqp
+        .queue("test.results", Some((RESULTS_EXCHANGE, "loja")))
+        .await;
+    let _consumer = env.consumer(&[]).await;
+
+    let good = body(1, 100);
+    let negative = body(1, -5);
+    let poison: [(Cmd, &str); 5] = [
+        (Cmd::new("k-json", "loja", "{not json"), "invalid-body"),
+        (Cmd::new("k-body", "loja", &negative), "invalid-body"),
+        (
+            Cmd {
+                key: None,
+                ..Cmd::new("", "loja", &good)
+            },
+            "missing-key",
+        ),
+        (
+            Cmd {
+                tenant: None,
+                ..Cmd::new("k-tenant", "", &good)
+            },
+            "missing-tenant",
+        ),
+        (Cmd::new("k-who", "nobody", &good), "unknown-tenant"),
+    ];
+    for (cmd, _) in &poison {
+        env.amqp.publish(cmd).await;
+    }
+    let mut headers = FieldTable::default();
+    headers.insert("tenant".into(), AMQPValue::LongString("loja".into()));
+    env.amqp
+        .publish_raw(
+            BasicProperties::default()
+                .with_message_id("k-type".into())
+                .with_content_type("text/plain".into())
+                .with_headers(headers),
+            good.as_bytes(),
+        )
+        .await;
+    let key = new_key();
+    env.amqp.publish(&Cmd::new(&key, "loja", &good)).await;
+
+    let result = env.amqp.take(&results, 1, WITHIN).await.remove(0);
+    assert_eq!(result.status(), 201);
+    assert_eq!(result.header_str("idempotency-key"), Some(key));
+
+    let dead = env.amqp.take(DEAD_LETTER_QUEUE, 6, WITHIN).await;
+    let mut codes: Vec<String> = dead
+        .iter()
+        .map(|d| d.header_str(REASON_CODE_HEADER).expect("reason code"))
+        .collect();
+    codes.sort();
+    let mut expected: Vec<&str> = poison.iter().map(|(_, code)| *code).collect();
+    expected.push("unsupported-content-type");
+    expected.sort();
+    assert_eq!(codes, expected);
+    assert!(dead
+        .iter()
+        .all(|d| !d.header_str("x-idem-reason").unwrap_or_default().is_empty()));
+    let bad_body = dead
+        .iter()
+        .find(|d| d.body == negative.as_bytes())
+        .expect("the invalid body, kept as sent");
+    assert!(bad_body
+        .header_str("x-idem-reason")
+        .unwrap()
+        .contains("amount_cents"));
+    assert_eq!(
+        env.db.count("idempotency_keys").await,
+        1,
+        "poison stores nothing"
+    );
+    assert_eq!(env.amqp.ready(idem::queue::COMMANDS_QUEUE).await, 0);
+}
+
+#[tokio::test]
+async fn an_unknown_outcome_is_acked_and_its_result_goes_out_when_the_reconciler_settles_it() {
+    // The acquirer captures, then the answer is lost: the outcome is unknown.
+    let env = QueueEnv::start(failing(idem::sim::Fault::ErrorAfter)).await;
+    let replies = env.amqp.queue("test.replies", None).await;
+    let mut consumer = env
+        .consumer(&[
+            "--reconcile-interval",
+            "200ms",
+            "--acquirer-timeout",
+            "1s",
+            "--lease",
+            "2s",
+        ])
+        .await;
+
+    let key = new_key();
+    env.amqp
+        .publish(&Cmd::new(&key, "loja", &body(3, 3_000)).reply_to(&replies))
+        .await;
+    // Let the first attempt fail; then the acquirer answers again.
+    wait_for(|| async { env.db.count("outbox").await >= 1 }).await;
+    env.sim.set_faults(Faults::default()).await;
+
+    let result = env.amqp.take(&replies, 1, WITHIN).await.remove(0);
+    assert_eq!(result.status(), 201);
+    assert!(!result.replayed(), "the first answer to this delivery");
+    assert_eq!(env.sim.ledger().await.captures.len(), 1);
+    // Acked, not parked: once the consumer is gone, nothing comes back.
+    consumer.kill_9();
+    assert_eq!(env.amqp.ready(idem::queue::COMMANDS_QUEUE).await, 0);
+}
+
+#[tokio::test]
+async fn kill_9_between_claim_and_ack_loses_nothing_and_charges_once() {
+    // The acquirer is slow, so the consumer is killed with the charge claimed
+    // and the capture on its way.
+    let env = QueueEnv::start(crate::helpers::latency(1_500)).await;
+    let replies = env.amqp.queue("test.replies", None).await;
+    let args = [
+        "--reconcile-interval",
+        "200ms",
+        "--acquirer-timeout",
+        "3s",
+        "--lease",
+        "4s",
+    ];
+    let mut first = env.consumer(&args).await;
+
+    let key = new_key();
+    env.amqp
+        .publish(&Cmd::new(&key, "loja", &body(9, 4_500)).reply_to(&replies))
+        .await;
+    wait_for(|| async { env.db.count("idempotency_keys").await == 1 }).await;
+    first.kill_9();
+
+    // The broker delivers the command again, to the consumer that takes over.
+    let _second = env.consumer(&args).await;
+    let results = env.amqp.take_at_least(&replies, 1, WITHIN).await;
+    assert!(results.iter().all(|r| r.status() == 201));
+    let ledger = env.sim.ledger().await;
+    assert_eq!(ledger.captures.len(), 1, "{ledger:?}");
+    assert_eq!(env.db.count("charges").await, 1);
+    let status: (String,) = sqlx::query_as("select status from charges")
+        .fetch_one(env.db.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(status.0, "captured");
+}
+
+#[tokio::test]
+async fn two_consumers_share_the_queue_and_every_outcome_has_one_event_published() {
+    let env = QueueEnv::start(Faults::default()).await;
+    let results = env
+        .amqp
+        .queue("test.results", Some((RESULTS_EXCHANGE, "loja")))
+        .await;
+    let events = env.events().await;
+    let _a = env.consumer(&[]).await;
+    let _b = ConsumeProcess::start(&env.db, &env.sim, &env.broker, &[], &[], 2).await;
+    let app = TestApp::start(&env.db, &env.sim).await;
+    let client = Client::new(&app.url, &env.db.merchant("web").await);
+
+    for order in 1..=20 {
+        env.amqp
+            .publish(&Cmd::new(&new_key(), "loja", &body(order, 1_000)))
+            .await;
+    }
+    let captured = env.amqp.take(&results, 20, WITHIN).await;
+    assert!(captured.iter().all(|r| r.status() == 201));
+    // Declines too, and charges over HTTP: events come from every outcome.
+    env.sim
+        .set_faults(Faults {
+            decline_rate: 1.0,
+            ..Faults::default()
+        })
+        .await;
+    for order in 21..=25 {
+        env.amqp
+            .publish(&Cmd::new(&new_key(), "loja", &body(order, 1_000)))
+            .await;
+    }
+    for order in 26..=30 {
+        client.charge(&new_key(), &body(order, 1_000)).await;
+    }
+
+    let declined = env.amqp.take(&results, 5, WITHIN).await;
+    assert!(declined.iter().all(|r| r.status() == 402));
+    let events = env.amqp.take_at_least(&events, 30, WITHIN).await;
+    let mut by_charge: HashMap<String, HashSet<String>> = HashMap::new();
+    for e in &events {
+        let charge = e.json()["charge"]["id"].as_str().unwrap().to_owned();
+        by_charge.entry(charge).or_default().insert(e.message_id());
+    }
+    assert_eq!(by_charge.len(), 30, "an event for every charge");
+    assert!(
+        by_charge.values().all(|ids| ids.len() == 1),
+        "one event id per outcome"
+    );
+    let types: HashSet<_> = events.iter().map(|e| e.json()["type"].clone()).collect();
+    assert_eq!(types.len(), 2, "captured and declined: {types:?}");
+    let unpublished: (i64,) =
+        sqlx::query_as("select count(*) from outbox where published_at is null")
+            .fetch_one(env.db.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(unpublished.0, 0);
+    assert_eq!(env.sim.ledger().await.captures.len(), 20);
+}
+
+#[tokio::test]
+async fn the_consumer_and_the_relay_recover_from_a_broker_restart() {
+    let (broker, _alone) = TestBroker::exclusive().await;
+    let env = QueueEnv::on(broker, Faults::default()).await;
+    let results = env
+        .amqp
+        .queue("test.results", Some((RESULTS_EXCHANGE, "loja")))
+        .await;
+    let events = env.events().await;
+    let _consumer = env.consumer(&[]).await;
+    let app = TestApp::start(&env.db, &env.sim).await;
+    let client = Client::new(&app.url, &env.db.merchant("web").await);
+
+    env.amqp
+        .publish(&Cmd::new(&new_key(), "loja", &body(1, 100)))
+        .await;
+    env.amqp.take(&results, 1, WITHIN).await;
+    env.amqp.take(&events, 1, WITHIN).await;
+
+    env.broker.restart(Duration::from_secs(1)).await;
+    // While the relay reconnects, a charge over HTTP writes its event.
+    assert_eq!(client.charge(&new_key(), &body(2, 200)).await.status, 201);
+
+    let amqp = Amqp::connect(&env.broker).await;
+    amqp.wait_for_consumers(1).await;
+    amqp.publish(&Cmd::new(&new_key(), "loja", &body(3, 300)))
+        .await;
+    let after = amqp.take(&results, 1, WITHIN).await;
+    assert_eq!(after[0].status(), 201);
+    let events = amqp.take(&events, 2, WITHIN).await;
+    let orders: HashSet<_> = events
+        .iter()
+        .map(|e| e.json()["charge"]["order_id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(orders, HashSet::from([2, 3]));
+}
+
+async fn wait_for<F, Fut>(mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = std::time::Instant::now();
+    while !done().await {
+        assert!(started.elapsed() < WITHIN, "condition not reached in time");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
