@@ -278,6 +278,9 @@ pub struct BenchArgs {
     /// Also run pgbench with the store's statements at the same concurrency, and print the ratio.
     #[arg(long, conflicts_with = "url")]
     pub vs_pgbench: bool,
+    /// RabbitMQ for the `queue` scenario.
+    #[arg(long, env = "IDEM_AMQP_URL", default_value = DEFAULT_AMQP_URL)]
+    pub amqp_url: String,
     /// Print the figures as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -590,6 +593,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         database_url: args.database_url,
         target: args.url.zip(args.secret),
         vs_pgbench: args.vs_pgbench,
+        amqp_url: args.amqp_url,
     };
     let result = crate::bench::run(&config).await?;
     if args.json {

@@ -6,9 +6,12 @@
 //! - `new`: every request a new key (claim, acquirer, finalize);
 //! - `replay`: the same keys again (one statement: the claim that conflicts
 //!   and reads the stored outcome);
-//! - `conflict`: duplicates while the first attempts are in flight (409s).
+//! - `conflict`: duplicates while the first attempts are in flight (409s);
+//! - `queue`: new charges as commands through RabbitMQ (`serve --consume`),
+//!   publish to result.
 
 mod pgbench;
+mod queue;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,6 +40,7 @@ pub enum Scenario {
     New,
     Replay,
     Conflict,
+    Queue,
 }
 
 #[derive(Debug, Clone)]
@@ -49,6 +53,8 @@ pub struct BenchConfig {
     /// A running deployment and its merchant's secret, instead of starting one.
     pub target: Option<(String, String)>,
     pub vs_pgbench: bool,
+    /// RabbitMQ for the `queue` scenario.
+    pub amqp_url: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -134,11 +140,37 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<BenchResult> {
                 "--db-max-connections",
                 &pool,
             ];
+            let mut flags = flags.to_vec();
+            let prefetch = config
+                .concurrency
+                .clamp(1, usize::from(u16::MAX))
+                .to_string();
+            if config.scenario == Scenario::Queue {
+                flags.extend(["--amqp-url", &config.amqp_url, "--consume"]);
+                flags.extend(["--prefetch", &prefetch, "--outbox-poll", "50ms"]);
+            }
             let (endpoints, secret) =
                 start_idem(&db_url, &sim_url, "bench", 1, &flags, &mut started).await?;
             (endpoints[0].clone(), secret, Some(db_url))
         }
     };
+    if config.scenario == Scenario::Queue {
+        anyhow::ensure!(
+            config.target.is_none() && !config.vs_pgbench,
+            "the queue scenario runs on a deployment it starts, without --vs-pgbench"
+        );
+        // The consumer is up once `serve` answers; give it its first connection.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut result = queue::drive(
+            &config.amqp_url,
+            "bench",
+            config.concurrency,
+            config.duration,
+        )
+        .await?;
+        result.server_peak_rss_mib = started.children.first().and_then(|c| peak_rss_mib(c.id()));
+        return Ok(result);
+    }
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(config.concurrency)
         .build()?;
@@ -183,7 +215,7 @@ impl Load {
     /// Creates the stored outcomes (`replay`) or the in-flight attempts (`conflict`).
     async fn prepare(&self) -> anyhow::Result<()> {
         match self.scenario {
-            Scenario::New => Ok(()),
+            Scenario::New | Scenario::Queue => Ok(()),
             Scenario::Replay => {
                 for i in 0..HOT_KEYS {
                     let status = self.send(&Self::hot_key(i), i).await?;
@@ -259,34 +291,11 @@ impl Load {
         tokio::time::sleep(config.duration).await;
         stop.store(true, Ordering::SeqCst);
         let seconds = started.elapsed().as_secs_f64();
-        let mut histogram = Histogram::<u64>::new(3)?;
-        let mut statuses = BTreeMap::new();
-        let mut errors = 0;
+        let mut parts = Vec::with_capacity(workers.len());
         for w in workers {
-            let part = w.await??;
-            histogram.add(&part.histogram)?;
-            for (s, n) in part.statuses {
-                *statuses.entry(s).or_insert(0) += n;
-            }
-            errors += part.errors;
+            parts.push(w.await??);
         }
-        let ms = |q: f64| histogram.value_at_quantile(q) as f64 / 1000.0;
-        let requests = histogram.len();
-        Ok(BenchResult {
-            scenario: config.scenario,
-            concurrency: config.concurrency,
-            seconds,
-            requests,
-            per_second: requests as f64 / seconds,
-            p50_ms: ms(0.50),
-            p99_ms: ms(0.99),
-            p999_ms: ms(0.999),
-            statuses,
-            errors,
-            server_peak_rss_mib: None,
-            pgbench_per_second: None,
-            ratio_vs_pgbench: None,
-        })
+        combine(config.scenario, config.concurrency, seconds, parts)
     }
 
     fn clone_handle(&self) -> Load {
@@ -314,7 +323,7 @@ impl Load {
         while !stop.load(Ordering::Relaxed) {
             i += 1;
             let (key, order) = match self.scenario {
-                Scenario::New => (format!("bench-{w}-{i}"), i),
+                Scenario::New | Scenario::Queue => (format!("bench-{w}-{i}"), i),
                 // The hot key's own body, so the request is the same one.
                 Scenario::Replay | Scenario::Conflict => {
                     let n = (w * 7919 + i) % HOT_KEYS;
@@ -387,10 +396,47 @@ impl Connection {
     }
 }
 
+/// What one load worker measured.
 struct Part {
     histogram: Histogram<u64>,
     statuses: BTreeMap<u16, u64>,
     errors: u64,
+}
+
+/// The workers' figures as one result.
+fn combine(
+    scenario: Scenario,
+    concurrency: usize,
+    seconds: f64,
+    parts: Vec<Part>,
+) -> anyhow::Result<BenchResult> {
+    let mut histogram = Histogram::<u64>::new(3)?;
+    let mut statuses = BTreeMap::new();
+    let mut errors = 0;
+    for part in parts {
+        histogram.add(&part.histogram)?;
+        for (s, n) in part.statuses {
+            *statuses.entry(s).or_insert(0) += n;
+        }
+        errors += part.errors;
+    }
+    let ms = |q: f64| histogram.value_at_quantile(q) as f64 / 1000.0;
+    let requests = histogram.len();
+    Ok(BenchResult {
+        scenario,
+        concurrency,
+        seconds,
+        requests,
+        per_second: requests as f64 / seconds,
+        p50_ms: ms(0.50),
+        p99_ms: ms(0.99),
+        p999_ms: ms(0.999),
+        statuses,
+        errors,
+        server_peak_rss_mib: None,
+        pgbench_per_second: None,
+        ratio_vs_pgbench: None,
+    })
 }
 
 fn body(order: usize) -> String {

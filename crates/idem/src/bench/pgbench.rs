@@ -61,7 +61,7 @@ fn substitute(sql: &str, args: &[&str], key: &str) -> String {
 /// The pgbench script for a scenario.
 fn script(scenario: Scenario) -> String {
     match scenario {
-        Scenario::New => {
+        Scenario::New | Scenario::Queue => {
             let key = "('pgb-' || :client_id || '-' || :n)";
             format!(
                 "\\set n random(1, 2000000000)\n{};\n{};\n",

@@ -1,6 +1,7 @@
 //! A short run of `idem bench` in each scenario: asserts what it measured was
 //! the scenario (statuses) and that it printed its figures, not the speed.
 
+use crate::broker::TestBroker;
 use crate::helpers::admin_url;
 
 async fn bench(args: &[&str]) -> serde_json::Value {
@@ -40,4 +41,19 @@ async fn the_bench_measures_each_scenario_and_the_pgbench_ratio() {
         assert!(r["ratio_vs_pgbench"].as_f64().unwrap() > 0.0, "{r}");
         assert!(r["server_peak_rss_mib"].as_f64().unwrap() > 1.0, "{r}");
     }
+    // Commands through RabbitMQ (on a virtual host of this test's own); in the
+    // same test, since every scenario recreates the bench's database.
+    let broker = TestBroker::new().await;
+    let r = bench(&["--scenario", "queue", "--amqp-url", &broker.url]).await;
+    assert_eq!(
+        r["statuses"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        ["201"],
+        "{r}"
+    );
+    assert!(r["requests"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["errors"], 0, "{r}");
 }
