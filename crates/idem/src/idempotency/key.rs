@@ -4,6 +4,9 @@
 //! (`"5b0e..."`, with `\"` and `\\` escapes) and Stripe's bare value (`5b0e...`).
 //! After unquoting, a key is 1..=255 visible ASCII characters.
 
+use utoipa::openapi::{ObjectBuilder, OneOfBuilder, RefOr, Schema, Type};
+use utoipa::{PartialSchema, ToSchema};
+
 /// The longest key accepted, per the contract (Stripe uses the same bound).
 pub const MAX_KEY_LEN: usize = 255;
 
@@ -94,6 +97,40 @@ fn unquote_sf_string(raw: &[u8]) -> Result<Vec<u8>, KeyError> {
     }
     Ok(out)
 }
+
+/// The header's two accepted spellings, as [`IdempotencyKey::parse`] reads them.
+/// A value that starts with `"` is always read as the quoted form.
+impl PartialSchema for IdempotencyKey {
+    fn schema() -> RefOr<Schema> {
+        let bare = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .title(Some("bare token"))
+            .description(Some(
+                "Stripe's form: the key itself, visible ASCII, not starting with a double quote.",
+            ))
+            .pattern(Some(format!("^[!#-~][!-~]{{0,{}}}$", MAX_KEY_LEN - 1)))
+            .examples(["5b0e7a52-3f1c-4d7e-9a61-2c8f0d4e7b13"]);
+        let quoted = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .title(Some("sf-string"))
+            .description(Some(
+                "The IETF form: an RFC 8941 Structured Field string, in double quotes, \
+                 where only \\\" and \\\\ are escapes. The key inside is visible ASCII.",
+            ))
+            .pattern(Some(format!(
+                r#"^"(?:[!#-\[\]-~]|\\["\\]){{1,{MAX_KEY_LEN}}}"$"#
+            )))
+            .examples(["\"5b0e7a52-3f1c-4d7e-9a61-2c8f0d4e7b13\""]);
+        OneOfBuilder::new()
+            .item(bare)
+            .item(quoted)
+            .description(Some(format!(
+                "1 to {MAX_KEY_LEN} visible ASCII characters after unquoting; both forms name the same key."
+            )))
+            .into()
+    }
+}
+impl ToSchema for IdempotencyKey {}
 
 #[cfg(test)]
 mod tests {
