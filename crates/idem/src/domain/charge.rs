@@ -327,7 +327,10 @@ impl PartialSchema for AmountCents {
             .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
             .minimum(Some(1))
             .maximum(Some(Self::MAX))
-            .description(Some("The amount in the currency's minor unit (cents)."))
+            .description(Some(
+                "The amount in the currency's minor unit (cents), written as a JSON integer \
+                 (`25000`, not `25000.0` or `2.5e4`).",
+            ))
             .examples([25000])
             .into()
     }

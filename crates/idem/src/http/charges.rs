@@ -176,6 +176,8 @@ pub async fn create(
     params(("id" = inline(ChargeId), Path, description = "The charge's id, as `POST /v1/charges` answered it.")),
     responses(
         (status = OK, description = "The charge.", body = Charge, content_type = "application/json"),
+        (status = BAD_REQUEST, description = "`invalid-body`: the id is not UTF-8 once percent-decoded \
+            (the framework's path rejection).", body = Problem, content_type = PROBLEM_JSON),
         (status = UNAUTHORIZED, description = UNAUTHORIZED_DESCRIPTION, body = Problem,
             content_type = PROBLEM_JSON, headers(("WWW-Authenticate" = String, description = "`Bearer`."))),
         (status = NOT_FOUND, description = "`not-found`: no such charge, or another merchant's.",
@@ -185,6 +187,8 @@ pub async fn create(
         (status = SERVICE_UNAVAILABLE, description = "`service-unavailable`: the database cannot be reached.",
             body = Problem, content_type = PROBLEM_JSON,
             headers(("Retry-After" = inline(RetryAfter), description = "Seconds to wait before retrying."))),
+        (status = GATEWAY_TIMEOUT, description = "`timeout`: the database did not answer within the \
+            acquirer timeout plus 5 s.", body = Problem, content_type = PROBLEM_JSON),
     ),
 )]
 pub async fn get(
