@@ -9,6 +9,7 @@ mod bench;
 mod concurrency;
 mod crash;
 mod demo;
+mod openapi;
 mod outcomes;
 mod race;
 mod recovery;
