@@ -39,6 +39,17 @@ impl IdempotencyKey {
             Some(b'"') => unquote_sf_string(raw)?,
             _ => raw.to_vec(),
         };
+        Self::checked(key)
+    }
+
+    /// A key already unquoted, as the store keeps it. Checked like a parsed
+    /// one, but never read as a header value: the stored `"k` is the key `"k`
+    /// (sent as `"\"k"`), not a broken quoted string.
+    pub fn from_unquoted(key: &str) -> Result<Self, KeyError> {
+        Self::checked(key.as_bytes().to_vec())
+    }
+
+    fn checked(key: Vec<u8>) -> Result<Self, KeyError> {
         if key.is_empty() {
             return Err(KeyError::Empty);
         }
@@ -144,6 +155,19 @@ mod tests {
         let quoted = IdempotencyKey::parse(format!("\"{UUID}\"").as_bytes()).unwrap();
         assert_eq!(bare, quoted);
         assert_eq!(bare.as_str(), UUID);
+    }
+
+    #[test]
+    fn an_unquoted_key_is_taken_as_it_is() {
+        for header in [r#""\"k""#, r#""\"k\"""#, "plain", r#""a\\b""#] {
+            let key = IdempotencyKey::parse(header.as_bytes()).unwrap();
+            assert_eq!(IdempotencyKey::from_unquoted(key.as_str()), Ok(key));
+        }
+        assert_eq!(IdempotencyKey::from_unquoted(""), Err(KeyError::Empty));
+        assert_eq!(
+            IdempotencyKey::from_unquoted("a b"),
+            Err(KeyError::NotVisibleAscii)
+        );
     }
 
     #[test]
