@@ -79,6 +79,8 @@ pub enum Command {
         #[command(subcommand)]
         command: ChargesCommand,
     },
+    /// Print the OpenAPI 3.1 document of the API (what GET /openapi.json serves).
+    Openapi,
 }
 
 #[derive(Subcommand, Debug)]
@@ -382,6 +384,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Charges {
             command: ChargesCommand::Stuck(db),
         } => stuck(&db).await,
+        Command::Openapi => {
+            print!("{}", http::openapi_json());
+            Ok(())
+        }
     }
 }
 

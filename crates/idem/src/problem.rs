@@ -6,6 +6,8 @@
 //! idempotency engine and, later, by the queue consumer.
 
 use serde::Serialize;
+use utoipa::openapi::{ObjectBuilder, RefOr, Schema, Type};
+use utoipa::ToSchema;
 
 use crate::domain::Charge;
 
@@ -135,22 +137,42 @@ impl ProblemKind {
 }
 
 /// A problem+json document.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(description = "An error, as `application/problem+json` (RFC 9457). \
+    `field`, `differing_fields` and `charge` are present only where they apply.")]
 pub struct Problem<'a> {
+    /// The kind of error: branch on this, not on `title` or `detail`.
     #[serde(rename = "type")]
+    #[schema(schema_with = type_uri_schema)]
     pub type_uri: String,
+    /// A short summary of the kind, the same for every problem of that `type`.
+    #[schema(value_type = String)]
     pub title: &'static str,
+    /// The HTTP status of the response.
+    #[schema(minimum = 400, maximum = 599)]
     pub status: u16,
+    /// What happened in this case, for a person to read.
     pub detail: String,
     /// The field a validation error is about.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String)]
     pub field: Option<&'a str>,
     /// The fields in which a reused key's request differs from the first.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Vec<String>)]
     pub differing_fields: Option<&'a [&'static str]>,
     /// The charge this problem is about (declines, acquirer rejections).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Charge)]
     pub charge: Option<&'a Charge>,
+}
+
+/// Every `type` URI of the catalog.
+fn type_uri_schema() -> RefOr<Schema> {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(ProblemKind::ALL.map(ProblemKind::type_uri)))
+        .into()
 }
 
 impl<'a> Problem<'a> {

@@ -2,6 +2,8 @@
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize, Serializer};
+use utoipa::openapi::{KnownFormat, ObjectBuilder, RefOr, Schema, SchemaFormat, Type};
+use utoipa::{PartialSchema, ToSchema};
 
 use super::{AcquirerReference, ChargeId};
 
@@ -129,13 +131,24 @@ impl Description {
     }
 }
 
-/// The wire shape of `POST /v1/charges`, before validation.
-#[derive(Deserialize)]
+/// The wire shape of `POST /v1/charges`, before validation. Its schema is the
+/// request body's in the OpenAPI document, each field with the limits its
+/// `parse` enforces; unknown fields are refused (`additionalProperties: false`).
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(
+    as = ChargeRequest,
+    description = "A charge to make. Unknown fields are refused (`400 invalid-body`)."
+)]
 struct RawChargeRequest {
+    #[schema(value_type = OrderId)]
     order_id: i64,
+    #[schema(value_type = AmountCents)]
     amount_cents: i64,
+    /// `BRL` when absent or `null`.
+    #[schema(value_type = Option<Currency>, default = "BRL")]
     currency: Option<String>,
+    #[schema(value_type = Option<Description>)]
     description: Option<String>,
 }
 
@@ -206,7 +219,7 @@ fn json_message(e: &serde_json::Error) -> String {
 }
 
 /// Where a charge is in its life. Only `processing` ever changes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ChargeStatus {
     /// Claimed; the acquirer's outcome is not yet known.
@@ -241,7 +254,10 @@ impl ChargeStatus {
 }
 
 /// A charge as the API shows it (`GET /v1/charges/{id}` and the stored responses).
-#[derive(Debug, Clone, Serialize)]
+///
+/// Every field is always present; clients should ignore fields they do not know,
+/// so the schema leaves room for new ones.
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Charge {
     #[serde(serialize_with = "as_str")]
     pub id: ChargeId,
@@ -251,8 +267,12 @@ pub struct Charge {
     pub status: ChargeStatus,
     #[serde(serialize_with = "as_str_ref")]
     pub acquirer_reference: AcquirerReference,
+    /// The acquirer's reason when `status` is `declined`, else `null`.
+    #[schema(required = true)]
     pub decline_reason: Option<String>,
+    /// When the charge was claimed, UTC, to the second.
     #[serde(serialize_with = "rfc3339_seconds")]
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: DateTime<Utc>,
     #[serde(skip)]
     pub description: Option<Description>,
@@ -280,6 +300,84 @@ fn as_str_ref<S: Serializer>(r: &AcquirerReference, s: S) -> Result<S::Ok, S::Er
 
 fn rfc3339_seconds<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&t.to_rfc3339_opts(SecondsFormat::Secs, true))
+}
+
+// The OpenAPI schemas of the values, beside the `parse` whose limits they state.
+
+impl PartialSchema for OrderId {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+            .minimum(Some(1))
+            .maximum(Some(i64::MAX))
+            .description(Some(
+                "The merchant's order number, a positive 64-bit integer.",
+            ))
+            .examples([123])
+            .into()
+    }
+}
+impl ToSchema for OrderId {}
+
+impl PartialSchema for AmountCents {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+            .minimum(Some(1))
+            .maximum(Some(Self::MAX))
+            .description(Some(
+                "The amount in the currency's minor unit (cents), written as a JSON integer \
+                 (`25000`, not `25000.0` or `2.5e4`).",
+            ))
+            .examples([25000])
+            .into()
+    }
+}
+impl ToSchema for AmountCents {}
+
+impl PartialSchema for Currency {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some("^[A-Z]{3}$"))
+            .description(Some(
+                "An ISO 4217 alpha-3 code in upper case. Only the shape is checked; \
+                 the acquirer declines currencies it does not settle.",
+            ))
+            .examples(["BRL"])
+            .into()
+    }
+}
+impl ToSchema for Currency {}
+
+impl PartialSchema for Description {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .max_length(Some(Self::MAX_CHARS))
+            // `char::is_control`: the C0 and C1 controls and DEL.
+            .pattern(Some("^[^\\u0000-\\u001F\\u007F-\\u009F]*$"))
+            .description(Some(format!(
+                "A note for the merchant's own records: at most {} characters, no control characters.",
+                Self::MAX_CHARS
+            )))
+            .into()
+    }
+}
+impl ToSchema for Description {}
+
+/// The request body's schema is that of its wire shape.
+impl PartialSchema for ChargeRequest {
+    fn schema() -> RefOr<Schema> {
+        RawChargeRequest::schema()
+    }
+}
+impl ToSchema for ChargeRequest {
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        RawChargeRequest::schemas(schemas);
+    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,8 @@
 //! and never collide across merchants.
 
 use rand::distr::{Alphanumeric, SampleString};
+use utoipa::openapi::{ObjectBuilder, RefOr, Schema, Type};
+use utoipa::{PartialSchema, ToSchema};
 
 /// Random characters after the prefix: 24 alphanumerics are ~142 bits, far beyond
 /// any chance of collision, and short enough to read in a log line.
@@ -91,6 +93,33 @@ impl MessageId {
         &self.0
     }
 }
+
+impl PartialSchema for ChargeId {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(format!(
+                "^{}[A-Za-z0-9]{{{RANDOM_LEN}}}$",
+                Self::PREFIX
+            )))
+            .description(Some("The charge's public id."))
+            .examples(["ch_4f9QzXk2LmP8rT1vWb6yNc3d"])
+            .into()
+    }
+}
+impl ToSchema for ChargeId {}
+
+impl PartialSchema for AcquirerReference {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(
+                "The reference idem sends the acquirer for this charge, the same on every call.",
+            ))
+            .into()
+    }
+}
+impl ToSchema for AcquirerReference {}
 
 #[cfg(test)]
 mod tests {

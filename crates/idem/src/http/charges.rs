@@ -15,14 +15,80 @@ use axum::response::{IntoResponse, Response};
 use tracing::Instrument;
 
 use super::auth::Authenticated;
+use super::openapi::{ChargeProblem, Replayed, RetryAfter};
 use super::{ApiError, AppState, BODY_LIMIT};
-use crate::domain::{ChargeId, ChargeRequest};
+use crate::domain::{Charge, ChargeId, ChargeRequest};
 use crate::idempotency::{IdempotencyKey, KeyError, Outcome};
-use crate::problem::PROBLEM_JSON;
+use crate::problem::{Problem, PROBLEM_JSON};
 
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
+/// Charge once per `Idempotency-Key`.
+///
+/// The first attempt with a key claims it, calls the acquirer and stores its
+/// final outcome (`201`, `402` or `502`); every later request with the same key
+/// and the same request gets that outcome again, byte for byte, with
+/// `Idempotent-Replayed: true`. "The same request" is the same parsed body: field
+/// order and whitespace do not matter, and an absent `currency` equals `"BRL"`.
+/// Everything refused before the key is claimed (`400`, `401`, `413`, `415`)
+/// stores nothing, so the key can be sent again with a corrected request.
+#[utoipa::path(
+    post,
+    path = "/v1/charges",
+    operation_id = "createCharge",
+    tag = "charges",
+    security(("bearer" = [])),
+    params(
+        ("Idempotency-Key" = inline(IdempotencyKey), Header,
+            description = "One key per intent, chosen by the client (a UUID is a good choice) and \
+                sent again, unchanged, on every retry of that intent. Scoped to the merchant."),
+    ),
+    request_body(content = ChargeRequest, content_type = "application/json"),
+    responses(
+        (status = CREATED, description = "Captured: the charge. Stored as the key's outcome.",
+            body = Charge, content_type = "application/json",
+            headers(
+                ("Location" = String, description = "`/v1/charges/{id}` of the charge."),
+                ("Idempotent-Replayed" = inline(Replayed), description = "`true` when this is a stored outcome answered again; absent on the first answer."),
+            )),
+        (status = BAD_REQUEST, description = "`missing-idempotency-key`, `malformed-idempotency-key` \
+            or `invalid-body` (`field` names the field at fault). Nothing stored.",
+            body = Problem, content_type = PROBLEM_JSON),
+        (status = UNAUTHORIZED, description = UNAUTHORIZED_DESCRIPTION, body = Problem,
+            content_type = PROBLEM_JSON, headers(("WWW-Authenticate" = String, description = "`Bearer`."))),
+        (status = PAYMENT_REQUIRED, description = "`charge-declined`: the acquirer declined; `charge` \
+            holds the charge (`status: declined`, `decline_reason`). Stored as the key's outcome: a new \
+            attempt needs a new key.",
+            body = inline(ChargeProblem), content_type = PROBLEM_JSON,
+            headers(("Idempotent-Replayed" = inline(Replayed), description = "`true` when this is a stored outcome answered again; absent on the first answer."))),
+        (status = CONFLICT, description = "`request-in-flight`: another attempt with this key is at the \
+            acquirer. Answered at once, never after waiting on a lock. Nothing stored.",
+            body = Problem, content_type = PROBLEM_JSON,
+            headers(("Retry-After" = inline(RetryAfter), description = "Seconds left on the first attempt's lease."))),
+        (status = PAYLOAD_TOO_LARGE, description = "`body-too-large`: the body is over 16 KiB. Nothing stored.",
+            body = Problem, content_type = PROBLEM_JSON),
+        (status = UNSUPPORTED_MEDIA_TYPE, description = "`unsupported-media-type`: `Content-Type` is not \
+            `application/json`. Nothing stored.", body = Problem, content_type = PROBLEM_JSON),
+        (status = UNPROCESSABLE_ENTITY, description = "`idempotency-key-reused`: the key was first used \
+            with another request; `differing_fields` lists the fields that differ. Nothing stored.",
+            body = Problem, content_type = PROBLEM_JSON),
+        (status = INTERNAL_SERVER_ERROR, description = INTERNAL_DESCRIPTION, body = Problem,
+            content_type = PROBLEM_JSON),
+        (status = BAD_GATEWAY, description = "`acquirer-rejected`: the acquirer refused the request \
+            itself; `charge` holds the charge (`status: failed`), no money moved. Stored as the key's outcome.",
+            body = inline(ChargeProblem), content_type = PROBLEM_JSON,
+            headers(("Idempotent-Replayed" = inline(Replayed), description = "`true` when this is a stored outcome answered again; absent on the first answer."))),
+        (status = SERVICE_UNAVAILABLE, description = "`outcome-unknown`: the acquirer timed out, failed \
+            or dropped the connection, and the charge stays `processing`; retry with the same key, which \
+            cannot charge twice. Or `service-unavailable`: the database cannot be reached. Nothing stored.",
+            body = Problem, content_type = PROBLEM_JSON,
+            headers(("Retry-After" = inline(RetryAfter), description = "Seconds to wait before retrying."))),
+        (status = GATEWAY_TIMEOUT, description = "`timeout`: no answer within the acquirer timeout plus \
+            5 s; the attempt carries on, retry with the same key.", body = Problem,
+            content_type = PROBLEM_JSON),
+    ),
+)]
 pub async fn create(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
@@ -97,6 +163,33 @@ pub async fn create(
     }
 }
 
+/// A charge as it is now.
+///
+/// Also while it is `processing`. No idempotency key needed.
+#[utoipa::path(
+    get,
+    path = "/v1/charges/{id}",
+    operation_id = "getCharge",
+    tag = "charges",
+    security(("bearer" = [])),
+    params(("id" = inline(ChargeId), Path, description = "The charge's id, as `POST /v1/charges` answered it.")),
+    responses(
+        (status = OK, description = "The charge.", body = Charge, content_type = "application/json"),
+        (status = BAD_REQUEST, description = "`invalid-body`: the id is not UTF-8 once percent-decoded \
+            (the framework's path rejection).", body = Problem, content_type = PROBLEM_JSON),
+        (status = UNAUTHORIZED, description = UNAUTHORIZED_DESCRIPTION, body = Problem,
+            content_type = PROBLEM_JSON, headers(("WWW-Authenticate" = String, description = "`Bearer`."))),
+        (status = NOT_FOUND, description = "`not-found`: no such charge, or another merchant's.",
+            body = Problem, content_type = PROBLEM_JSON),
+        (status = INTERNAL_SERVER_ERROR, description = INTERNAL_DESCRIPTION, body = Problem,
+            content_type = PROBLEM_JSON),
+        (status = SERVICE_UNAVAILABLE, description = "`service-unavailable`: the database cannot be reached.",
+            body = Problem, content_type = PROBLEM_JSON,
+            headers(("Retry-After" = inline(RetryAfter), description = "Seconds to wait before retrying."))),
+        (status = GATEWAY_TIMEOUT, description = "`timeout`: the database did not answer within the \
+            acquirer timeout plus 5 s.", body = Problem, content_type = PROBLEM_JSON),
+    ),
+)]
 pub async fn get(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
@@ -113,6 +206,11 @@ pub async fn get(
     let body = serde_json::to_vec(&charge).map_err(|e| ApiError::Internal(e.to_string()))?;
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
+
+const UNAUTHORIZED_DESCRIPTION: &str =
+    "`unauthorized`: no `Authorization: Bearer` secret, or not a merchant's. Nothing stored.";
+const INTERNAL_DESCRIPTION: &str =
+    "`internal`: a bug; details are in the server log only. Retrying with the same key is safe.";
 
 /// `application/json`, with or without parameters such as `charset=utf-8`.
 fn is_json(headers: &HeaderMap) -> bool {

@@ -7,6 +7,7 @@
 mod auth;
 mod charges;
 mod error;
+mod openapi;
 mod ops;
 
 use std::time::Duration;
@@ -28,6 +29,7 @@ use tower_http::trace::{DefaultOnResponse, TraceLayer};
 pub use auth::MerchantCache;
 pub use charges::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use error::ApiError;
+pub use openapi::document_json as openapi_json;
 
 use crate::idempotency::Engine;
 use crate::problem::{Problem, ProblemKind, PROBLEM_JSON};
@@ -94,6 +96,7 @@ pub fn router(state: AppState, request_timeout: Duration) -> Router {
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
+        .route("/openapi.json", get(openapi::openapi_json))
         .route_layer(axum::middleware::from_fn(count_requests))
         .with_state(state)
         .layer(middleware)

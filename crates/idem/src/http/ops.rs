@@ -5,28 +5,74 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+use utoipa::ToSchema;
 
+use super::openapi::RetryAfter;
 use super::{ApiError, AppState};
+use crate::problem::{Problem, PROBLEM_JSON};
 
 /// Readiness must answer quickly even when the database hangs, so a load
 /// balancer can take the instance out instead of queueing behind it.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// `GET /healthz`: the process is up and serving.
-pub async fn healthz() -> Response {
-    json_ok(r#"{"status":"ok"}"#)
+/// The body of `/healthz` and `/readyz`.
+#[derive(Serialize, ToSchema)]
+pub struct Health {
+    /// `ok` from `/healthz`, `ready` from `/readyz`.
+    #[schema(value_type = String)]
+    status: &'static str,
 }
 
-/// `GET /readyz`: the database answers.
-pub async fn readyz(State(state): State<AppState>) -> Result<Response, ApiError> {
+/// The process is up and serving.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "healthz",
+    tag = "operations",
+    responses((status = OK, description = "Up: `{\"status\":\"ok\"}`.", body = Health,
+        content_type = "application/json")),
+)]
+pub async fn healthz() -> Json<Health> {
+    Json(Health { status: "ok" })
+}
+
+/// The database answers.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    operation_id = "readyz",
+    tag = "operations",
+    responses(
+        (status = OK, description = "Ready: `{\"status\":\"ready\"}`.", body = Health,
+            content_type = "application/json"),
+        (status = INTERNAL_SERVER_ERROR, description = "`internal`: the database answered with an error.",
+            body = Problem, content_type = PROBLEM_JSON),
+        (status = SERVICE_UNAVAILABLE, description = "`service-unavailable`: the database cannot be \
+            reached, or did not answer within 2 s.", body = Problem, content_type = PROBLEM_JSON,
+            headers(("Retry-After" = inline(RetryAfter), description = "Seconds to wait before asking again."))),
+    ),
+)]
+pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
     match tokio::time::timeout(READY_TIMEOUT, state.engine.store().ping()).await {
-        Ok(Ok(())) => Ok(json_ok(r#"{"status":"ready"}"#)),
+        Ok(Ok(())) => Ok(Json(Health { status: "ready" })),
         Ok(Err(e)) => Err(e.into()),
         Err(_) => Err(ApiError::Unavailable),
     }
 }
 
-/// `GET /metrics`: Prometheus text. The database gauges are read now.
+/// Prometheus metrics, in the text exposition format.
+///
+/// The database gauges are read at scrape time. docs/operations.md lists every metric.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    tag = "operations",
+    responses((status = OK, description = "The metrics.", body = String,
+        content_type = "text/plain; version=0.0.4")),
+)]
 pub async fn metrics(State(state): State<AppState>) -> Response {
     use crate::metrics as m;
     let store = state.engine.store();
@@ -46,8 +92,4 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     metrics::gauge!(m::POOL_CONNECTIONS, "state" => "in_use").set(f64::from(pool.size()) - idle);
     let body = m::handle().map(|h| h.render()).unwrap_or_default();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
-}
-
-fn json_ok(body: &'static str) -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }

@@ -4,6 +4,9 @@
 //! (`"5b0e..."`, with `\"` and `\\` escapes) and Stripe's bare value (`5b0e...`).
 //! After unquoting, a key is 1..=255 visible ASCII characters.
 
+use utoipa::openapi::{ObjectBuilder, OneOfBuilder, RefOr, Schema, Type};
+use utoipa::{PartialSchema, ToSchema};
+
 /// The longest key accepted, per the contract (Stripe uses the same bound).
 pub const MAX_KEY_LEN: usize = 255;
 
@@ -36,6 +39,17 @@ impl IdempotencyKey {
             Some(b'"') => unquote_sf_string(raw)?,
             _ => raw.to_vec(),
         };
+        Self::checked(key)
+    }
+
+    /// A key already unquoted, as the store keeps it. Checked like a parsed
+    /// one, but never read as a header value: the stored `"k` is the key `"k`
+    /// (sent as `"\"k"`), not a broken quoted string.
+    pub fn from_unquoted(key: &str) -> Result<Self, KeyError> {
+        Self::checked(key.as_bytes().to_vec())
+    }
+
+    fn checked(key: Vec<u8>) -> Result<Self, KeyError> {
         if key.is_empty() {
             return Err(KeyError::Empty);
         }
@@ -95,6 +109,40 @@ fn unquote_sf_string(raw: &[u8]) -> Result<Vec<u8>, KeyError> {
     Ok(out)
 }
 
+/// The header's two accepted spellings, as [`IdempotencyKey::parse`] reads them.
+/// A value that starts with `"` is always read as the quoted form.
+impl PartialSchema for IdempotencyKey {
+    fn schema() -> RefOr<Schema> {
+        let bare = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .title(Some("bare token"))
+            .description(Some(
+                "Stripe's form: the key itself, visible ASCII, not starting with a double quote.",
+            ))
+            .pattern(Some(format!("^[!#-~][!-~]{{0,{}}}$", MAX_KEY_LEN - 1)))
+            .examples(["5b0e7a52-3f1c-4d7e-9a61-2c8f0d4e7b13"]);
+        let quoted = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .title(Some("sf-string"))
+            .description(Some(
+                "The IETF form: an RFC 8941 Structured Field string, in double quotes, \
+                 where only \\\" and \\\\ are escapes. The key inside is visible ASCII.",
+            ))
+            .pattern(Some(format!(
+                r#"^"(?:[!#-\[\]-~]|\\["\\]){{1,{MAX_KEY_LEN}}}"$"#
+            )))
+            .examples(["\"5b0e7a52-3f1c-4d7e-9a61-2c8f0d4e7b13\""]);
+        OneOfBuilder::new()
+            .item(bare)
+            .item(quoted)
+            .description(Some(format!(
+                "1 to {MAX_KEY_LEN} visible ASCII characters after unquoting; both forms name the same key."
+            )))
+            .into()
+    }
+}
+impl ToSchema for IdempotencyKey {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,6 +155,19 @@ mod tests {
         let quoted = IdempotencyKey::parse(format!("\"{UUID}\"").as_bytes()).unwrap();
         assert_eq!(bare, quoted);
         assert_eq!(bare.as_str(), UUID);
+    }
+
+    #[test]
+    fn an_unquoted_key_is_taken_as_it_is() {
+        for header in [r#""\"k""#, r#""\"k\"""#, "plain", r#""a\\b""#] {
+            let key = IdempotencyKey::parse(header.as_bytes()).unwrap();
+            assert_eq!(IdempotencyKey::from_unquoted(key.as_str()), Ok(key));
+        }
+        assert_eq!(IdempotencyKey::from_unquoted(""), Err(KeyError::Empty));
+        assert_eq!(
+            IdempotencyKey::from_unquoted("a b"),
+            Err(KeyError::NotVisibleAscii)
+        );
     }
 
     #[test]

@@ -458,7 +458,7 @@ impl Store {
         rows.into_iter()
             .map(|r| {
                 Ok(Orphan {
-                    key: IdempotencyKey::parse(r.idempotency_key.as_bytes())
+                    key: IdempotencyKey::from_unquoted(&r.idempotency_key)
                         .map_err(|e| StoreError::Corrupt(format!("stored key: {e}")))?,
                     merchant: Merchant {
                         id: r.merchant_id,

@@ -10,6 +10,7 @@ mod bench;
 mod concurrency;
 mod crash;
 mod demo;
+mod openapi;
 mod outcomes;
 mod queue;
 mod race;

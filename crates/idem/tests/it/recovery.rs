@@ -264,6 +264,47 @@ async fn reconcilers_racing_each_other_settle_each_charge_once() {
     assert_eq!(sim.ledger().await.captures.len(), ORPHANS as usize);
 }
 
+/// A key is stored unquoted, so one that starts with a quote (sent as `"\"k"`)
+/// must not be read back as a header value. Found by scripts/fuzz-api: such a
+/// key made every reconciler pass fail, so no orphan was settled at all.
+#[tokio::test]
+async fn keys_that_start_with_a_quote_do_not_stop_the_reconciler() {
+    let Env {
+        db,
+        sim,
+        app: _app,
+        client: c,
+    } = Env::start_with(Faults::default(), test_config(), Duration::from_millis(300)).await;
+    sim.set_faults(failing(Fault::ErrorAfter)).await;
+    // The keys `"k`, `"k"` (which a header parser would read as `k`) and a plain one.
+    let keys = [r#""\"k""#, r#""\"k\"""#, "plain"];
+    for (order, key) in (1..).zip(keys) {
+        assert_eq!(c.charge(key, &body(order, 100)).await.status, 503, "{key}");
+    }
+    sim.set_faults(Faults::default()).await;
+
+    let reconciler = Reconciler::new(
+        test_engine(
+            db.store.clone(),
+            &sim,
+            test_config(),
+            Duration::from_secs(1),
+        ),
+        ReconcilerConfig::new(Duration::from_millis(50), Duration::from_secs(3600)),
+    );
+    let report = reconciler
+        .pass()
+        .await
+        .expect("the pass reads every stored key");
+    assert_eq!(report.settled, 3, "{report:?}");
+    for (order, key) in (1..).zip(keys) {
+        assert_eq!(charge_status(&db, order).await, "captured", "{key}");
+        let replay = c.charge(key, &body(order, 100)).await;
+        assert_eq!((replay.status, replay.replayed()), (201, true), "{key}");
+    }
+    assert_eq!(sim.ledger().await.captures.len(), 3);
+}
+
 /// A server started while the database is unreachable comes up, answers 503
 /// (readiness red, never a panic), and works once the database is back.
 #[tokio::test]
