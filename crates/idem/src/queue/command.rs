@@ -46,7 +46,7 @@ pub fn parse(properties: &BasicProperties, body: &[u8]) -> Result<Command, Rejec
                 "message_id (the idempotency key) is required",
             ))
         }
-        Some(id) => IdempotencyKey::parse(id.as_str().as_bytes())
+        Some(id) => IdempotencyKey::from_unquoted(id.as_str())
             .map_err(|e| Rejection::new("malformed-key", format!("message_id: {e}")))?,
     };
     let tenant = tenant(properties)?;
@@ -175,6 +175,13 @@ mod tests {
             assert_eq!(rejection.code, code, "{rejection:?}");
             assert!(!rejection.reason.is_empty());
         }
+    }
+
+    #[test]
+    fn the_message_id_is_the_key_exactly_as_written() {
+        // No header quoting on AMQP: quotes are part of the key.
+        let c = parse(&props(Some(r#""k""#), tenant("acme")), BODY).unwrap();
+        assert_eq!(c.key.as_str(), r#""k""#);
     }
 
     #[test]
