@@ -399,3 +399,62 @@ where
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// A consumer that dies at each step of the engine (the claim committed; the
+/// acquirer's answer in hand but not stored; the finalize on its way): the
+/// command comes back, and the consumer that takes over captures once and
+/// publishes the result.
+#[cfg(feature = "crash-points")]
+#[tokio::test]
+async fn a_consumer_dying_at_any_step_loses_nothing_and_charges_once() {
+    let env = QueueEnv::start(Faults::default()).await;
+    let replies = env.amqp.queue("test.replies", None).await;
+    let args = [
+        "--reconcile-interval",
+        "200ms",
+        "--acquirer-timeout",
+        "1s",
+        "--lease",
+        "2s",
+    ];
+    let points = ["after-claim", "after-acquirer", "mid-finalize"];
+    for (order, point) in (1..).zip(points) {
+        let mut doomed = ConsumeProcess::start(
+            &env.db,
+            &env.sim,
+            &env.broker,
+            &args,
+            &[("IDEM_CRASH_AT", point)],
+            1,
+        )
+        .await;
+        env.amqp
+            .publish(&Cmd::new(&new_key(), "loja", &body(order, 100)).reply_to(&replies))
+            .await;
+        let exit = tokio::task::spawn_blocking(move || doomed.wait_exit())
+            .await
+            .expect("join");
+        assert!(!exit.success(), "{point}: the consumer died ({exit:?})");
+    }
+    let _survivor = env.consumer(&args).await;
+    let results = env.amqp.take_at_least(&replies, 3, WITHIN).await;
+    assert!(results.iter().all(|r| r.status() == 201), "{results:#?}");
+    let keys: HashSet<_> = results
+        .iter()
+        .map(|r| r.header_str("idempotency-key").unwrap())
+        .collect();
+    assert_eq!(keys.len(), 3, "a result for each command");
+    let ledger = env.sim.ledger().await;
+    assert_eq!(
+        ledger.captures.len(),
+        3,
+        "one capture per command: {ledger:?}"
+    );
+    let counts: HashSet<u64> = ledger.counts.iter().map(|c| c.captures).collect();
+    assert_eq!(counts, HashSet::from([1]));
+    let events: (i64,) = sqlx::query_as("select count(*) from outbox where kind = 'event'")
+        .fetch_one(env.db.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(events.0, 3, "one event per outcome");
+}
