@@ -203,6 +203,9 @@ pub struct ConsumeArgs {
     /// RabbitMQ URL.
     #[arg(long, env = "IDEM_AMQP_URL", default_value = DEFAULT_AMQP_URL)]
     pub amqp_url: String,
+    /// Serve /healthz, /readyz and /metrics on this address.
+    #[arg(long, env = "IDEM_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     #[command(flatten)]
     pub queue: QueueArgs,
     #[command(flatten)]
@@ -538,6 +541,22 @@ pub async fn consume(args: ConsumeArgs, shutdown: CancellationToken) -> anyhow::
         true,
         &shutdown,
     );
+    if let Some(addr) = args.metrics_listen {
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        tracing::info!(listen = %listener.local_addr()?, "serving metrics");
+        let router = http::ops_router(AppState::new(engine.clone()));
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            let served = axum::serve(listener, router)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "the metrics listener failed");
+            }
+        });
+    }
     tasks.close();
     tasks.wait().await;
     tracing::info!("stopped");

@@ -102,6 +102,16 @@ pub fn router(state: AppState, request_timeout: Duration) -> Router {
         .layer(middleware)
 }
 
+/// Only the operational routes (`/healthz`, `/readyz`, `/metrics`): what a
+/// process without the API (`idem consume`) offers its operators.
+pub fn ops_router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .with_state(state)
+}
+
 /// Serves on an already-bound listener until `shutdown` fires, then finishes
 /// the requests and charge attempts in flight.
 pub async fn serve(

@@ -323,7 +323,7 @@ impl ServeProcess {
     }
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr: SocketAddr = l.local_addr().expect("addr");
     addr.port()

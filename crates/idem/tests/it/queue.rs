@@ -58,7 +58,8 @@ async fn a_command_delivered_three_times_captures_once_and_answers_each_delivery
     let env = QueueEnv::start(Faults::default()).await;
     let replies = env.amqp.queue("test.replies", None).await;
     let events = env.events().await;
-    let _consumer = env.consumer(&[]).await;
+    let metrics = format!("127.0.0.1:{}", crate::helpers::free_port());
+    let _consumer = env.consumer(&["--metrics-listen", &metrics]).await;
 
     let key = new_key();
     let order = body(250, 25_000);
@@ -95,6 +96,24 @@ async fn a_command_delivered_three_times_captures_once_and_answers_each_delivery
     assert_eq!(event.json()["type"], "charge.captured");
     assert_eq!(event.json()["charge"]["id"], results[0].json()["id"]);
     assert!(event.message_id().starts_with("evt_"));
+
+    // The relay counts a batch once it has marked it, just after the broker
+    // delivered it: scrape until the figures settle.
+    let lines = [
+        r#"idem_queue_commands_total{result="captured"} 1"#,
+        "idem_outbox_published_total 4",
+        "idem_outbox_pending 0",
+    ];
+    wait_for(|| async {
+        let scraped = reqwest::get(format!("http://{metrics}/metrics"))
+            .await
+            .expect("scrape the consumer")
+            .text()
+            .await
+            .unwrap();
+        lines.iter().all(|l| scraped.contains(l))
+    })
+    .await;
 }
 
 #[tokio::test]
