@@ -1,12 +1,8 @@
 //! Bearer authentication: `Authorization: Bearer <secret>` to a [`Merchant`].
 //!
-//! Positive answers are cached briefly so a request does not pay a query for
-//! its merchant; unknown secrets are never cached, so a merchant created a
-//! moment ago is accepted on its first request.
-
-use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+//! Positive answers are cached briefly ([`MerchantCache`]) so a request does
+//! not pay a query for its merchant; unknown secrets are never cached, so a
+//! merchant created a moment ago is accepted on its first request.
 
 use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
@@ -14,43 +10,10 @@ use axum::http::request::Parts;
 
 use super::{ApiError, AppState};
 use crate::domain::{Merchant, SecretHash};
-use crate::store::Store;
+use crate::store::MerchantCache;
 
-/// How long a verified secret is trusted without asking the database again.
-/// Merchants cannot be revoked yet; when they can, this bounds how long a
-/// revoked secret keeps working on an instance.
-const CACHE_TTL: Duration = Duration::from_secs(60);
-
-/// Verified secrets by hash. A std lock, not a tokio one: it is never held
-/// across an await, and reads vastly outnumber writes.
-#[derive(Clone, Default)]
-pub struct MerchantCache {
-    entries: Arc<RwLock<HashMap<SecretHash, (Merchant, Instant)>>>,
-}
-
-impl MerchantCache {
-    pub async fn authenticate(
-        &self,
-        store: &Store,
-        secret: &[u8],
-    ) -> Result<Option<Merchant>, ApiError> {
-        let hash = SecretHash::of(secret);
-        if let Some((merchant, at)) = self.read(&hash) {
-            if at.elapsed() < CACHE_TTL {
-                return Ok(Some(merchant));
-            }
-        }
-        let merchant = store.merchant_by_secret(&hash).await?;
-        if let (Some(m), Ok(mut entries)) = (&merchant, self.entries.write()) {
-            entries.insert(hash, (m.clone(), Instant::now()));
-        }
-        Ok(merchant)
-    }
-
-    fn read(&self, hash: &SecretHash) -> Option<(Merchant, Instant)> {
-        self.entries.read().ok()?.get(hash).cloned()
-    }
-}
+/// Verified secrets by hash (positive answers only, for a minute).
+pub type SecretCache = MerchantCache<SecretHash>;
 
 /// The authenticated merchant of a `/v1` request.
 pub struct Authenticated(pub Merchant);
@@ -64,9 +27,11 @@ impl FromRequestParts<AppState> for Authenticated {
             .get(AUTHORIZATION)
             .and_then(|v| bearer_secret(v.as_bytes()))
             .ok_or(ApiError::Unauthorized)?;
+        let store = state.engine.store();
+        let hash = SecretHash::of(secret);
         match state
             .merchants
-            .authenticate(state.engine.store(), secret)
+            .get_or_load(&hash, || store.merchant_by_secret(&hash))
             .await?
         {
             Some(merchant) => {

@@ -26,7 +26,7 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
-pub use auth::MerchantCache;
+pub use auth::SecretCache;
 pub use charges::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use error::ApiError;
 pub use openapi::document_json as openapi_json;
@@ -44,7 +44,7 @@ const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 #[derive(Clone)]
 pub struct AppState {
     pub engine: Engine,
-    pub merchants: MerchantCache,
+    pub merchants: SecretCache,
     /// Charge attempts in progress, awaited on shutdown so none is cut short.
     pub tasks: TaskTracker,
 }
@@ -54,7 +54,7 @@ impl AppState {
         crate::metrics::handle();
         Self {
             engine,
-            merchants: MerchantCache::default(),
+            merchants: SecretCache::default(),
             tasks: TaskTracker::new(),
         }
     }

@@ -49,7 +49,7 @@ use super::{
 use crate::domain::Merchant;
 use crate::http::ApiError;
 use crate::idempotency::{Engine, Outcome, StoredResponse};
-use crate::store::{NewResult, ResultAnswer, StoreError};
+use crate::store::{MerchantCache, NewResult, ResultAnswer, StoreError};
 
 /// How long a delivery that met a database outage waits before going back to
 /// the queue.
@@ -69,6 +69,8 @@ pub struct Consumer {
     config: Arc<ConsumerConfig>,
     /// Wakes the relay in this process when a result is written.
     relay_wake: Arc<Notify>,
+    /// Merchants by name (the `tenant` header).
+    merchants: MerchantCache<String>,
 }
 
 /// What became of one delivery.
@@ -87,6 +89,7 @@ impl Consumer {
             engine,
             config: Arc::new(config),
             relay_wake,
+            merchants: MerchantCache::default(),
         }
     }
 
@@ -190,7 +193,12 @@ impl Consumer {
             Err(rejection) => return dead_letter(delivery, dead_letters, &rejection).await,
         };
         tracing::Span::current().record("idempotency_key", command.key.as_str());
-        let merchant = match self.engine.store().merchant_by_name(&command.tenant).await {
+        let store = self.engine.store();
+        let merchant = match self
+            .merchants
+            .get_or_load(&command.tenant, || store.merchant_by_name(&command.tenant))
+            .await
+        {
             Ok(Some(m)) => m,
             Ok(None) => {
                 let rejection = Rejection::new(

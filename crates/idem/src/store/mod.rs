@@ -23,7 +23,7 @@ pub use charges::{ProcessingStats, StuckCharge};
 pub use idempotency::{
     Claim, KeyRecord, KeyState, NewClaim, Orphan, Settlement, CLAIM_SQL, FINALIZE_SQL,
 };
-pub use merchants::MerchantError;
+pub use merchants::{MerchantCache, MerchantError};
 pub use outbox::{NewEvent, NewResult, OutboxBatch, OutboxMessage, ResultAnswer};
 
 /// How long a request waits for a pooled connection before answering 503:
