@@ -38,7 +38,7 @@ const CHARTS: [Chart; 5] = [
         value: |s| s.max_busy_connections as f64,
     },
     Chart {
-        title: "Requests that waited over 50 ms on a row lock",
+        title: "Requests that waited on a row lock (over a quarter of an acquirer call)",
         unit: "",
         value: |s| s.lock_waits as f64,
     },
