@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{Fingerprint, IdempotencyKey};
+use super::{Fingerprint, IdempotencyKey, InFlightMemo};
 use crate::acquirer::protocol::CaptureRequest;
 use crate::acquirer::{AcquirerClient, AcquirerError};
 use crate::crash::{self, CrashPoint};
@@ -99,6 +99,8 @@ pub struct Engine {
     store: Store,
     acquirer: AcquirerClient,
     config: EngineConfig,
+    /// Keys this instance saw held by another attempt, answered from memory.
+    in_flight: InFlightMemo,
 }
 
 impl Engine {
@@ -107,6 +109,7 @@ impl Engine {
             store,
             acquirer,
             config,
+            in_flight: InFlightMemo::default(),
         }
     }
 
@@ -126,6 +129,17 @@ impl Engine {
         request: &ChargeRequest,
     ) -> Result<Outcome, EngineError> {
         let fingerprint = Fingerprint::of_charge(request);
+        if let Some(held) = self.in_flight.get(merchant.id, key) {
+            return Ok(waiting_or_mismatch(
+                &held.fingerprint,
+                &held.request,
+                held.charge_id,
+                held.lease_ends
+                    .saturating_duration_since(std::time::Instant::now()),
+                fingerprint,
+                request,
+            ));
+        }
         let claim = self
             .store
             .claim(&NewClaim {
@@ -148,6 +162,16 @@ impl Engine {
             return Ok(Outcome::Mismatch {
                 fields: record.charge.request().differing_fields(request),
             });
+        }
+        if let KeyState::InFlight { lease_remaining } = &record.state {
+            self.in_flight.hold(
+                merchant.id,
+                key,
+                record.fingerprint,
+                record.charge.request(),
+                record.charge.id.clone(),
+                *lease_remaining,
+            );
         }
         match &record.state {
             KeyState::InFlight { lease_remaining } if lease_remaining.is_zero() => {
@@ -240,6 +264,8 @@ impl Engine {
             Err(AcquirerError::Unknown(why)) => {
                 tracing::warn!(charge_id = %charge.id, %why, "acquirer outcome unknown");
                 self.store.release(merchant.id, key, record.attempt).await?;
+                // The next duplicate here must re-drive at once, not hear 409.
+                self.in_flight.forget(merchant.id, key);
                 return Ok(Outcome::Unknown {
                     charge_id: charge.id.clone(),
                     retry_after: UNKNOWN_RETRY_AFTER,
@@ -279,6 +305,7 @@ impl Engine {
         ))
         .await?;
         if stored {
+            self.in_flight.forget(merchant.id, key);
             return Ok(Outcome::Completed {
                 charge_id: settled.id,
                 response,
@@ -320,6 +347,27 @@ impl Outcome {
             Self::Mismatch { .. } => "key_reused",
             Self::Unknown { .. } => "unknown",
         }
+    }
+}
+
+/// The answer for a key known to be in flight: `409`, or `422` if this
+/// request is not the one that holds it.
+fn waiting_or_mismatch(
+    held_fingerprint: &Fingerprint,
+    held_request: &ChargeRequest,
+    charge_id: ChargeId,
+    lease_remaining: Duration,
+    fingerprint: Fingerprint,
+    request: &ChargeRequest,
+) -> Outcome {
+    if *held_fingerprint != fingerprint {
+        return Outcome::Mismatch {
+            fields: held_request.differing_fields(request),
+        };
+    }
+    Outcome::InFlight {
+        charge_id,
+        retry_after: lease_remaining.max(MIN_RETRY_AFTER),
     }
 }
 

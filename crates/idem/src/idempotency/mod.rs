@@ -6,11 +6,14 @@
 //! - [`Engine`] runs the article's order: claim (insert first, commit), call the
 //!   acquirer outside any transaction, finalize under a fencing token; the loser
 //!   of a claim replays, refuses (422), waits (409) or takes over an expired lease.
+//! - [`InFlightMemo`] answers repeated duplicates of an in-flight key from memory.
 
 mod engine;
 mod fingerprint;
 mod key;
+mod memo;
 
 pub use engine::{final_response, Engine, EngineConfig, EngineError, Outcome, StoredResponse};
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyError};
+pub use memo::{InFlightMemo, MEMO_FOR};
