@@ -314,11 +314,7 @@ impl Load {
         stop: &AtomicBool,
     ) -> anyhow::Result<Part> {
         let mut conn = Connection::open(&self.url, &self.secret).await?;
-        let mut part = Part {
-            histogram: Histogram::new(3)?,
-            statuses: BTreeMap::new(),
-            errors: 0,
-        };
+        let mut part = Part::new()?;
         let mut i = 0usize;
         while !stop.load(Ordering::Relaxed) {
             i += 1;
@@ -332,16 +328,8 @@ impl Load {
             };
             let sent = Instant::now();
             let status = conn.send(&key, order).await;
-            let micros = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
-            if !measuring.load(Ordering::Relaxed) {
-                continue;
-            }
-            match status {
-                Ok(s) => {
-                    part.histogram.record(micros.max(1))?;
-                    *part.statuses.entry(s).or_insert(0) += 1;
-                }
-                Err(_) => part.errors += 1,
+            if measuring.load(Ordering::Relaxed) {
+                part.record(sent, status)?;
             }
         }
         Ok(part)
@@ -401,6 +389,29 @@ struct Part {
     histogram: Histogram<u64>,
     statuses: BTreeMap<u16, u64>,
     errors: u64,
+}
+
+impl Part {
+    fn new() -> anyhow::Result<Self> {
+        Ok(Self {
+            histogram: Histogram::new(3)?,
+            statuses: BTreeMap::new(),
+            errors: 0,
+        })
+    }
+
+    /// One request sent at `sent`: its latency and status, or an error.
+    fn record<E>(&mut self, sent: Instant, status: Result<u16, E>) -> anyhow::Result<()> {
+        let micros = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
+        match status {
+            Ok(s) => {
+                self.histogram.record(micros.max(1))?;
+                *self.statuses.entry(s).or_insert(0) += 1;
+            }
+            Err(_) => self.errors += 1,
+        }
+        Ok(())
+    }
 }
 
 /// The workers' figures as one result.

@@ -4,14 +4,13 @@
 //! publisher confirm, as a real publisher would) and waits for its result on a
 //! reply queue before sending the next. The latency is publish to result.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use futures_util::StreamExt;
-use hdrhistogram::Histogram;
 use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
 };
@@ -138,27 +137,15 @@ impl Publisher {
         measuring: &AtomicBool,
         stop: &AtomicBool,
     ) -> anyhow::Result<Part> {
-        let mut part = Part {
-            histogram: Histogram::new(3)?,
-            statuses: BTreeMap::new(),
-            errors: 0,
-        };
+        let mut part = Part::new()?;
         let mut i = 0usize;
         while !stop.load(Ordering::Relaxed) {
             i += 1;
             let id = format!("bench-q-{w}-{i}");
             let sent = Instant::now();
             let status = self.command(&id, i).await;
-            let micros = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
-            if !measuring.load(Ordering::Relaxed) {
-                continue;
-            }
-            match status {
-                Ok(s) => {
-                    part.histogram.record(micros.max(1))?;
-                    *part.statuses.entry(s).or_insert(0) += 1;
-                }
-                Err(_) => part.errors += 1,
+            if measuring.load(Ordering::Relaxed) {
+                part.record(sent, status)?;
             }
         }
         Ok(part)

@@ -43,8 +43,8 @@ use tracing::Instrument;
 
 use super::command::{self, Command, Rejection};
 use super::{
-    connect, declare, Reconnect, COMMANDS_QUEUE, DEAD_LETTER_QUEUE, REASON_CODE_HEADER,
-    REASON_HEADER, RESULTS_EXCHANGE,
+    connect, declare, reconnecting, Reconnect, COMMANDS_QUEUE, DEAD_LETTER_QUEUE,
+    REASON_CODE_HEADER, REASON_HEADER, RESULTS_EXCHANGE,
 };
 use crate::domain::Merchant;
 use crate::http::ApiError;
@@ -98,17 +98,12 @@ impl Consumer {
     /// finish their database work; their ack fails and the broker delivers
     /// them again, which the engine answers with a replay.
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut reconnect = Reconnect::new();
-        loop {
-            match self.session(&shutdown, &mut reconnect).await {
-                Ok(()) => return,
-                Err(e) => tracing::warn!(error = %e, "consumer lost the broker; reconnecting"),
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(reconnect.next_delay()) => {}
-            }
-        }
+        let (this, stop) = (&self, &shutdown);
+        reconnecting("consumer", stop, |mut reconnect| async move {
+            let ended = this.session(stop, &mut reconnect).await;
+            (reconnect, ended)
+        })
+        .await;
     }
 
     /// One connection's life: `Ok` on shutdown, `Err` when the broker is lost.

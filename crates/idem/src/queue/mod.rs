@@ -20,11 +20,13 @@ pub mod command;
 pub mod consumer;
 pub mod relay;
 
+use std::future::Future;
 use std::time::Duration;
 
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use tokio_util::sync::CancellationToken;
 
 pub use consumer::{Consumer, ConsumerConfig};
 pub use relay::{Relay, RelayConfig};
@@ -112,6 +114,29 @@ pub async fn bind_results(channel: &Channel, queue: &str, merchant: &str) -> lap
 /// A short string property, or `None` when the value does not fit (255 bytes).
 fn short(value: &str) -> Option<ShortString> {
     ShortString::try_new(value).ok()
+}
+
+/// Runs `session` (one connection's life: `Ok` on shutdown, `Err` when the
+/// broker is lost) again and again until `shutdown`, with backoff between tries.
+async fn reconnecting<F, Fut, E>(what: &str, shutdown: &CancellationToken, mut session: F)
+where
+    F: FnMut(Reconnect) -> Fut,
+    Fut: Future<Output = (Reconnect, Result<(), E>)>,
+    E: std::fmt::Display,
+{
+    let mut reconnect = Reconnect::new();
+    loop {
+        let (r, ended) = session(reconnect).await;
+        reconnect = r;
+        match ended {
+            Ok(()) => return,
+            Err(e) => tracing::warn!(error = %e, "{what} lost the broker; reconnecting"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(reconnect.next_delay()) => {}
+        }
+    }
 }
 
 /// Exponential backoff with full jitter between reconnects: 100 ms doubling to 5 s.

@@ -19,7 +19,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::command::TENANT_HEADER;
-use super::{connect, declare, short, Reconnect, PERSISTENT};
+use super::{connect, declare, reconnecting, short, Reconnect, PERSISTENT};
 use crate::problem::PROBLEM_JSON;
 use crate::store::{OutboxMessage, Store, StoreError};
 
@@ -70,17 +70,12 @@ impl Relay {
 
     /// Relays until `shutdown`, reconnecting with backoff when the broker goes.
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut reconnect = Reconnect::new();
-        loop {
-            match self.session(&shutdown, &mut reconnect).await {
-                Ok(()) => return,
-                Err(e) => tracing::warn!(error = %e, "relay lost the broker; reconnecting"),
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(reconnect.next_delay()) => {}
-            }
-        }
+        let (this, stop) = (&self, &shutdown);
+        reconnecting("relay", stop, |mut reconnect| async move {
+            let ended = this.session(stop, &mut reconnect).await;
+            (reconnect, ended)
+        })
+        .await;
     }
 
     async fn session(
