@@ -462,18 +462,23 @@ pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Resu
     tracing::info!(listen = %listener.local_addr()?, acquirer = %args.engine.acquirer_url, "serving");
     let workers = TaskTracker::new();
     spawn_workers(&workers, &engine, &args.workers, &shutdown);
-    if let Some(url) = &args.amqp_url {
-        spawn_queue(&workers, &engine, url, &args.queue, args.consume, &shutdown);
-    }
+    let queue = args
+        .amqp_url
+        .as_ref()
+        .map(|url| spawn_queue(&workers, &engine, url, &args.queue, args.consume, &shutdown));
     workers.close();
-    http::serve(
+    let served = http::serve(
         listener,
         AppState::new(engine),
         args.engine.acquirer_timeout + REQUEST_TIMEOUT_MARGIN,
         shutdown,
     )
-    .await?;
+    .await;
+    if let Some(queue) = queue {
+        queue.stop().await;
+    }
     workers.wait().await;
+    served?;
     tracing::info!("stopped");
     Ok(())
 }
@@ -500,7 +505,7 @@ fn spawn_queue(
     args: &QueueArgs,
     consume: bool,
     shutdown: &CancellationToken,
-) {
+) -> QueueTasks {
     let wake = Arc::new(Notify::new());
     let relay = Relay::new(
         engine.store().clone(),
@@ -512,8 +517,9 @@ fn spawn_queue(
         },
         wake.clone(),
     );
-    tracker.spawn(relay.run(shutdown.clone()));
-    if consume {
+    let relay_stop = CancellationToken::new();
+    tracker.spawn(relay.run(relay_stop.clone()));
+    let consumer = consume.then(|| {
         let consumer = Consumer::new(
             engine.clone(),
             ConsumerConfig {
@@ -522,7 +528,28 @@ fn spawn_queue(
             },
             wake,
         );
-        tracker.spawn(consumer.run(shutdown.clone()));
+        tracker.spawn(consumer.run(shutdown.clone()))
+    });
+    QueueTasks {
+        relay_stop,
+        consumer,
+    }
+}
+
+/// The queue's tasks, stopped in order: the consumer finishes what it holds,
+/// then the relay publishes what was written and stops.
+struct QueueTasks {
+    relay_stop: CancellationToken,
+    consumer: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl QueueTasks {
+    /// Call once shutdown has begun and this process's other writers (the API) are done.
+    async fn stop(self) {
+        if let Some(consumer) = self.consumer {
+            let _ = consumer.await;
+        }
+        self.relay_stop.cancel();
     }
 }
 
@@ -533,7 +560,7 @@ pub async fn consume(args: ConsumeArgs, shutdown: CancellationToken) -> anyhow::
     tracing::info!(acquirer = %args.engine.acquirer_url, "consuming charge commands");
     let tasks = TaskTracker::new();
     spawn_workers(&tasks, &engine, &args.workers, &shutdown);
-    spawn_queue(
+    let queue = spawn_queue(
         &tasks,
         &engine,
         &args.amqp_url,
@@ -558,6 +585,8 @@ pub async fn consume(args: ConsumeArgs, shutdown: CancellationToken) -> anyhow::
         });
     }
     tasks.close();
+    shutdown.cancelled().await;
+    queue.stop().await;
     tasks.wait().await;
     tracing::info!("stopped");
     Ok(())

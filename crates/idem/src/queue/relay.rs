@@ -68,7 +68,9 @@ impl Relay {
         }
     }
 
-    /// Relays until `shutdown`, reconnecting with backoff when the broker goes.
+    /// Relays until `shutdown`, reconnecting with backoff when the broker goes;
+    /// one last pass on the way out. Stop it after the writers of this process
+    /// (the consumer, the API) have stopped.
     pub async fn run(self, shutdown: CancellationToken) {
         let (this, stop) = (&self, &shutdown);
         reconnecting("relay", stop, |mut reconnect| async move {
@@ -109,7 +111,14 @@ impl Relay {
                 continue;
             }
             tokio::select! {
-                _ = shutdown.cancelled() => break Ok(()),
+                _ = shutdown.cancelled() => {
+                    // What the last writers of this process left goes out now,
+                    // not at the next relay's start.
+                    if let Err(e) = self.pass(&channel).await {
+                        tracing::warn!(error = %e, "the relay's last pass failed; another relay will publish it");
+                    }
+                    break Ok(());
+                }
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(self.config.poll_interval) => {}
             }

@@ -311,6 +311,37 @@ async fn kill_9_between_claim_and_ack_loses_nothing_and_charges_once() {
 }
 
 #[tokio::test]
+async fn sigterm_finishes_the_command_in_hand_publishes_its_result_and_exits_cleanly() {
+    let env = QueueEnv::start(crate::helpers::latency(1_000)).await;
+    let replies = env.amqp.queue("test.replies", None).await;
+    let mut consumer = env.consumer(&[]).await;
+
+    env.amqp
+        .publish(&Cmd::new(&new_key(), "loja", &body(5, 500)).reply_to(&replies))
+        .await;
+    wait_for(|| async { env.db.count("idempotency_keys").await == 1 }).await;
+    let exit = tokio::task::spawn_blocking(move || consumer.terminate())
+        .await
+        .expect("join");
+    assert!(exit.success(), "a clean exit: {exit:?}");
+
+    // Nothing else runs now: the result went out before the process exited.
+    let result = env
+        .amqp
+        .take(&replies, 1, Duration::from_secs(2))
+        .await
+        .remove(0);
+    assert_eq!(result.status(), 201);
+    assert!(!result.replayed());
+    assert_eq!(env.sim.ledger().await.captures.len(), 1);
+    assert_eq!(
+        env.amqp.ready(idem::queue::COMMANDS_QUEUE).await,
+        0,
+        "acked"
+    );
+}
+
+#[tokio::test]
 async fn two_consumers_share_the_queue_and_every_outcome_has_one_event_published() {
     let env = QueueEnv::start(Faults::default()).await;
     let results = env
