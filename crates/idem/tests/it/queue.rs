@@ -45,6 +45,13 @@ impl QueueEnv {
         ConsumeProcess::start(&self.db, &self.sim, &self.broker, extra, &[], 1).await
     }
 
+    /// A queue bound to a merchant's results on `idem.results`.
+    async fn results(&self, merchant: &str) -> String {
+        self.amqp
+            .queue("test.results", Some((RESULTS_EXCHANGE, merchant)))
+            .await
+    }
+
     /// A queue bound to every charge event.
     async fn events(&self) -> String {
         self.amqp
@@ -122,10 +129,7 @@ async fn the_same_key_over_http_and_over_the_queue_is_one_charge() {
     let app = TestApp::start(&env.db, &env.sim).await;
     let secret = env.db.merchant("balcao").await;
     let client = Client::new(&app.url, &secret);
-    let results = env
-        .amqp
-        .queue("test.results", Some((RESULTS_EXCHANGE, "balcao")))
-        .await;
+    let results = env.results("balcao").await;
     let _consumer = env.consumer(&[]).await;
 
     let key = new_key();
@@ -163,10 +167,7 @@ async fn the_same_key_over_http_and_over_the_queue_is_one_charge() {
 #[tokio::test]
 async fn poison_messages_are_dead_lettered_with_their_reason_and_the_next_command_goes_through() {
     let env = QueueEnv::start(Faults::default()).await;
-    let results = env
-        .amqp
-        .queue("test.results", Some((RESULTS_EXCHANGE, "loja")))
-        .await;
+    let results = env.results("loja").await;
     let _consumer = env.consumer(&[]).await;
 
     let good = body(1, 100);
@@ -344,10 +345,7 @@ async fn sigterm_finishes_the_command_in_hand_publishes_its_result_and_exits_cle
 #[tokio::test]
 async fn two_consumers_share_the_queue_and_every_outcome_has_one_event_published() {
     let env = QueueEnv::start(Faults::default()).await;
-    let results = env
-        .amqp
-        .queue("test.results", Some((RESULTS_EXCHANGE, "loja")))
-        .await;
+    let results = env.results("loja").await;
     let events = env.events().await;
     let _a = env.consumer(&[]).await;
     let _b = ConsumeProcess::start(&env.db, &env.sim, &env.broker, &[], &[], 2).await;
@@ -405,10 +403,7 @@ async fn two_consumers_share_the_queue_and_every_outcome_has_one_event_published
 async fn the_consumer_and_the_relay_recover_from_a_broker_restart() {
     let (broker, _alone) = TestBroker::exclusive().await;
     let env = QueueEnv::on(broker, Faults::default()).await;
-    let results = env
-        .amqp
-        .queue("test.results", Some((RESULTS_EXCHANGE, "loja")))
-        .await;
+    let results = env.results("loja").await;
     let events = env.events().await;
     let _consumer = env.consumer(&[]).await;
     let app = TestApp::start(&env.db, &env.sim).await;
