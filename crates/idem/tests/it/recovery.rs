@@ -132,6 +132,10 @@ async fn a_capture_whose_answer_could_not_be_saved_is_recovered_once() {
     while db.count("idempotency_keys").await == 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    // The claim is committed; give its answer time to come back through the
+    // proxy (cutting it on the way would fail the claim itself, a different
+    // case), well within the acquirer's 600 ms.
+    tokio::time::sleep(Duration::from_millis(150)).await;
     proxy.cut(); // while the acquirer captures
     let first = first.await.expect("join");
     assert_eq!(first.status, 503, "{:?}", first.body);
