@@ -15,6 +15,17 @@ use crate::helpers::{body, failing, new_key, Client, TestApp, TestDb, TestSim};
 
 const WITHIN: Duration = Duration::from_secs(20);
 
+/// A consumer that gives up on the acquirer after 1 s, holds a claim for 2 s
+/// and reconciles every 200 ms: recovery within a test's patience.
+const QUICK_RECOVERY: [&str; 6] = [
+    "--reconcile-interval",
+    "200ms",
+    "--acquirer-timeout",
+    "1s",
+    "--lease",
+    "2s",
+];
+
 struct QueueEnv {
     db: TestDb,
     sim: TestSim,
@@ -246,16 +257,7 @@ async fn an_unknown_outcome_is_acked_and_its_result_goes_out_when_the_reconciler
     // The acquirer captures, then the answer is lost: the outcome is unknown.
     let env = QueueEnv::start(failing(idem::sim::Fault::ErrorAfter)).await;
     let replies = env.amqp.queue("test.replies", None).await;
-    let mut consumer = env
-        .consumer(&[
-            "--reconcile-interval",
-            "200ms",
-            "--acquirer-timeout",
-            "1s",
-            "--lease",
-            "2s",
-        ])
-        .await;
+    let mut consumer = env.consumer(&QUICK_RECOVERY).await;
 
     let key = new_key();
     env.amqp
@@ -454,21 +456,13 @@ where
 async fn a_consumer_dying_at_any_step_loses_nothing_and_charges_once() {
     let env = QueueEnv::start(Faults::default()).await;
     let replies = env.amqp.queue("test.replies", None).await;
-    let args = [
-        "--reconcile-interval",
-        "200ms",
-        "--acquirer-timeout",
-        "1s",
-        "--lease",
-        "2s",
-    ];
     let points = ["after-claim", "after-acquirer", "mid-finalize"];
     for (order, point) in (1..).zip(points) {
         let mut doomed = ConsumeProcess::start(
             &env.db,
             &env.sim,
             &env.broker,
-            &args,
+            &QUICK_RECOVERY,
             &[("IDEM_CRASH_AT", point)],
             1,
         )
@@ -481,7 +475,7 @@ async fn a_consumer_dying_at_any_step_loses_nothing_and_charges_once() {
             .expect("join");
         assert!(!exit.success(), "{point}: the consumer died ({exit:?})");
     }
-    let _survivor = env.consumer(&args).await;
+    let _survivor = env.consumer(&QUICK_RECOVERY).await;
     let results = env.amqp.take_at_least(&replies, 3, WITHIN).await;
     assert!(results.iter().all(|r| r.status() == 201), "{results:#?}");
     let keys: HashSet<_> = results
