@@ -102,13 +102,10 @@ pub enum TenantCommand {
 
 #[derive(Args, Debug, Clone)]
 pub struct DbArgs {
-    /// PostgreSQL URL.
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/idem"
-    )]
-    pub database_url: String,
+    /// `postgres://...` or `sqlite://path`; without one, the embedded store
+    /// `sqlite://idem.db` in the working directory.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: Option<String>,
     /// Connections in this process's pool.
     #[arg(long, env = "IDEM_DB_MAX_CONNECTIONS", default_value_t = 16)]
     pub db_max_connections: u32,
@@ -227,13 +224,11 @@ pub struct ReconcileArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct DemoArgs {
-    /// PostgreSQL URL; the demo creates its own databases (idem_demo_*) on that server.
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/idem"
-    )]
-    pub database_url: String,
+    /// `postgres://...`: the demo makes its own databases (idem_demo_*) on that
+    /// server. `sqlite://path`, or none: SQLite files of its own in a scratch
+    /// directory, removed afterwards.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: Option<String>,
     /// Intents whose client times out and retries on another instance.
     #[arg(long, default_value_t = 30)]
     pub intents: usize,
@@ -394,17 +389,40 @@ async fn run(command: Command) -> anyhow::Result<()> {
     }
 }
 
+impl DbArgs {
+    /// The database URL given, or the embedded default (said once in the log).
+    pub fn url(&self) -> String {
+        database_url_or_default(self.database_url.as_deref())
+    }
+}
+
+fn database_url_or_default(given: Option<&str>) -> String {
+    match given {
+        Some(url) => url.to_owned(),
+        None => {
+            tracing::info!(
+                database_url = crate::store::DEFAULT_DATABASE_URL,
+                "no --database-url or DATABASE_URL: using the embedded SQLite store"
+            );
+            crate::store::DEFAULT_DATABASE_URL.to_owned()
+        }
+    }
+}
+
 async fn migrate(db: &DbArgs) -> anyhow::Result<()> {
-    if !sqlx::Postgres::database_exists(&db.database_url)
-        .await
-        .context("checking the database")?
+    let url = db.url();
+    // SQLite creates its file on connect; PostgreSQL needs the database made.
+    if crate::store::Backend::of_url(&url)? == crate::store::Backend::Postgres
+        && !sqlx::Postgres::database_exists(&url)
+            .await
+            .context("checking the database")?
     {
-        sqlx::Postgres::create_database(&db.database_url)
+        sqlx::Postgres::create_database(&url)
             .await
             .context("creating the database")?;
         tracing::info!("created the database");
     }
-    let store = Store::connect(&db.database_url, 1)
+    let store = Store::connect(&url, 1)
         .await
         .context("connecting to the database")?;
     store.migrate().await.context("migrating the schema")?;
@@ -414,7 +432,7 @@ async fn migrate(db: &DbArgs) -> anyhow::Result<()> {
 
 async fn create_tenant(name: &str, db: &DbArgs) -> anyhow::Result<()> {
     let name = parse_merchant_name(name).map_err(anyhow::Error::msg)?;
-    let store = Store::connect(&db.database_url, 1)
+    let store = Store::connect(&db.url(), 1)
         .await
         .context("connecting to the database")?;
     let secret = MerchantSecret::generate();
@@ -432,7 +450,7 @@ async fn engine(args: &EngineArgs) -> anyhow::Result<Engine> {
         humantime::format_duration(args.lease),
         humantime::format_duration(args.acquirer_timeout)
     );
-    let store = Store::connect_lazy(&args.db.database_url, args.db.db_max_connections)
+    let store = Store::connect_lazy(&args.db.url(), args.db.db_max_connections)
         .context("the database URL")?;
     let acquirer = AcquirerClient::new(&args.acquirer_url, args.acquirer_timeout)?;
     Ok(Engine::new(
@@ -616,7 +634,7 @@ pub async fn reconcile(args: ReconcileArgs, shutdown: CancellationToken) -> anyh
 /// idem itself ever charged twice.
 async fn demo(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     let config = crate::demo::DemoConfig {
-        database_url: args.database_url,
+        database_url: database_url_or_default(args.database_url.as_deref()),
         intents: args.intents,
         bursts: args.bursts,
         copies: args.copies,
@@ -690,7 +708,7 @@ async fn charge(args: ChargeArgs) -> anyhow::Result<()> {
 
 /// Prints the charges awaiting review, one per line, tab-separated.
 async fn stuck(db: &DbArgs) -> anyhow::Result<()> {
-    let store = Store::connect(&db.database_url, 1)
+    let store = Store::connect(&db.url(), 1)
         .await
         .context("connecting to the database")?;
     let stuck = store.stuck_charges().await?;

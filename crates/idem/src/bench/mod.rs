@@ -106,6 +106,18 @@ impl BenchResult {
 }
 
 pub async fn run(config: &BenchConfig) -> anyhow::Result<BenchResult> {
+    let result = run_bench(config).await;
+    crate::demo::remove_scratch_dir();
+    result
+}
+
+async fn run_bench(config: &BenchConfig) -> anyhow::Result<BenchResult> {
+    anyhow::ensure!(
+        !config.vs_pgbench
+            || crate::store::Backend::of_url(&config.database_url)?
+                == crate::store::Backend::Postgres,
+        "--vs-pgbench compares with PostgreSQL's own limit: it needs a postgres:// database URL"
+    );
     let mut started = Started {
         children: Vec::new(),
         stop: CancellationToken::new(),

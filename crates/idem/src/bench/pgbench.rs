@@ -89,9 +89,11 @@ pub async fn run(
     duration: Duration,
 ) -> anyhow::Result<f64> {
     let store = crate::store::Store::connect(db_url, 1).await?;
-    let (merchant,): (i64,) = sqlx::query_as("select id from merchants where name = 'bench'")
-        .fetch_one(store.pool())
-        .await?;
+    let merchant = store
+        .merchant_by_name("bench")
+        .await?
+        .context("the bench's merchant is missing")?
+        .id;
     let path = std::env::temp_dir().join(format!("idem-pgbench-{}.sql", std::process::id()));
     std::fs::write(&path, script(scenario))?;
     let out = tokio::process::Command::new("pgbench")

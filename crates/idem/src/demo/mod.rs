@@ -5,7 +5,8 @@
 //! ports. The same workload runs against each: intents whose client times out
 //! while the first attempt is still at the acquirer and retries onto another
 //! instance, plus bursts of simultaneous duplicates. Meanwhile a sampler watches
-//! `pg_stat_activity` for busy connections and lock waits. The verdicts come
+//! for busy connections and lock waits (`pg_stat_activity` on PostgreSQL; on
+//! SQLite, a probe of its one write lock, and the servers' pools). The verdicts come
 //! from the acquirer's ledger and the database, not from the servers' answers.
 
 mod report;
@@ -21,20 +22,21 @@ use anyhow::Context;
 use futures_util::future::join_all;
 use idem_client::{ChargeRequest, Client, ClientError, RetryPolicy};
 use serde::Serialize;
-use sqlx::Connection;
+use sqlx::{ConnectOptions, Connection};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::acquirer::AcquirerClient;
 use crate::domain::MerchantSecret;
 use crate::sim::{self, Faults, Ledger};
-use crate::store::Store;
+use crate::store::{Backend, Store};
 use teaching::Teaching;
 
 pub use report::write_html;
 
-/// How often the sampler reads `pg_stat_activity`: often enough to see a lock
-/// wait of a few milliseconds, cheap enough not to be the load itself.
+/// How often the sampler looks (`pg_stat_activity`, or SQLite's write lock):
+/// often enough to see a lock wait of a few milliseconds, cheap enough not to
+/// be the load itself.
 const SAMPLE_EVERY: Duration = Duration::from_millis(5);
 
 /// How long a request must wait on a row lock to count as waiting, as a
@@ -137,6 +139,15 @@ impl DemoReport {
 /// Runs the three strategies one after the other; stops everything it started
 /// when it ends or when `shutdown` fires.
 pub async fn run(config: &DemoConfig, shutdown: CancellationToken) -> anyhow::Result<DemoReport> {
+    let report = run_strategies(config, shutdown).await;
+    remove_scratch_dir();
+    report
+}
+
+async fn run_strategies(
+    config: &DemoConfig,
+    shutdown: CancellationToken,
+) -> anyhow::Result<DemoReport> {
     let mut strategies = Vec::new();
     for strategy in [
         Strategy::CheckThenAct,
@@ -203,35 +214,28 @@ async fn run_strategy(config: &DemoConfig, strategy: Strategy) -> anyhow::Result
     };
     tokio::spawn(sim::serve(sim_listener, faults, started.stop.clone()));
 
-    let (endpoints, secret) = match strategy {
+    let (endpoints, secret, busy) = match strategy {
         Strategy::Idem => {
             let flags = ["--acquirer-timeout", "2s", "--lease", "3s"];
-            start_idem(&db_url, &sim_url, &merchant, 3, &flags, &mut started).await?
+            let (endpoints, secret) =
+                start_idem(&db_url, &sim_url, &merchant, 3, &flags, &mut started).await?;
+            let busy = BusySource::Metrics(endpoints.clone());
+            (endpoints, secret, busy)
         }
-        Strategy::CheckThenAct => {
-            start_teaching(
-                &db_url,
-                &sim_url,
-                &merchant,
-                Teaching::CheckThenAct,
-                &started,
-            )
-            .await?
-        }
-        Strategy::HoldTransaction => {
-            start_teaching(
-                &db_url,
-                &sim_url,
-                &merchant,
-                Teaching::HoldTransaction,
-                &started,
-            )
-            .await?
+        Strategy::CheckThenAct | Strategy::HoldTransaction => {
+            let teaching = if strategy == Strategy::CheckThenAct {
+                Teaching::CheckThenAct
+            } else {
+                Teaching::HoldTransaction
+            };
+            let (endpoints, secret, pools) =
+                start_teaching(&db_url, &sim_url, &merchant, teaching, &started).await?;
+            (endpoints, secret, BusySource::Pools(pools))
         }
     };
 
     let threshold = lock_wait_threshold(config.acquirer_latency);
-    let sampler = Sampler::start(&db_url, threshold).await?;
+    let sampler = Sampler::start(&db_url, threshold, busy).await?;
     let answers = workload(config, &endpoints, &secret).await?;
     let (max_busy, lock_waits) = sampler.stop().await?;
 
@@ -259,7 +263,12 @@ async fn run_strategy(config: &DemoConfig, strategy: Strategy) -> anyhow::Result
             "charged {double_charged} of {intents} intents more than once: the check-then-act race"
         )
     } else if lock_waits > 0 {
-        format!("charged once, but {lock_waits} requests waited over {} ms on a row lock and {max_busy} connections were busy at once: retries hang, connections pile up", threshold.as_millis())
+        let what = match Backend::of_url(&db_url)? {
+            Backend::Postgres => "requests waited over {ms} ms on a row lock",
+            Backend::Sqlite => "times the write lock was held over {ms} ms, stalling every writer",
+        }
+        .replace("{ms}", &threshold.as_millis().to_string());
+        format!("charged once, but {lock_waits} {what}, and {max_busy} connections were busy at once: retries hang, connections pile up")
     } else {
         format!("charged once; retries answered at once (p99 {p99:.1} ms), no lock waits")
     };
@@ -279,9 +288,40 @@ async fn run_strategy(config: &DemoConfig, strategy: Strategy) -> anyhow::Result
     })
 }
 
-/// Drops and recreates the database `name` on the server of `url` (connecting
-/// to `url` itself, or to that server's `postgres` database); returns its URL.
+/// A fresh, empty database named `name` beside the one `url` names; returns
+/// its URL. PostgreSQL: dropped and recreated on the same server (connecting
+/// to `url` itself, or to that server's `postgres` database). SQLite: a new
+/// file in this process's [`scratch_dir`].
 pub(crate) async fn fresh_database(url: &str, name: &str) -> anyhow::Result<String> {
+    match Backend::of_url(url)? {
+        Backend::Postgres => fresh_postgres_database(url, name).await,
+        Backend::Sqlite => {
+            let dir = scratch_dir();
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(dir.join(format!("{name}.db{suffix}")));
+            }
+            let url = format!("sqlite://{}/{name}.db", dir.display());
+            // Made once here, so the file is in WAL mode (a setting the file
+            // keeps) before the strategies' own pools open it.
+            Store::connect(&url, 1).await?.close().await;
+            Ok(url)
+        }
+    }
+}
+
+/// Where the demo and the bench keep SQLite files of their own; removed by
+/// [`remove_scratch_dir`] when they end.
+fn scratch_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("idem-scratch-{}", std::process::id()))
+}
+
+/// Removes the SQLite files [`fresh_database`] made, if any.
+pub(crate) fn remove_scratch_dir() {
+    let _ = std::fs::remove_dir_all(scratch_dir());
+}
+
+async fn fresh_postgres_database(url: &str, name: &str) -> anyhow::Result<String> {
     let base = &url[..url
         .rfind('/')
         .context("the database URL has no database name")?];
@@ -346,23 +386,32 @@ pub(crate) async fn start_idem(
     Ok((endpoints, secret.expose().to_owned()))
 }
 
-/// Three in-process servers of a teaching strategy on its database.
+/// Three in-process servers of a teaching strategy on its database; returns
+/// their URLs, the merchant's secret, and their pools (for the sampler).
 async fn start_teaching(
     db_url: &str,
     sim_url: &str,
     merchant: &str,
     strategy: Teaching,
     started: &Started,
-) -> anyhow::Result<(Vec<String>, String)> {
-    let setup = sqlx::PgPool::connect(db_url).await?;
-    teaching::create_table(&setup, strategy).await?;
+) -> anyhow::Result<(Vec<String>, String, Vec<sqlx::AnyPool>)> {
+    sqlx::any::install_default_drivers();
+    let backend = Backend::of_url(db_url)?;
+    let setup = sqlx::AnyPool::connect(db_url).await?;
+    teaching::create_table(&setup, backend, strategy).await?;
     setup.close().await;
     let mut endpoints = Vec::new();
+    let mut pools = Vec::new();
     for _ in 0..3 {
-        let pool = sqlx::postgres::PgPoolOptions::new()
+        // Their statements are slow by design (that is what the demo
+        // measures), so sqlx's slow-statement warnings would only be noise.
+        let options = <sqlx::any::AnyConnectOptions as std::str::FromStr>::from_str(db_url)?
+            .log_slow_statements(log::LevelFilter::Off, Duration::from_secs(1));
+        let pool = sqlx::pool::PoolOptions::<sqlx::Any>::new()
             .max_connections(20)
-            .connect(db_url)
+            .connect_with(options)
             .await?;
+        pools.push(pool.clone());
         let acquirer = AcquirerClient::new(sim_url, ACQUIRER_TIMEOUT)?;
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         endpoints.push(format!("http://{}", listener.local_addr()?));
@@ -374,7 +423,7 @@ async fn start_teaching(
                 .await
         });
     }
-    Ok((endpoints, "demo".to_owned()))
+    Ok((endpoints, "demo".to_owned(), pools))
 }
 
 /// What one client saw for one intent.
@@ -465,6 +514,19 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[rank.min(sorted.len() - 1)]
 }
 
+/// Where the sampler reads how many connections are busy, on SQLite (on
+/// PostgreSQL, `pg_stat_activity` shows every strategy's connections).
+enum BusySource {
+    /// The teaching servers' pools, in this process.
+    Pools(Vec<sqlx::AnyPool>),
+    /// The `idem serve` instances, by their `/metrics`.
+    Metrics(Vec<String>),
+}
+
+/// How often a SQLite sampler reads the instances' `/metrics`: a scrape costs
+/// each instance two queries, so far less often than the lock probe.
+const SCRAPE_EVERY: u32 = 10;
+
 /// Watches the strategy's database while the workload runs.
 struct Sampler {
     stop: Arc<AtomicBool>,
@@ -472,48 +534,147 @@ struct Sampler {
 }
 
 impl Sampler {
-    async fn start(db_url: &str, threshold: Duration) -> anyhow::Result<Self> {
-        let mut conn = sqlx::PgConnection::connect(db_url).await?;
+    async fn start(db_url: &str, threshold: Duration, busy: BusySource) -> anyhow::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
-        let task = tokio::spawn(async move {
-            let mut max_busy = 0;
-            let mut first_seen = std::collections::HashMap::new();
-            let mut waiters = std::collections::HashSet::new();
-            while !flag.load(Ordering::SeqCst) {
-                let rows: Vec<(i32, Option<chrono::DateTime<chrono::Utc>>, bool, bool)> =
-                    sqlx::query_as(
-                        "select pid, query_start, wait_event_type is not distinct from 'Lock',
-                            coalesce(state in ('active', 'idle in transaction'), false)
-                       from pg_stat_activity
-                      where datname = current_database() and pid <> pg_backend_pid()",
-                    )
-                    .fetch_all(&mut conn)
-                    .await?;
-                max_busy = max_busy.max(rows.iter().filter(|r| r.3).count() as i64);
-                // A wait counts once it has lasted `threshold`: an insert
-                // that conflicts with a claim being committed waits for that
-                // commit (milliseconds), and that is not a request hanging.
-                let now = Instant::now();
-                for r in rows.iter().filter(|r| r.2) {
-                    let since = *first_seen.entry((r.0, r.1)).or_insert(now);
-                    if now - since >= threshold {
-                        waiters.insert((r.0, r.1));
-                    }
-                }
-                tokio::time::sleep(SAMPLE_EVERY).await;
+        let task = match Backend::of_url(db_url)? {
+            Backend::Postgres => {
+                let conn = sqlx::PgConnection::connect(db_url).await?;
+                tokio::spawn(sample_postgres(conn, threshold, flag))
             }
-            Ok((max_busy, waiters.len()))
-        });
+            Backend::Sqlite => {
+                use std::str::FromStr;
+                // No busy timeout: the probe must learn at once that the lock is taken.
+                let options = sqlx::sqlite::SqliteConnectOptions::from_str(db_url)?
+                    .busy_timeout(Duration::ZERO);
+                let conn = sqlx::SqliteConnection::connect_with(&options).await?;
+                tokio::spawn(sample_sqlite(conn, threshold, busy, flag))
+            }
+        };
         Ok(Self { stop, task })
     }
 
-    /// The most connections busy at once, and the requests seen waiting on a
-    /// lock for at least the threshold.
+    /// The most connections busy at once, and the lock waits that lasted at
+    /// least the threshold.
     async fn stop(self) -> anyhow::Result<(i64, usize)> {
         self.stop.store(true, Ordering::SeqCst);
         self.task.await?
     }
+}
+
+/// PostgreSQL: busy connections and requests waiting on a lock, from
+/// `pg_stat_activity`.
+async fn sample_postgres(
+    mut conn: sqlx::PgConnection,
+    threshold: Duration,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<(i64, usize)> {
+    let mut max_busy = 0;
+    let mut first_seen = std::collections::HashMap::new();
+    let mut waiters = std::collections::HashSet::new();
+    while !stop.load(Ordering::SeqCst) {
+        let rows: Vec<(i32, Option<chrono::DateTime<chrono::Utc>>, bool, bool)> = sqlx::query_as(
+            "select pid, query_start, wait_event_type is not distinct from 'Lock',
+                    coalesce(state in ('active', 'idle in transaction'), false)
+               from pg_stat_activity
+              where datname = current_database() and pid <> pg_backend_pid()",
+        )
+        .fetch_all(&mut conn)
+        .await?;
+        max_busy = max_busy.max(rows.iter().filter(|r| r.3).count() as i64);
+        // A wait counts once it has lasted `threshold`: an insert that
+        // conflicts with a claim being committed waits for that commit
+        // (milliseconds), and that is not a request hanging.
+        let now = Instant::now();
+        for r in rows.iter().filter(|r| r.2) {
+            let since = *first_seen.entry((r.0, r.1)).or_insert(now);
+            if now - since >= threshold {
+                waiters.insert((r.0, r.1));
+            }
+        }
+        tokio::time::sleep(SAMPLE_EVERY).await;
+    }
+    Ok((max_busy, waiters.len()))
+}
+
+/// SQLite: one write lock covers the file, so a transaction held open makes
+/// every writer wait. The probe tries to take that lock (and gives it back at
+/// once); one transaction holding it for `threshold` or more counts as one
+/// lock wait. `pragma data_version` tells one long holder from many short
+/// ones in a row: it changes whenever another connection commits. Busy
+/// connections come from `busy`.
+async fn sample_sqlite(
+    mut conn: sqlx::SqliteConnection,
+    threshold: Duration,
+    busy: BusySource,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<(i64, usize)> {
+    let http = reqwest::Client::new();
+    let (mut max_busy, mut long_holds) = (0, 0);
+    // While the lock is seen taken: since when, at which data version, and
+    // whether this hold was counted already.
+    let mut hold: Option<(Instant, i64, bool)> = None;
+    let mut tick = 0u32;
+    while !stop.load(Ordering::SeqCst) {
+        let (version,): (i64,) = sqlx::query_as("pragma data_version")
+            .fetch_one(&mut conn)
+            .await?;
+        let taken = match sqlx::query("begin immediate").execute(&mut conn).await {
+            Ok(_) => {
+                sqlx::query("rollback").execute(&mut conn).await?;
+                false
+            }
+            Err(sqlx::Error::Database(e)) if e.message().contains("locked") => true,
+            Err(e) => return Err(e.into()),
+        };
+        hold = match (taken, hold) {
+            (false, _) => None,
+            // A commit since the last look: the lock changed hands.
+            (true, Some((since, seen, counted))) if seen == version => {
+                let long = since.elapsed() >= threshold;
+                if long && !counted {
+                    long_holds += 1;
+                }
+                Some((since, seen, counted || long))
+            }
+            (true, _) => Some((Instant::now(), version, false)),
+        };
+        let now_busy = match &busy {
+            BusySource::Pools(pools) => pools
+                .iter()
+                .map(|p| i64::from(p.size()) - p.num_idle() as i64)
+                .sum(),
+            BusySource::Metrics(endpoints) if tick.is_multiple_of(SCRAPE_EVERY) => {
+                let mut sum = 0;
+                for e in endpoints {
+                    sum += scrape_in_use(&http, e).await.unwrap_or(0);
+                }
+                sum
+            }
+            BusySource::Metrics(_) => 0,
+        };
+        max_busy = max_busy.max(now_busy);
+        tick = tick.wrapping_add(1);
+        tokio::time::sleep(SAMPLE_EVERY).await;
+    }
+    Ok((max_busy, long_holds))
+}
+
+/// An instance's busy pool connections, from its `/metrics`.
+async fn scrape_in_use(http: &reqwest::Client, endpoint: &str) -> Option<i64> {
+    let text = http
+        .get(format!("{endpoint}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("idem_db_pool_connections{state=\"in_use\"}"))?;
+    let value: f64 = line.rsplit(' ').next()?.parse().ok()?;
+    Some(value as i64)
 }
 
 /// Where `--report` writes by default.

@@ -7,7 +7,11 @@
 //! - **hold-transaction**: insert first against a unique constraint, but call the
 //!   acquirer *inside* the open transaction. It charges once, but a retry's
 //!   insert waits on the row lock until the first attempt commits, holding a
-//!   connection the whole time.
+//!   connection the whole time. On SQLite, whose write lock covers the whole
+//!   file, the open transaction stalls every other write, of any key.
+//!
+//! Both run on PostgreSQL or SQLite through sqlx's `Any` driver: the article's
+//! statements are the same in both.
 
 use std::time::Duration;
 
@@ -17,7 +21,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
-use sqlx::PgPool;
+use sqlx::AnyPool;
+
+use crate::store::Backend;
 
 use crate::acquirer::protocol::CaptureRequest;
 use crate::acquirer::AcquirerClient;
@@ -37,22 +43,30 @@ pub enum Teaching {
 #[derive(Clone)]
 struct Ctx {
     strategy: Teaching,
-    pool: PgPool,
+    pool: AnyPool,
     acquirer: AcquirerClient,
     merchant: String,
 }
 
 /// Creates the strategy's table, as the article writes it.
-pub async fn create_table(pool: &PgPool, strategy: Teaching) -> sqlx::Result<()> {
+pub async fn create_table(
+    pool: &AnyPool,
+    backend: Backend,
+    strategy: Teaching,
+) -> sqlx::Result<()> {
     let unique = match strategy {
         Teaching::CheckThenAct => "",
         Teaching::HoldTransaction => {
             ", constraint uq_cobranca_idempotency_key unique (idempotency_key)"
         }
     };
+    let id = match backend {
+        Backend::Postgres => "bigint generated always as identity primary key",
+        Backend::Sqlite => "integer primary key",
+    };
     sqlx::query(&format!(
         "create table cobranca (
-            id bigint generated always as identity primary key,
+            id {id},
             idempotency_key text not null,
             order_id bigint not null,
             amount_cents bigint not null,
@@ -67,7 +81,7 @@ pub async fn create_table(pool: &PgPool, strategy: Teaching) -> sqlx::Result<()>
 
 pub fn router(
     strategy: Teaching,
-    pool: PgPool,
+    pool: AnyPool,
     acquirer: AcquirerClient,
     merchant: String,
 ) -> Router {

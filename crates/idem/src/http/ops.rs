@@ -86,10 +86,10 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         metrics::gauge!(m::OUTBOX_PENDING).set(pending as f64);
         metrics::gauge!(m::OUTBOX_OLDEST).set(oldest);
     }
-    let pool = store.pool();
-    let idle = pool.num_idle() as f64;
+    let pool = store.pool_stats();
+    let idle = pool.idle as f64;
     metrics::gauge!(m::POOL_CONNECTIONS, "state" => "idle").set(idle);
-    metrics::gauge!(m::POOL_CONNECTIONS, "state" => "in_use").set(f64::from(pool.size()) - idle);
+    metrics::gauge!(m::POOL_CONNECTIONS, "state" => "in_use").set(f64::from(pool.size) - idle);
     let body = m::handle().map(|h| h.render()).unwrap_or_default();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }

@@ -1,7 +1,8 @@
 //! The outbox relay: publishes what the outbox holds, with publisher confirms,
 //! and marks it published. Runs in `idem consume`, and in `idem serve` when it
 //! has a broker URL; any number may run at once, since each takes its batch
-//! with `for update skip locked`.
+//! with `for update skip locked` (PostgreSQL) or a lease (SQLite), and
+//! releases it when the broker has confirmed it or failed.
 //!
 //! Out is at-least-once: a relay that dies after the broker confirmed a batch
 //! but before its commit leaves the batch unpublished in the table, and it goes
@@ -128,13 +129,36 @@ impl Relay {
     }
 
     /// Publishes one batch; returns how many messages the broker confirmed.
+    /// The batch is released whatever happens, so what did not go out goes
+    /// in the next batch, this relay's or another's.
     async fn pass(&self, channel: &Channel) -> Result<usize, RelayError> {
         let batch = self.store.outbox_batch(BATCH).await?;
         if batch.messages.is_empty() {
             return Ok(0);
         }
-        let mut pending: Vec<(i64, PublisherConfirm)> = Vec::with_capacity(batch.messages.len());
-        for message in &batch.messages {
+        let batch_len = batch.messages.len();
+        let sent = self.publish(channel, &batch.messages).await;
+        batch.finish(sent.as_deref().unwrap_or_default()).await?;
+        let confirmed = sent?.len();
+        let refused = batch_len - confirmed;
+        if refused > 0 {
+            tracing::warn!(
+                refused,
+                "the broker refused messages; they go out again later"
+            );
+        }
+        metrics::counter!(crate::metrics::OUTBOX_PUBLISHED).increment(confirmed as u64);
+        Ok(confirmed)
+    }
+
+    /// Publishes messages with confirms; returns the ids the broker acked.
+    async fn publish(
+        &self,
+        channel: &Channel,
+        messages: &[OutboxMessage],
+    ) -> Result<Vec<i64>, RelayError> {
+        let mut pending: Vec<(i64, PublisherConfirm)> = Vec::with_capacity(messages.len());
+        for message in messages {
             let confirm = channel
                 .basic_publish(
                     message.exchange.as_str().into(),
@@ -146,7 +170,7 @@ impl Relay {
                 .await?;
             pending.push((message.id, confirm));
         }
-        let confirmed = tokio::time::timeout(self.config.confirm_timeout, async {
+        tokio::time::timeout(self.config.confirm_timeout, async {
             let mut acked = Vec::with_capacity(pending.len());
             for (id, confirm) in pending {
                 if confirm.await?.is_ack() {
@@ -156,17 +180,8 @@ impl Relay {
             Ok::<_, lapin::Error>(acked)
         })
         .await
-        .map_err(|_| RelayError::ConfirmTimeout(self.config.confirm_timeout))??;
-        let refused = batch.messages.len() - confirmed.len();
-        if refused > 0 {
-            tracing::warn!(
-                refused,
-                "the broker refused messages; they go out again later"
-            );
-        }
-        batch.published(&confirmed).await?;
-        metrics::counter!(crate::metrics::OUTBOX_PUBLISHED).increment(confirmed.len() as u64);
-        Ok(confirmed.len())
+        .map_err(|_| RelayError::ConfirmTimeout(self.config.confirm_timeout))?
+        .map_err(RelayError::from)
     }
 
     async fn prune(&self) {

@@ -3,12 +3,12 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{Store, StoreError};
+use super::{millis, Store, StoreError};
 use crate::domain::{
     AcquirerReference, AmountCents, Charge, ChargeId, ChargeStatus, Currency, Description, OrderId,
 };
 
-/// The columns of a charge, as selected under the alias `c`.
+/// The columns of a charge, as selected under the alias `c` (PostgreSQL).
 macro_rules! charge_columns {
     () => {
         "c.id, c.order_id, c.amount_cents, c.currency, c.description, c.status, \
@@ -16,6 +16,19 @@ macro_rules! charge_columns {
     };
 }
 pub(super) use charge_columns;
+
+/// The same columns in SQLite, whose times are integer milliseconds.
+macro_rules! sqlite_charge_columns {
+    () => {
+        concat!(
+            "c.id, c.order_id, c.amount_cents, c.currency, c.description, c.status, \
+             c.acquirer_reference, c.decline_reason, ",
+            sqlite_time!("c.created_at"),
+            " as created_at"
+        )
+    };
+}
+pub(super) use sqlite_charge_columns;
 
 #[derive(sqlx::FromRow)]
 pub(super) struct ChargeRow {
@@ -61,15 +74,24 @@ impl Store {
         merchant_id: i64,
         id: &ChargeId,
     ) -> Result<Option<Charge>, StoreError> {
-        let row: Option<ChargeRow> = sqlx::query_as(concat!(
-            "select ",
-            charge_columns!(),
-            " from charges c where c.id = $1 and c.merchant_id = $2"
-        ))
-        .bind(id.as_str())
-        .bind(merchant_id)
-        .fetch_optional(&self.pool)
-        .await?;
+        let row: Option<ChargeRow> = on_backend!(
+            self,
+            concat!(
+                "select ",
+                charge_columns!(),
+                " from charges c where c.id = $1 and c.merchant_id = $2"
+            ),
+            concat!(
+                "select ",
+                sqlite_charge_columns!(),
+                " from charges c where c.id = $1 and c.merchant_id = $2"
+            ),
+            |sql, pool| sqlx::query_as(sql)
+                .bind(id.as_str())
+                .bind(merchant_id)
+                .fetch_optional(pool)
+                .await
+        )?;
         row.map(Charge::try_from).transpose()
     }
 }
@@ -96,44 +118,75 @@ impl Store {
         id: &ChargeId,
         after: std::time::Duration,
     ) -> Result<(), StoreError> {
-        sqlx::query(
+        on_backend!(
+            write self,
             "update charges
                 set reconcile_attempts = reconcile_attempts + 1,
                     next_reconcile_at = now() + $2 * interval '1 millisecond'
               where id = $1 and status = 'processing'",
-        )
-        .bind(id.as_str())
-        .bind(super::millis(after))
-        .execute(&self.pool)
-        .await?;
+            concat!(
+                "update charges
+                    set reconcile_attempts = reconcile_attempts + 1,
+                        next_reconcile_at = ",
+                sqlite_now!(),
+                " + $2
+                  where id = $1 and status = 'processing'"
+            ),
+            |sql, pool| sqlx::query(sql)
+                .bind(id.as_str())
+                .bind(millis(after))
+                .execute(pool)
+                .await
+                .map(drop)
+        )?;
         Ok(())
     }
 
     /// Stops the reconciler trying this charge; it stays `processing`, because
     /// only the acquirer's word may make it captured or failed.
     pub async fn mark_for_review(&self, id: &ChargeId, reason: &str) -> Result<(), StoreError> {
-        sqlx::query(
+        on_backend!(
+            write self,
             "update charges set review_since = now(), review_reason = $2
               where id = $1 and status = 'processing' and review_since is null",
-        )
-        .bind(id.as_str())
-        .bind(reason)
-        .execute(&self.pool)
-        .await?;
+            concat!(
+                "update charges set review_since = ",
+                sqlite_now!(),
+                ", review_reason = $2
+                  where id = $1 and status = 'processing' and review_since is null"
+            ),
+            |sql, pool| sqlx::query(sql)
+                .bind(id.as_str())
+                .bind(reason)
+                .execute(pool)
+                .await
+                .map(drop)
+        )?;
         Ok(())
     }
 
     /// Charges awaiting review, oldest first.
     pub async fn stuck_charges(&self) -> Result<Vec<StuckCharge>, StoreError> {
-        Ok(sqlx::query_as(
+        Ok(on_backend!(
+            self,
             "select c.id, m.name as merchant, c.order_id, c.amount_cents, c.currency,
                     c.acquirer_reference, c.created_at, c.review_since, c.review_reason
                from charges c join merchants m on m.id = c.merchant_id
               where c.status = 'processing' and c.review_since is not null
               order by c.created_at",
-        )
-        .fetch_all(&self.pool)
-        .await?)
+            concat!(
+                "select c.id, m.name as merchant, c.order_id, c.amount_cents, c.currency,
+                        c.acquirer_reference, ",
+                sqlite_time!("c.created_at"),
+                " as created_at, ",
+                sqlite_time!("c.review_since"),
+                " as review_since, c.review_reason
+                   from charges c join merchants m on m.id = c.merchant_id
+                  where c.status = 'processing' and c.review_since is not null
+                  order by c.created_at"
+            ),
+            |sql, pool| sqlx::query_as(sql).fetch_all(pool).await
+        )?)
     }
 }
 
@@ -146,13 +199,20 @@ pub struct ProcessingStats {
 
 impl Store {
     pub async fn processing_stats(&self) -> Result<ProcessingStats, StoreError> {
-        Ok(sqlx::query_as(
+        Ok(on_backend!(
+            self,
             "select coalesce(extract(epoch from now() - min(created_at)), 0)::float8
                       as oldest_processing_seconds,
                     count(*) filter (where review_since is not null) as awaiting_review
                from charges where status = 'processing'",
-        )
-        .fetch_one(&self.pool)
-        .await?)
+            concat!(
+                "select coalesce((",
+                sqlite_now!(),
+                " - min(created_at)) / 1000.0, 0.0) as oldest_processing_seconds,
+                        count(*) filter (where review_since is not null) as awaiting_review
+                   from charges where status = 'processing'"
+            ),
+            |sql, pool| sqlx::query_as(sql).fetch_one(pool).await
+        )?)
     }
 }

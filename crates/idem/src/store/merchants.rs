@@ -6,7 +6,7 @@ use std::hash::Hash;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use super::{Store, StoreError};
+use super::{violates_unique, Store, StoreError};
 use crate::domain::{Merchant, SecretHash};
 
 #[derive(Debug, thiserror::Error)]
@@ -23,19 +23,26 @@ impl Store {
         name: &str,
         secret_hash: &SecretHash,
     ) -> Result<Merchant, MerchantError> {
-        let row: Result<(i64,), _> = sqlx::query_as(
+        let row: Result<(i64,), _> = on_backend!(
+            write self,
             "insert into merchants (name, secret_hash) values ($1, $2) returning id",
-        )
-        .bind(name)
-        .bind(secret_hash.as_bytes())
-        .fetch_one(&self.pool)
-        .await;
+            concat!(
+                "insert into merchants (name, secret_hash, created_at) values ($1, $2, ",
+                sqlite_now!(),
+                ") returning id"
+            ),
+            |sql, pool| sqlx::query_as(sql)
+                .bind(name)
+                .bind(secret_hash.as_bytes())
+                .fetch_one(pool)
+                .await
+        );
         match row {
             Ok((id,)) => Ok(Merchant {
                 id,
                 name: name.to_owned(),
             }),
-            Err(sqlx::Error::Database(e)) if e.constraint() == Some("merchants_name_key") => {
+            Err(e) if violates_unique(&e, "merchants_name_key", "merchants.name") => {
                 Err(MerchantError::NameTaken(name.to_owned()))
             }
             Err(e) => Err(MerchantError::Store(e.into())),
@@ -46,23 +53,22 @@ impl Store {
         &self,
         secret_hash: &SecretHash,
     ) -> Result<Option<Merchant>, StoreError> {
-        let row: Option<(i64, String)> =
-            sqlx::query_as("select id, name from merchants where secret_hash = $1")
+        const SQL: &str = "select id, name from merchants where secret_hash = $1";
+        let row: Option<(i64, String)> = on_backend!(self, SQL, SQL, |sql, pool| {
+            sqlx::query_as(sql)
                 .bind(secret_hash.as_bytes())
-                .fetch_optional(&self.pool)
-                .await?;
+                .fetch_optional(pool)
+                .await
+        })?;
         Ok(row.map(|(id, name)| Merchant { id, name }))
     }
-}
 
-impl Store {
     /// The merchant a queue command names in its `tenant` header.
     pub async fn merchant_by_name(&self, name: &str) -> Result<Option<Merchant>, StoreError> {
-        let row: Option<(i64, String)> =
-            sqlx::query_as("select id, name from merchants where name = $1")
-                .bind(name)
-                .fetch_optional(&self.pool)
-                .await?;
+        const SQL: &str = "select id, name from merchants where name = $1";
+        let row: Option<(i64, String)> = on_backend!(self, SQL, SQL, |sql, pool| {
+            sqlx::query_as(sql).bind(name).fetch_optional(pool).await
+        })?;
         Ok(row.map(|(id, name)| Merchant { id, name }))
     }
 }

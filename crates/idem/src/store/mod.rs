@@ -1,23 +1,84 @@
-//! The PostgreSQL store: every SQL statement idem runs, one function per domain
-//! operation, beside the table it owns.
+//! The store: every SQL statement idem runs, one function per domain
+//! operation, beside the table it owns, for two backends chosen by the URL:
+//! PostgreSQL (`postgres://...`, the deployment for many hosts) and SQLite
+//! (`sqlite://path`, the embedded default: nothing to install, several
+//! processes on one host sharing one file).
 //!
-//! Invariants the schema and these statements keep together:
+//! Invariants the schema and these statements keep together, on both backends:
 //! - one idempotency record per `(merchant, key)` (the primary key decides races);
-//! - a record and its charge are created in one statement, so neither exists alone;
+//! - a record and its charge are created in one transaction, so neither exists alone;
 //! - a record's outcome is written once, by the holder of its current `attempt`
-//!   (the fencing token), in the same statement that settles the charge;
-//! - no statement here is ever left open across a call to the acquirer: each
-//!   function is one round trip in its own implicit transaction.
+//!   (the fencing token), in the same transaction that settles the charge;
+//! - no transaction here is ever left open across a call to the acquirer: each
+//!   function is one short transaction (one statement on PostgreSQL; on SQLite,
+//!   which cannot write from a CTE, a few statements under `begin immediate`).
+
+/// Runs `$body` once per backend, with `$pool` bound to that backend's pool and
+/// `$sql` to its statement text (`$pg` or `$sqlite`); the body is type-checked
+/// against each backend in turn, so one chain of binds serves both.
+///
+/// `on_backend!(write store, ...)` marks a statement that writes: on SQLite it
+/// first waits for this process's turn to write (see [`Store::writer`]).
+macro_rules! on_backend {
+    (write $store:expr, $pg:expr, $sqlite:expr, |$sql:ident, $pool:ident| $body:expr) => {
+        match &$store.db {
+            $crate::store::Db::Postgres($pool) => {
+                let $sql: &str = $pg;
+                $body
+            }
+            $crate::store::Db::Sqlite($pool) => {
+                let _turn = $store.writer.lock().await;
+                let $sql: &str = $sqlite;
+                $body
+            }
+        }
+    };
+    ($store:expr, $pg:expr, $sqlite:expr, |$sql:ident, $pool:ident| $body:expr) => {
+        match &$store.db {
+            $crate::store::Db::Postgres($pool) => {
+                let $sql: &str = $pg;
+                $body
+            }
+            $crate::store::Db::Sqlite($pool) => {
+                let $sql: &str = $sqlite;
+                $body
+            }
+        }
+    };
+}
+
+/// SQLite's "now", in the integer milliseconds its schema stores: the host's
+/// clock, fixed for the length of one statement.
+macro_rules! sqlite_now {
+    () => {
+        "cast(unixepoch('subsec') * 1000 as integer)"
+    };
+}
+
+/// A SQLite time column (integer milliseconds) as the RFC 3339 text the
+/// domain's timestamps decode from.
+macro_rules! sqlite_time {
+    ($column:literal) => {
+        concat!(
+            "strftime('%Y-%m-%dT%H:%M:%fZ', ",
+            $column,
+            " / 1000.0, 'unixepoch')"
+        )
+    };
+}
 
 mod charges;
 mod idempotency;
 mod merchants;
 mod outbox;
 
+use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::PgPool;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{PgPool, SqlitePool};
 
 pub use charges::{ProcessingStats, StuckCharge};
 pub use idempotency::{
@@ -31,6 +92,16 @@ pub use outbox::{NewEvent, NewResult, OutboxBatch, OutboxMessage, ResultAnswer};
 /// healthy instance instead of hanging on a sick one.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How long a SQLite statement waits for another process's write transaction
+/// to end. Every write transaction idem opens is a few statements long (never
+/// across the acquirer), so a wait this long means the file is stuck, and the
+/// request answers 503 like any other database outage.
+const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The URL used when none is given: an embedded SQLite file in the working
+/// directory, so that idem runs with nothing installed.
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://idem.db";
+
 /// Errors in the store's words.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -43,25 +114,85 @@ pub enum StoreError {
     /// A row that the schema's checks should have made impossible.
     #[error("stored data is inconsistent: {0}")]
     Corrupt(String),
+    /// The database URL names no backend idem has.
+    #[error("unsupported database URL (use postgres://... or sqlite://path): {0}")]
+    UnsupportedUrl(String),
+}
+
+/// SQLite's primary result codes for "another connection holds the lock":
+/// `SQLITE_BUSY` (5) and `SQLITE_LOCKED` (6); extended codes keep them in the low byte.
+fn is_sqlite_busy(code: &str) -> bool {
+    code.parse::<i32>().is_ok_and(|c| matches!(c & 0xff, 5 | 6))
 }
 
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
-        match e {
+        match &e {
             sqlx::Error::Io(_)
             | sqlx::Error::Tls(_)
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::Protocol(_) => Self::Unavailable(e),
+            sqlx::Error::Database(db)
+                if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
+                    && db.code().is_some_and(|c| is_sqlite_busy(&c)) =>
+            {
+                Self::Unavailable(e)
+            }
             _ => Self::Database(e),
         }
     }
 }
 
+/// Which database a [`Store`] talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+impl Backend {
+    /// The backend a URL names, by its scheme.
+    pub fn of_url(url: &str) -> Result<Self, StoreError> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Self::Postgres)
+        } else if url.starts_with("sqlite:") {
+            Ok(Self::Sqlite)
+        } else {
+            Err(StoreError::UnsupportedUrl(url.to_owned()))
+        }
+    }
+}
+
+/// The pool of one backend. Each store operation matches on it and runs its
+/// backend's statements; the SQL of both sits side by side in the module that
+/// owns the table, so the two cannot drift apart unnoticed.
+#[derive(Clone)]
+enum Db {
+    Postgres(PgPool),
+    Sqlite(SqlitePool),
+}
+
 /// A handle on the database; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
-    pool: PgPool,
+    db: Db,
+    /// SQLite lets one connection write to a file at a time, and a writer that
+    /// finds the lock taken sleeps in steps of up to 100 ms before it looks
+    /// again. So the writers of this process take turns here first: in order,
+    /// without sleeping, and without holding a pooled connection while they
+    /// wait (reads, such as a replay, keep getting one). SQLite's busy timeout
+    /// is then left to settle turns between processes only. Unused on
+    /// PostgreSQL, whose row locks need no such help. A tokio mutex, because
+    /// the turn is held across the awaits of a transaction.
+    writer: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// How many connections a pool holds now, and how many of them are idle.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolStats {
+    pub size: u32,
+    pub idle: usize,
 }
 
 impl Store {
@@ -69,52 +200,135 @@ impl Store {
     /// shows up as an I/O error on the statement itself, which is a 503 anyway,
     /// and a ping would add a round trip to every request.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let (pool, options) = Self::pool_options(url, max_connections)?;
-        Ok(Self {
-            pool: pool.connect_with(options).await?,
-        })
+        let db = match Backend::of_url(url)? {
+            Backend::Postgres => {
+                let (pool, options) = pg_options(url, max_connections)?;
+                Db::Postgres(pool.connect_with(options).await?)
+            }
+            Backend::Sqlite => {
+                let (pool, options) = sqlite_options(url, max_connections)?;
+                Db::Sqlite(pool.connect_with(options).await?)
+            }
+        };
+        Ok(Self::on(db))
     }
 
     /// Like [`Store::connect`], but connects on first use: a server started
     /// while the database is down comes up, answers 503 (readiness red), and
     /// starts working when the database does, with no restart.
     pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let (pool, options) = Self::pool_options(url, max_connections)?;
-        Ok(Self {
-            pool: pool.connect_lazy_with(options),
-        })
+        let db = match Backend::of_url(url)? {
+            Backend::Postgres => {
+                let (pool, options) = pg_options(url, max_connections)?;
+                Db::Postgres(pool.connect_lazy_with(options))
+            }
+            Backend::Sqlite => {
+                let (pool, options) = sqlite_options(url, max_connections)?;
+                Db::Sqlite(pool.connect_lazy_with(options))
+            }
+        };
+        Ok(Self::on(db))
     }
 
-    fn pool_options(
-        url: &str,
-        max_connections: u32,
-    ) -> Result<(PgPoolOptions, PgConnectOptions), StoreError> {
-        let options: PgConnectOptions = url.parse()?;
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
-            .test_before_acquire(false);
-        Ok((pool, options.application_name("idem")))
+    fn on(db: Db) -> Self {
+        Self {
+            db,
+            writer: Arc::default(),
+        }
     }
 
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
+    pub fn backend(&self) -> Backend {
+        match self.db {
+            Db::Postgres(_) => Backend::Postgres,
+            Db::Sqlite(_) => Backend::Sqlite,
+        }
     }
 
     /// Creates or upgrades the schema. Safe to run from several processes at
-    /// once: sqlx serializes migrations with an advisory lock.
+    /// once: sqlx serializes migrations (an advisory lock on PostgreSQL, the
+    /// write lock on SQLite).
     pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
-        sqlx::migrate!("./migrations").run(&self.pool).await
+        match &self.db {
+            Db::Postgres(pool) => sqlx::migrate!("./migrations/postgres").run(pool).await,
+            Db::Sqlite(pool) => sqlx::migrate!("./migrations/sqlite").run(pool).await,
+        }
     }
 
     /// One trivial round trip: is the database answering?
     pub async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("select 1").execute(&self.pool).await?;
+        on_backend!(self, "select 1", "select 1", |sql, pool| {
+            sqlx::query(sql).execute(pool).await.map(drop)
+        })?;
         Ok(())
     }
+
+    pub fn pool_stats(&self) -> PoolStats {
+        match &self.db {
+            Db::Postgres(pool) => PoolStats {
+                size: pool.size(),
+                idle: pool.num_idle(),
+            },
+            Db::Sqlite(pool) => PoolStats {
+                size: pool.size(),
+                idle: pool.num_idle(),
+            },
+        }
+    }
+
+    /// Closes the pool; for SQLite this also checkpoints the write-ahead log.
+    pub async fn close(&self) {
+        match &self.db {
+            Db::Postgres(pool) => pool.close().await,
+            Db::Sqlite(pool) => pool.close().await,
+        }
+    }
+}
+
+fn pg_options(
+    url: &str,
+    max_connections: u32,
+) -> Result<(PgPoolOptions, PgConnectOptions), StoreError> {
+    let options: PgConnectOptions = url.parse()?;
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .test_before_acquire(false);
+    Ok((pool, options.application_name("idem")))
+}
+
+/// SQLite as a store several processes share: the write-ahead log (readers
+/// never block the writer), a busy timeout (a writer waits its turn instead of
+/// failing), foreign keys on, and `synchronous = full`, because a claim whose
+/// commit a power cut could undo would let a retry charge again under a new
+/// reference.
+fn sqlite_options(
+    url: &str,
+    max_connections: u32,
+) -> Result<(SqlitePoolOptions, SqliteConnectOptions), StoreError> {
+    let options = SqliteConnectOptions::from_str(url)?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full)
+        .busy_timeout(SQLITE_BUSY_TIMEOUT)
+        .foreign_keys(true);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .test_before_acquire(false);
+    Ok((pool, options))
 }
 
 /// Milliseconds as `i64` for interval arithmetic in SQL.
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Whether `e` is a unique violation of the named constraint (PostgreSQL) or
+/// of the named `table.column` (SQLite, which reports columns, not names).
+fn violates_unique(e: &sqlx::Error, pg_constraint: &str, sqlite_column: &str) -> bool {
+    let sqlx::Error::Database(db) = e else {
+        return false;
+    };
+    db.is_unique_violation()
+        && (db.constraint() == Some(pg_constraint) || db.message().contains(sqlite_column))
 }

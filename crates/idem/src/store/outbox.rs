@@ -6,20 +6,32 @@
 //! (or an event without its outcome) cannot exist. Results of queue commands
 //! are written by [`Store::enqueue_result`] before the command is acknowledged.
 //!
-//! The relay takes a batch with `for update skip locked` and keeps that
-//! transaction open while the broker confirms the batch. This is the one
-//! transaction idem holds across a call to another system, and deliberately:
-//! the rows it locks are the relay's own, no request ever waits on them, and
-//! another relay skips them instead of waiting.
+//! On PostgreSQL the relay takes a batch with `for update skip locked` and
+//! keeps that transaction open while the broker confirms the batch. This is
+//! the one transaction idem holds across a call to another system, and
+//! deliberately: the rows it locks are the relay's own, no request ever waits
+//! on them, and another relay skips them instead of waiting.
+//!
+//! SQLite has no row locks, and an open write transaction there would stop
+//! every request in every process; so a relay leases its batch instead
+//! (`claimed_until`, committed at once), and another relay takes rows only
+//! once their lease is over. Either way a batch that is not marked published
+//! goes out again: at-least-once.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use sqlx::{Postgres, Transaction};
+use sqlx::{Postgres, SqlitePool, Transaction};
 
-use super::{millis, Store, StoreError};
+use super::{millis, Db, Store, StoreError};
 use crate::domain::{ChargeId, MessageId};
 use crate::idempotency::{IdempotencyKey, StoredResponse};
+
+/// How long a SQLite relay holds its batch before another relay may take it:
+/// well past the relay's confirm timeout (10 s), so a live relay is never
+/// overtaken; it is also how long the batch of a relay that died waits.
+const SQLITE_BATCH_LEASE: Duration = Duration::from_secs(30);
 
 /// A charge event to write with the outcome that produces it.
 pub struct NewEvent<'a> {
@@ -69,24 +81,81 @@ pub struct OutboxMessage {
     pub body: Vec<u8>,
 }
 
-/// A batch taken by one relay: its rows stay locked (skipped by other relays)
-/// until [`OutboxBatch::published`] commits or the batch is dropped.
+/// A batch taken by one relay: its rows are skipped by other relays until
+/// [`OutboxBatch::finish`], or, if the relay dies first, until its transaction
+/// ends (PostgreSQL) or its lease runs out (SQLite).
 pub struct OutboxBatch {
-    tx: Transaction<'static, Postgres>,
+    hold: BatchHold,
     pub messages: Vec<OutboxMessage>,
 }
 
+enum BatchHold {
+    /// The transaction whose row locks hold the batch.
+    Postgres(Transaction<'static, Postgres>),
+    /// The batch is leased; marking it needs only the pool (and a turn to write).
+    Sqlite(SqlitePool, Arc<tokio::sync::Mutex<()>>),
+}
+
 impl OutboxBatch {
-    /// Marks these rows published and releases the batch. Rows of the batch
-    /// left out (the broker refused them) go out again in a later batch.
-    pub async fn published(mut self, ids: &[i64]) -> Result<(), StoreError> {
-        sqlx::query("update outbox set published_at = now() where id = any($1)")
-            .bind(ids)
-            .execute(&mut *self.tx)
-            .await?;
-        self.tx.commit().await?;
+    /// Marks the rows `published` (those the broker confirmed) and releases
+    /// the whole batch: rows left out (refused, or never sent because the
+    /// broker went away) are free for the next batch at once.
+    pub async fn finish(self, published: &[i64]) -> Result<(), StoreError> {
+        match self.hold {
+            BatchHold::Postgres(mut tx) => {
+                sqlx::query("update outbox set published_at = now() where id = any($1)")
+                    .bind(published)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+            }
+            BatchHold::Sqlite(pool, writer) => {
+                let _turn = writer.lock().await;
+                let taken: Vec<i64> = self.messages.iter().map(|m| m.id).collect();
+                sqlx::query(concat!(
+                    "update outbox
+                        set published_at = coalesce(published_at,
+                                case when id in (select value from json_each($1))
+                                     then ",
+                    sqlite_now!(),
+                    " end),
+                            claimed_until = null
+                      where id in (select value from json_each($2))"
+                ))
+                .bind(json_ids(published)?)
+                .bind(json_ids(&taken)?)
+                .execute(&pool)
+                .await?;
+            }
+        }
         Ok(())
     }
+}
+
+/// Row ids as the JSON array SQLite's `json_each` reads (it has no arrays).
+fn json_ids(ids: &[i64]) -> Result<String, StoreError> {
+    serde_json::to_string(ids).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+/// What a batch reads of the rows it took: a waiting result takes its key's
+/// stored outcome. `o` is the outbox, `k` the awaited key record.
+macro_rules! batch_columns {
+    () => {
+        "o.id, o.kind, o.message_id, o.exchange, o.routing_key, o.tenant, o.event_type,
+         o.correlation_id, o.idempotency_key, o.replayed,
+         coalesce(o.status, k.response_status) as status,
+         coalesce(o.body, k.response_body) as body"
+    };
+}
+
+/// Joins each outbox row `o` to the key record whose outcome it waits for.
+macro_rules! awaited_key {
+    () => {
+        "left join idempotency_keys k
+           on o.body is null
+          and k.merchant_id = o.await_merchant_id and k.idempotency_key = o.idempotency_key
+          and k.charge_id = o.await_charge_id and k.state = 'completed'"
+    };
 }
 
 impl Store {
@@ -104,25 +173,36 @@ impl Store {
                 charge_id,
             } => (None, None, Some(*merchant_id), Some(charge_id.as_str())),
         };
-        sqlx::query(
+        on_backend!(
+            write self,
             "insert into outbox (kind, message_id, exchange, routing_key, tenant, correlation_id,
                                  idempotency_key, replayed, status, body,
                                  await_merchant_id, await_charge_id)
              values ('result', $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-        )
-        .bind(MessageId::result().as_str())
-        .bind(new.exchange)
-        .bind(new.routing_key)
-        .bind(new.tenant)
-        .bind(new.correlation_id)
-        .bind(new.key.as_str())
-        .bind(new.replayed)
-        .bind(status)
-        .bind(body)
-        .bind(merchant_id)
-        .bind(charge_id)
-        .execute(&self.pool)
-        .await?;
+            concat!(
+                "insert into outbox (kind, message_id, exchange, routing_key, tenant, correlation_id,
+                                     idempotency_key, replayed, status, body,
+                                     await_merchant_id, await_charge_id, created_at)
+                 values ('result', $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, ",
+                sqlite_now!(),
+                ")"
+            ),
+            |sql, pool| sqlx::query(sql)
+                .bind(MessageId::result().as_str())
+                .bind(new.exchange)
+                .bind(new.routing_key)
+                .bind(new.tenant)
+                .bind(new.correlation_id)
+                .bind(new.key.as_str())
+                .bind(new.replayed)
+                .bind(status)
+                .bind(body)
+                .bind(merchant_id)
+                .bind(charge_id)
+                .execute(pool)
+                .await
+                .map(drop)
+        )?;
         Ok(())
     }
 
@@ -130,54 +210,114 @@ impl Store {
     /// rows another relay holds. A waiting result is ready once its key's
     /// outcome is stored, and takes that outcome's status and body.
     pub async fn outbox_batch(&self, limit: i64) -> Result<OutboxBatch, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let messages = sqlx::query_as(
-            "select o.id, o.kind, o.message_id, o.exchange, o.routing_key, o.tenant, o.event_type,
-                    o.correlation_id, o.idempotency_key, o.replayed,
-                    coalesce(o.status, k.response_status) as status,
-                    coalesce(o.body, k.response_body) as body
-               from outbox o
-               left join idempotency_keys k
-                 on o.body is null
-                and k.merchant_id = o.await_merchant_id and k.idempotency_key = o.idempotency_key
-                and k.charge_id = o.await_charge_id and k.state = 'completed'
-              where o.published_at is null and (o.body is not null or k.response_body is not null)
-              order by o.id
-              limit $1
-                for update of o skip locked",
-        )
-        .bind(limit)
-        .fetch_all(&mut *tx)
-        .await?;
-        Ok(OutboxBatch { tx, messages })
+        match &self.db {
+            Db::Postgres(pool) => {
+                let mut tx = pool.begin().await?;
+                let messages = sqlx::query_as(concat!(
+                    "select ",
+                    batch_columns!(),
+                    " from outbox o ",
+                    awaited_key!(),
+                    " where o.published_at is null and (o.body is not null or k.response_body is not null)
+                      order by o.id
+                      limit $1
+                        for update of o skip locked"
+                ))
+                .bind(limit)
+                .fetch_all(&mut *tx)
+                .await?;
+                Ok(OutboxBatch {
+                    hold: BatchHold::Postgres(tx),
+                    messages,
+                })
+            }
+            Db::Sqlite(pool) => {
+                // Lease and read in one write transaction, so two relays never
+                // lease the same row; it commits at once, before any publish.
+                let _turn = self.writer.lock().await;
+                let mut tx = pool.begin_with("begin immediate").await?;
+                let taken: Vec<(i64,)> = sqlx::query_as(concat!(
+                    "update outbox set claimed_until = ",
+                    sqlite_now!(),
+                    " + $2
+                      where id in (
+                            select o.id from outbox o ",
+                    awaited_key!(),
+                    " where o.published_at is null
+                               and (o.claimed_until is null or o.claimed_until <= ",
+                    sqlite_now!(),
+                    ")
+                               and (o.body is not null or k.response_body is not null)
+                             order by o.id
+                             limit $1)
+                     returning id"
+                ))
+                .bind(limit)
+                .bind(millis(SQLITE_BATCH_LEASE))
+                .fetch_all(&mut *tx)
+                .await?;
+                let ids: Vec<i64> = taken.into_iter().map(|(id,)| id).collect();
+                let messages = sqlx::query_as(concat!(
+                    "select ",
+                    batch_columns!(),
+                    " from outbox o ",
+                    awaited_key!(),
+                    " where o.id in (select value from json_each($1)) order by o.id"
+                ))
+                .bind(json_ids(&ids)?)
+                .fetch_all(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(OutboxBatch {
+                    hold: BatchHold::Sqlite(pool.clone(), self.writer.clone()),
+                    messages,
+                })
+            }
+        }
     }
 
     /// Deletes up to `limit` messages published longer than `retention` ago.
     pub async fn prune_outbox(&self, retention: Duration, limit: i64) -> Result<u64, StoreError> {
-        let done = sqlx::query(
+        Ok(on_backend!(
+            write self,
             "delete from outbox
               where id = any(array(
                     select id from outbox
                      where published_at <= now() - $1 * interval '1 millisecond'
                      limit $2
                      for update skip locked))",
-        )
-        .bind(millis(retention))
-        .bind(limit)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected())
+            concat!(
+                "delete from outbox
+                  where id in (
+                        select id from outbox
+                         where published_at <= ",
+                sqlite_now!(),
+                " - $1
+                         limit $2)"
+            ),
+            |sql, pool| sqlx::query(sql)
+                .bind(millis(retention))
+                .bind(limit)
+                .execute(pool)
+                .await
+                .map(|done| done.rows_affected())
+        )?)
     }
 
     /// Messages not yet published, and the age of the oldest, in seconds.
     pub async fn outbox_backlog(&self) -> Result<(i64, f64), StoreError> {
-        let row: (i64, f64) = sqlx::query_as(
+        Ok(on_backend!(
+            self,
             "select count(*),
                     coalesce(extract(epoch from now() - min(created_at)), 0)::float8
                from outbox where published_at is null",
-        )
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(row)
+            concat!(
+                "select count(*), coalesce((",
+                sqlite_now!(),
+                " - min(created_at)) / 1000.0, 0.0)
+                   from outbox where published_at is null"
+            ),
+            |sql, pool| sqlx::query_as(sql).fetch_one(pool).await
+        )?)
     }
 }

@@ -6,18 +6,37 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 
+use idem::store::Backend;
+
 use crate::helpers::*;
 
-/// Connections of this test's database that wait on a lock, or sit idle
-/// inside an open transaction (a claim held open across the acquirer call).
+/// Connections of this test's database that wait on a lock, and write
+/// transactions held open (a claim held open across the acquirer call).
+/// PostgreSQL shows both in `pg_stat_activity`. SQLite has one write lock for
+/// the whole file: if anyone held a transaction open, taking the lock would
+/// wait, so a wait there counts as an open transaction.
 async fn lock_waiters_and_open_transactions(db: &TestDb) -> (i64, i64) {
+    if db.backend == Backend::Sqlite {
+        let mut conn = db.pool.acquire().await.expect("connection");
+        let started = std::time::Instant::now();
+        sqlx::query("begin immediate")
+            .execute(&mut *conn)
+            .await
+            .expect("take the write lock");
+        let waited = started.elapsed();
+        sqlx::query("rollback")
+            .execute(&mut *conn)
+            .await
+            .expect("rollback");
+        return (0, i64::from(waited > Duration::from_millis(100)));
+    }
     sqlx::query_as(
         "select count(*) filter (where wait_event_type = 'Lock'),
                 count(*) filter (where state like 'idle in transaction%')
            from pg_stat_activity
           where datname = current_database() and pid <> pg_backend_pid()",
     )
-    .fetch_one(db.store.pool())
+    .fetch_one(&db.pool)
     .await
     .expect("pg_stat_activity")
 }

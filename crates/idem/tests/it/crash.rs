@@ -50,7 +50,7 @@ async fn a_retry_on_another_instance_settles_a_claim_orphaned_by_kill_9() {
     let (attempt, status): (i64, String) = sqlx::query_as(
         "select k.attempt, c.status from idempotency_keys k join charges c on c.id = k.charge_id",
     )
-    .fetch_one(db.store.pool())
+    .fetch_one(&db.pool)
     .await
     .expect("record");
     assert_eq!(
@@ -92,7 +92,7 @@ async fn sigterm_finishes_the_charge_in_flight_and_exits_cleanly() {
     assert!(status.success(), "clean exit: {status:?}");
     assert_eq!(in_flight.await.expect("join").status, 201);
     let (state,): (String,) = sqlx::query_as("select state from idempotency_keys")
-        .fetch_one(db.store.pool())
+        .fetch_one(&db.pool)
         .await
         .expect("record");
     assert_eq!(state, "completed");

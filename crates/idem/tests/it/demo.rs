@@ -1,7 +1,18 @@
 //! A short run of `idem demo` (the real binary, real processes): asserts the
 //! verdicts, not the speed.
 
-use crate::helpers::admin_url;
+use idem::store::Backend;
+
+use crate::helpers::{admin_url, test_backend};
+
+/// Where the demo makes its databases: on the PostgreSQL server, or (any
+/// `sqlite:` URL) in SQLite files of its own.
+pub fn demo_database_url() -> String {
+    match test_backend() {
+        Backend::Postgres => admin_url(),
+        Backend::Sqlite => "sqlite://idem.db".to_owned(),
+    }
+}
 
 #[tokio::test]
 async fn the_demo_shows_the_race_the_lock_waits_and_idem_charging_once() {
@@ -19,7 +30,7 @@ async fn the_demo_shows_the_race_the_lock_waits_and_idem_charging_once() {
         ])
         .arg("--report")
         .arg(&report)
-        .env("DATABASE_URL", admin_url())
+        .env("DATABASE_URL", demo_database_url())
         .env("IDEM_LOG", "warn")
         .output()
         .await

@@ -11,7 +11,7 @@ use idem::domain::MerchantSecret;
 use idem::http::{self, AppState};
 use idem::idempotency::{Engine, EngineConfig};
 use idem::sim::{self, Faults, Ledger};
-use idem::store::Store;
+use idem::store::{Backend, Store};
 use reqwest::header::HeaderMap;
 use sqlx::Connection;
 use tokio::net::TcpListener;
@@ -23,32 +23,82 @@ pub fn admin_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
 }
 
-/// A database of its own for one test, dropped when the test ends.
+/// The backend this run of the suite tests: `IDEM_TEST_STORE=sqlite` runs the
+/// whole suite on the embedded store, anything else on PostgreSQL. One suite,
+/// two backends: scripts/test runs it once for each.
+pub fn test_backend() -> Backend {
+    match std::env::var("IDEM_TEST_STORE").as_deref() {
+        Ok("sqlite") => Backend::Sqlite,
+        _ => Backend::Postgres,
+    }
+}
+
+/// Whether this run is on `backend`; if not, says why the calling test has
+/// nothing to check here (it runs, and asserts, in the other backend's run).
+pub fn runs_on(backend: Backend, why: &str) -> bool {
+    let here = test_backend();
+    if here != backend {
+        eprintln!("not on {here:?}: {why}");
+    }
+    here == backend
+}
+
+/// A database of its own for one test, dropped when the test ends: a fresh
+/// PostgreSQL database, or a fresh SQLite file in a scratch directory.
 pub struct TestDb {
     pub url: String,
-    pub name: String,
+    pub backend: Backend,
     pub store: Store,
+    /// For the tests' own SQL, on either backend.
+    pub pool: sqlx::AnyPool,
+    /// PostgreSQL: the database's name. SQLite: the scratch directory.
+    place: String,
 }
 
 impl TestDb {
     pub async fn new() -> Self {
-        let name = format!("idem_test_{}", uuid::Uuid::new_v4().simple());
-        let admin = admin_url();
-        let mut conn = sqlx::PgConnection::connect(&admin)
-            .await
-            .expect("PostgreSQL must be reachable at IDEM_TEST_ADMIN_URL (see README)");
-        sqlx::query(&format!("create database {name}"))
-            .execute(&mut conn)
-            .await
-            .expect("create test database");
-        conn.close().await.ok();
-        let url = match admin.rfind('/') {
-            Some(i) => format!("{}/{name}", &admin[..i]),
-            None => panic!("admin url has no database part"),
+        sqlx::any::install_default_drivers();
+        let backend = test_backend();
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let (url, place) = match backend {
+            Backend::Postgres => {
+                let name = format!("idem_test_{id}");
+                let admin = admin_url();
+                let mut conn = sqlx::PgConnection::connect(&admin)
+                    .await
+                    .expect("PostgreSQL must be reachable at IDEM_TEST_ADMIN_URL (see README)");
+                sqlx::query(&format!("create database {name}"))
+                    .execute(&mut conn)
+                    .await
+                    .expect("create test database");
+                conn.close().await.ok();
+                let url = match admin.rfind('/') {
+                    Some(i) => format!("{}/{name}", &admin[..i]),
+                    None => panic!("admin url has no database part"),
+                };
+                (url, name)
+            }
+            Backend::Sqlite => {
+                let dir = std::env::temp_dir().join(format!("idem_test_{id}"));
+                std::fs::create_dir_all(&dir).expect("scratch directory");
+                let url = format!("sqlite://{}/idem.db", dir.display());
+                (url, dir.display().to_string())
+            }
         };
         let store = Store::connect(&url, 5).await.expect("connect test db");
         store.migrate().await.expect("migrate test db");
-        Self { url, name, store }
+        let pool = sqlx::pool::PoolOptions::<sqlx::Any>::new()
+            .max_connections(4)
+            .connect(&url)
+            .await
+            .expect("connect the tests' own pool");
+        Self {
+            url,
+            backend,
+            store,
+            pool,
+            place,
+        }
     }
 
     /// A new merchant; returns its secret.
@@ -65,7 +115,7 @@ impl TestDb {
     pub async fn merchant_id(&self, name: &str) -> i64 {
         let (id,): (i64,) = sqlx::query_as("select id from merchants where name = $1")
             .bind(name)
-            .fetch_one(self.store.pool())
+            .fetch_one(&self.pool)
             .await
             .expect("merchant id");
         id
@@ -73,7 +123,7 @@ impl TestDb {
 
     pub async fn count(&self, table: &str) -> i64 {
         let (n,): (i64,) = sqlx::query_as(&format!("select count(*) from {table}"))
-            .fetch_one(self.store.pool())
+            .fetch_one(&self.pool)
             .await
             .expect("count");
         n
@@ -82,15 +132,27 @@ impl TestDb {
     /// Runs one SQL statement (for tests that set up scenarios by hand).
     pub async fn exec(&self, sql: &str) {
         sqlx::query(sql)
-            .execute(self.store.pool())
+            .execute(&self.pool)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// This backend's SQL for "now" in its time columns, for tests' own SQL.
+    pub fn now(&self) -> &'static str {
+        match self.backend {
+            Backend::Postgres => "now()",
+            Backend::Sqlite => "cast(unixepoch('subsec') * 1000 as integer)",
+        }
     }
 }
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        let name = self.name.clone();
+        let place = self.place.clone();
+        if self.backend == Backend::Sqlite {
+            let _ = std::fs::remove_dir_all(&place);
+            return;
+        }
         // A runtime of its own: Drop cannot await, and the test's may be gone.
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -99,7 +161,7 @@ impl Drop for TestDb {
                 .expect("runtime");
             rt.block_on(async {
                 if let Ok(mut conn) = sqlx::PgConnection::connect(&admin_url()).await {
-                    let _ = sqlx::query(&format!("drop database if exists {name} with (force)"))
+                    let _ = sqlx::query(&format!("drop database if exists {place} with (force)"))
                         .execute(&mut conn)
                         .await;
                 }

@@ -171,7 +171,7 @@ async fn every_unknown_outcome_is_503_then_a_retry_settles_it_once() {
         let (id,): (String,) =
             sqlx::query_as("select id from charges where order_id = $1 and status = 'processing'")
                 .bind(order)
-                .fetch_one(db.store.pool())
+                .fetch_one(&db.pool)
                 .await
                 .expect("the charge stays processing");
         assert_eq!(c.get_charge(&id).await.json()["status"], "processing");

@@ -307,7 +307,7 @@ async fn kill_9_between_claim_and_ack_loses_nothing_and_charges_once() {
     assert_eq!(ledger.captures.len(), 1, "{ledger:?}");
     assert_eq!(env.db.count("charges").await, 1);
     let status: (String,) = sqlx::query_as("select status from charges")
-        .fetch_one(env.db.store.pool())
+        .fetch_one(&env.db.pool)
         .await
         .unwrap();
     assert_eq!(status.0, "captured");
@@ -394,7 +394,7 @@ async fn two_consumers_share_the_queue_and_every_outcome_has_one_event_published
     assert_eq!(types.len(), 2, "captured and declined: {types:?}");
     let unpublished: (i64,) =
         sqlx::query_as("select count(*) from outbox where published_at is null")
-            .fetch_one(env.db.store.pool())
+            .fetch_one(&env.db.pool)
             .await
             .unwrap();
     assert_eq!(unpublished.0, 0);
@@ -492,7 +492,7 @@ async fn a_consumer_dying_at_any_step_loses_nothing_and_charges_once() {
     let counts: HashSet<u64> = ledger.counts.iter().map(|c| c.captures).collect();
     assert_eq!(counts, HashSet::from([1]));
     let events: (i64,) = sqlx::query_as("select count(*) from outbox where kind = 'event'")
-        .fetch_one(env.db.store.pool())
+        .fetch_one(&env.db.pool)
         .await
         .unwrap();
     assert_eq!(events.0, 3, "one event per outcome");

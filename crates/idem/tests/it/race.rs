@@ -14,12 +14,12 @@ const KEY: &str = "5b0e7a52-3f1c-4d7e-9a61-2c8f0d4e7b13";
 #[tokio::test]
 async fn check_then_act_inserts_twice_without_the_constraint() {
     let db = TestDb::new().await;
-    db.exec("create table cobranca (id bigint generated always as identity, idempotency_key text not null)")
+    db.exec("create table cobranca (idempotency_key text not null)")
         .await;
     let both_checked = Arc::new(Barrier::new(2));
     let attempts = (0..2)
         .map(|_| {
-            let (pool, both_checked) = (db.store.pool().clone(), both_checked.clone());
+            let (pool, both_checked) = (db.pool.clone(), both_checked.clone());
             tokio::spawn(async move {
                 let (found,): (i64,) =
                     sqlx::query_as("select count(*) from cobranca where idempotency_key = $1")
@@ -54,20 +54,19 @@ async fn check_then_act_inserts_twice_without_the_constraint() {
 async fn insert_first_with_the_constraint_lets_one_win() {
     let db = TestDb::new().await;
     db.exec(
-        "create table cobranca (id bigint generated always as identity,
-                                idempotency_key text not null,
+        "create table cobranca (idempotency_key text not null,
                                 constraint uq_cobranca_idempotency_key unique (idempotency_key))",
     )
     .await;
     let start = Arc::new(Barrier::new(8));
     let attempts = (0..8)
         .map(|_| {
-            let (pool, start) = (db.store.pool().clone(), start.clone());
+            let (pool, start) = (db.pool.clone(), start.clone());
             tokio::spawn(async move {
                 start.wait().await;
-                let won: Option<(i64,)> = sqlx::query_as(
+                let won: Option<(String,)> = sqlx::query_as(
                     "insert into cobranca (idempotency_key) values ($1)
-                 on conflict (idempotency_key) do nothing returning id",
+                 on conflict (idempotency_key) do nothing returning idempotency_key",
                 )
                 .bind(KEY)
                 .fetch_optional(&pool)

@@ -42,7 +42,7 @@ async fn the_sweeper_deletes_expired_keys_but_no_charge_and_no_unsettled_key() {
         "select count(*) from idempotency_keys k join charges c on c.id = k.charge_id
           where c.order_id in (6, 7)",
     )
-    .fetch_one(db.store.pool())
+    .fetch_one(&db.pool)
     .await
     .expect("count");
     assert_eq!(left, 2, "the unsettled key and the live one stay");

@@ -1,0 +1,260 @@
+//! The idempotency statements for PostgreSQL: each operation is one statement,
+//! so each is its own short transaction, and the claim that decides a race is
+//! the same statement that reads the winner.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use super::{bind_claim, bind_finalize, ClaimValues, FinalizeValues, RecordRow};
+use super::{Claim, KeyRecord, NewClaim};
+use crate::idempotency::IdempotencyKey;
+use crate::store::charges::charge_columns;
+use crate::store::{millis, StoreError};
+
+/// Columns of a key record joined with its charge (aliases `k` and `c`).
+/// The lease and expiry are judged by the database's clock, the one clock all
+/// instances share.
+macro_rules! record_columns {
+    () => {
+        concat!(
+            charge_columns!(),
+            ", k.fingerprint, k.state, k.attempt, k.response_status, k.response_body, \
+             greatest(0, ceil(extract(epoch from (k.locked_until - now())) * 1000))::bigint \
+               as lease_remaining_ms, \
+             (k.state = 'completed' and k.expires_at <= now()) as expired"
+        )
+    };
+}
+
+/// Rounds of insert-or-read a claim may need: each extra one means the sweeper
+/// deleted the record between two statements, which takes the key's expiry and
+/// a sweep landing in the same milliseconds; three is already generous.
+const CLAIM_ROUNDS: usize = 3;
+
+/// A CTE `c`: the new charge of a claim `k` that was just made, if any.
+/// Parameters as bound by [`bind_claim`].
+macro_rules! create_charge_of_k {
+    () => {
+        "c as (
+            insert into charges
+                (id, merchant_id, order_id, amount_cents, currency, description, acquirer_reference)
+            select k.charge_id, $1, $7, $8, $9, $10, $11 from k
+            returning *
+        )"
+    };
+}
+
+/// Insert first, in one statement: claim the key and create its charge, or
+/// read the record that won. Parameters as bound by [`bind_claim`]; public
+/// so that `idem bench --vs-pgbench` runs the very same statement.
+pub const CLAIM_SQL: &str = concat!(
+    "with k as (
+                insert into idempotency_keys
+                    (merchant_id, idempotency_key, fingerprint, charge_id, locked_until, expires_at)
+                values ($1, $2, $3, $4, now() + $5 * interval '1 millisecond',
+                        now() + $6 * interval '1 millisecond')
+                on conflict (merchant_id, idempotency_key) do nothing
+                returning *
+            ), ",
+    create_charge_of_k!(),
+    "
+            select true as won, ",
+    record_columns!(),
+    " from c cross join k
+            union all
+            select false as won, ",
+    record_columns!(),
+    " from idempotency_keys k join charges c on c.id = k.charge_id
+            where k.merchant_id = $1 and k.idempotency_key = $2
+              and not exists (select 1 from k)"
+);
+
+/// Turns an expired, completed record into a fresh claim for a new intent
+/// with a new charge; the old charge stays as it was.
+const RECLAIM_SQL: &str = concat!(
+    "with k as (
+        update idempotency_keys
+           set fingerprint = $3, charge_id = $4, state = 'in_flight',
+               attempt = attempt + 1, response_status = null, response_body = null,
+               locked_until = now() + $5 * interval '1 millisecond',
+               expires_at = now() + $6 * interval '1 millisecond', created_at = now()
+         where merchant_id = $1 and idempotency_key = $2
+           and state = 'completed' and expires_at <= now()
+        returning *
+    ), ",
+    create_charge_of_k!(),
+    "
+    select ",
+    record_columns!(),
+    " from c cross join k"
+);
+
+/// Store the outcome, settle the charge and write its event to the outbox, in
+/// one statement (one transaction), fenced by `attempt`:
+/// `$1` merchant, `$2` key, `$3` charge id, `$4` attempt, `$5` response status,
+/// `$6` response body, `$7` key TTL in ms, `$8` charge status, `$9` capture id,
+/// `$10` decline reason; the event: `$11` message id (null: no event), `$12`
+/// exchange, `$13` type (also its routing key), `$14` tenant, `$15` body.
+/// Public for `idem bench --vs-pgbench`.
+pub const FINALIZE_SQL: &str = "with k as (
+                update idempotency_keys
+                   set state = 'completed', locked_until = null,
+                       response_status = $5, response_body = $6,
+                       expires_at = now() + $7 * interval '1 millisecond'
+                 where merchant_id = $1 and idempotency_key = $2 and charge_id = $3
+                   and attempt = $4 and state = 'in_flight'
+                returning charge_id
+            ), e as (
+                insert into outbox (kind, message_id, exchange, routing_key, tenant, event_type, body)
+                select 'event', $11, $12, $13, $14, $13, $15 from k where $11::text is not null
+            )
+            update charges c
+               set status = $8, acquirer_capture_id = $9, decline_reason = $10, updated_at = now()
+              from k
+             where c.id = k.charge_id
+            returning c.id";
+
+/// `$1` merchant, `$2` key.
+const KEY_RECORD_SQL: &str = concat!(
+    "select ",
+    record_columns!(),
+    " from idempotency_keys k join charges c on c.id = k.charge_id
+     where k.merchant_id = $1 and k.idempotency_key = $2"
+);
+
+/// `$1` merchant, `$2` key, `$3` attempt seen, `$4` lease in ms.
+const TAKE_OVER_SQL: &str = concat!(
+    "with k as (
+        update idempotency_keys
+           set attempt = attempt + 1, locked_until = now() + $4 * interval '1 millisecond'
+         where merchant_id = $1 and idempotency_key = $2 and attempt = $3
+           and state = 'in_flight' and locked_until <= now()
+        returning *
+    )
+    select ",
+    record_columns!(),
+    " from k join charges c on c.id = k.charge_id"
+);
+
+/// `$1` merchant, `$2` key, `$3` attempt.
+pub(super) const RELEASE_SQL: &str = "update idempotency_keys set locked_until = now()
+      where merchant_id = $1 and idempotency_key = $2 and attempt = $3
+        and state = 'in_flight'";
+
+/// `$1` limit, `$2` settle deadline in ms.
+pub(super) const ORPHANS_SQL: &str =
+    "select k.merchant_id, m.name as merchant_name, k.idempotency_key, k.charge_id,
+            k.attempt, c.reconcile_attempts,
+            c.created_at + $2 * interval '1 millisecond' <= now() as past_deadline
+       from idempotency_keys k
+       join charges c on c.id = k.charge_id
+       join merchants m on m.id = k.merchant_id
+      where k.state = 'in_flight' and k.locked_until <= now()
+        and c.review_since is null
+        and (c.next_reconcile_at is null or c.next_reconcile_at <= now())
+      order by k.locked_until
+      limit $1";
+
+/// `$1` limit. `skip locked`: never waits on a row a request is reclaiming.
+pub(super) const SWEEP_SQL: &str = "delete from idempotency_keys
+      where ctid = any(array(
+            select ctid from idempotency_keys
+             where state = 'completed' and expires_at <= now()
+             limit $1
+             for update skip locked))";
+
+#[derive(sqlx::FromRow)]
+struct ClaimRow {
+    won: bool,
+    #[sqlx(flatten)]
+    record: RecordRow,
+}
+
+pub(super) async fn claim(pool: &PgPool, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
+    for _ in 0..CLAIM_ROUNDS {
+        if let Some(claim) = try_claim(pool, new).await? {
+            return Ok(claim);
+        }
+    }
+    Err(StoreError::Corrupt(format!(
+        "key {} kept vanishing between statements",
+        new.key
+    )))
+}
+
+/// One round of [`claim`]; `None` when the record this round saw was deleted
+/// (swept) before the round could use it.
+async fn try_claim(pool: &PgPool, new: &NewClaim<'_>) -> Result<Option<Claim>, StoreError> {
+    let values = ClaimValues::new(new);
+    let row: Option<ClaimRow> = bind_claim!(sqlx::query_as(CLAIM_SQL), values)
+        .fetch_optional(pool)
+        .await?;
+    let record = match row {
+        Some(ClaimRow { won: true, record }) => return Ok(Some(Claim::Won(record.try_into()?))),
+        Some(ClaimRow { won: false, record }) => KeyRecord::try_from(record)?,
+        // The winner committed after this statement's snapshot was taken:
+        // the insert saw its row, the select could not. A fresh read will
+        // (unless the row was swept meanwhile: then the next round inserts).
+        None => match key_record(pool, new.merchant_id, new.key).await? {
+            Some(record) => record,
+            None => return Ok(None),
+        },
+    };
+    if record.expired {
+        return reclaim_expired(pool, new).await;
+    }
+    Ok(Some(Claim::Lost(record)))
+}
+
+async fn reclaim_expired(pool: &PgPool, new: &NewClaim<'_>) -> Result<Option<Claim>, StoreError> {
+    let values = ClaimValues::new(new);
+    let row: Option<RecordRow> = bind_claim!(sqlx::query_as(RECLAIM_SQL), values)
+        .fetch_optional(pool)
+        .await?;
+    match row {
+        Some(record) => Ok(Some(Claim::Won(record.try_into()?))),
+        // Another attempt reclaimed it first (that one is now the intent),
+        // or the sweeper deleted it (the next round inserts afresh).
+        None => Ok(key_record(pool, new.merchant_id, new.key)
+            .await?
+            .map(Claim::Lost)),
+    }
+}
+
+pub(super) async fn key_record(
+    pool: &PgPool,
+    merchant_id: i64,
+    key: &IdempotencyKey,
+) -> Result<Option<KeyRecord>, StoreError> {
+    let row: Option<RecordRow> = sqlx::query_as(KEY_RECORD_SQL)
+        .bind(merchant_id)
+        .bind(key.as_str())
+        .fetch_optional(pool)
+        .await?;
+    row.map(KeyRecord::try_from).transpose()
+}
+
+pub(super) async fn take_over(
+    pool: &PgPool,
+    merchant_id: i64,
+    key: &IdempotencyKey,
+    attempt: i64,
+    lease: Duration,
+) -> Result<Option<KeyRecord>, StoreError> {
+    let row: Option<RecordRow> = sqlx::query_as(TAKE_OVER_SQL)
+        .bind(merchant_id)
+        .bind(key.as_str())
+        .bind(attempt)
+        .bind(millis(lease))
+        .fetch_optional(pool)
+        .await?;
+    row.map(KeyRecord::try_from).transpose()
+}
+
+pub(super) async fn finalize(pool: &PgPool, v: &FinalizeValues<'_>) -> Result<bool, StoreError> {
+    let settled: Option<(String,)> = bind_finalize!(sqlx::query_as(FINALIZE_SQL), v)
+        .fetch_optional(pool)
+        .await?;
+    Ok(settled.is_some())
+}
