@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use sqlx::{SqliteConnection, SqlitePool};
+use sqlx::SqlitePool;
 
 use super::{bind_claim, bind_finalize, ClaimValues, FinalizeValues, RecordRow};
 use super::{Claim, KeyRecord, NewClaim};
@@ -206,7 +206,7 @@ pub(super) async fn claim(
             .execute(&mut *tx)
             .await?;
     }
-    let record = key_record_on(&mut tx, new.merchant_id, new.key)
+    let record = key_record(&mut *tx, new.merchant_id, new.key)
         .await?
         .ok_or_else(|| StoreError::Corrupt(format!("key {} vanished inside a claim", new.key)))?;
     tx.commit().await?;
@@ -217,24 +217,19 @@ pub(super) async fn claim(
     })
 }
 
-pub(super) async fn key_record(
-    pool: &SqlitePool,
+/// The record under a key, read on a pool or inside a transaction.
+pub(super) async fn key_record<'c, E>(
+    executor: E,
     merchant_id: i64,
     key: &IdempotencyKey,
-) -> Result<Option<KeyRecord>, StoreError> {
-    let mut conn = pool.acquire().await?;
-    key_record_on(&mut conn, merchant_id, key).await
-}
-
-async fn key_record_on(
-    conn: &mut SqliteConnection,
-    merchant_id: i64,
-    key: &IdempotencyKey,
-) -> Result<Option<KeyRecord>, StoreError> {
+) -> Result<Option<KeyRecord>, StoreError>
+where
+    E: sqlx::Executor<'c, Database = sqlx::Sqlite>,
+{
     let row: Option<RecordRow> = sqlx::query_as(KEY_RECORD_SQL)
         .bind(merchant_id)
         .bind(key.as_str())
-        .fetch_optional(conn)
+        .fetch_optional(executor)
         .await?;
     row.map(KeyRecord::try_from).transpose()
 }
@@ -257,7 +252,7 @@ pub(super) async fn take_over(
     if taken.rows_affected() == 0 {
         return Ok(None);
     }
-    let record = key_record_on(&mut tx, merchant_id, key).await?;
+    let record = key_record(&mut *tx, merchant_id, key).await?;
     tx.commit().await?;
     Ok(record)
 }
