@@ -86,10 +86,10 @@ impl Store {
                 sqlite_charge_columns!(),
                 " from charges c where c.id = $1 and c.merchant_id = $2"
             ),
-            |sql, pool| sqlx::query_as(sql)
+            |sql, db| sqlx::query_as(sql)
                 .bind(id.as_str())
                 .bind(merchant_id)
-                .fetch_optional(pool)
+                .fetch_optional(db)
                 .await
         )?;
         row.map(Charge::try_from).transpose()
@@ -132,10 +132,10 @@ impl Store {
                 " + $2
                   where id = $1 and status = 'processing'"
             ),
-            |sql, pool| sqlx::query(sql)
+            |sql, db| sqlx::query(sql)
                 .bind(id.as_str())
                 .bind(millis(after))
-                .execute(pool)
+                .execute(db)
                 .await
                 .map(drop)
         )?;
@@ -155,10 +155,10 @@ impl Store {
                 ", review_reason = $2
                   where id = $1 and status = 'processing' and review_since is null"
             ),
-            |sql, pool| sqlx::query(sql)
+            |sql, db| sqlx::query(sql)
                 .bind(id.as_str())
                 .bind(reason)
-                .execute(pool)
+                .execute(db)
                 .await
                 .map(drop)
         )?;
@@ -185,7 +185,7 @@ impl Store {
                   where c.status = 'processing' and c.review_since is not null
                   order by c.created_at"
             ),
-            |sql, pool| sqlx::query_as(sql).fetch_all(pool).await
+            |sql, db| sqlx::query_as(sql).fetch_all(db).await
         )?)
     }
 }
@@ -212,7 +212,7 @@ impl Store {
                         count(*) filter (where review_since is not null) as awaiting_review
                    from charges where status = 'processing'"
             ),
-            |sql, pool| sqlx::query_as(sql).fetch_one(pool).await
+            |sql, db| sqlx::query_as(sql).fetch_one(db).await
         )?)
     }
 }

@@ -31,10 +31,10 @@ impl Store {
                 sqlite_now!(),
                 ") returning id"
             ),
-            |sql, pool| sqlx::query_as(sql)
+            |sql, db| sqlx::query_as(sql)
                 .bind(name)
                 .bind(secret_hash.as_bytes())
-                .fetch_one(pool)
+                .fetch_one(db)
                 .await
         );
         match row {
@@ -54,10 +54,10 @@ impl Store {
         secret_hash: &SecretHash,
     ) -> Result<Option<Merchant>, StoreError> {
         const SQL: &str = "select id, name from merchants where secret_hash = $1";
-        let row: Option<(i64, String)> = on_backend!(self, SQL, SQL, |sql, pool| {
+        let row: Option<(i64, String)> = on_backend!(self, SQL, SQL, |sql, db| {
             sqlx::query_as(sql)
                 .bind(secret_hash.as_bytes())
-                .fetch_optional(pool)
+                .fetch_optional(db)
                 .await
         })?;
         Ok(row.map(|(id, name)| Merchant { id, name }))
@@ -66,8 +66,8 @@ impl Store {
     /// The merchant a queue command names in its `tenant` header.
     pub async fn merchant_by_name(&self, name: &str) -> Result<Option<Merchant>, StoreError> {
         const SQL: &str = "select id, name from merchants where name = $1";
-        let row: Option<(i64, String)> = on_backend!(self, SQL, SQL, |sql, pool| {
-            sqlx::query_as(sql).bind(name).fetch_optional(pool).await
+        let row: Option<(i64, String)> = on_backend!(self, SQL, SQL, |sql, db| {
+            sqlx::query_as(sql).bind(name).fetch_optional(db).await
         })?;
         Ok(row.map(|(id, name)| Merchant { id, name }))
     }

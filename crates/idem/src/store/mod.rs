@@ -13,33 +13,60 @@
 //!   function is one short transaction (one statement on PostgreSQL; on SQLite,
 //!   which cannot write from a CTE, a few statements under `begin immediate`).
 
-/// Runs `$body` once per backend, with `$pool` bound to that backend's pool and
-/// `$sql` to its statement text (`$pg` or `$sqlite`); the body is type-checked
-/// against each backend in turn, so one chain of binds serves both.
+/// Runs `$body` once per backend, with `$db` bound to that backend's executor
+/// (a pooled PostgreSQL connection, or the SQLite pool) and `$sql` to its
+/// statement text (`$pg` or `$sqlite`); the body is type-checked against each
+/// backend in turn, so one chain of binds serves both. The body evaluates to a
+/// `Result<_, sqlx::Error>`.
 ///
 /// `on_backend!(write store, ...)` marks a statement that writes: on SQLite it
 /// first waits for this process's turn to write (see [`Store::writer`]).
-macro_rules! on_backend {
-    (write $store:expr, $pg:expr, $sqlite:expr, |$sql:ident, $pool:ident| $body:expr) => {
-        match &$store.db {
-            $crate::store::Db::Postgres($pool) => {
-                let $sql: &str = $pg;
-                $body
+/// Runs `$body` on one connection of a [`pg::PgPool`], bound to `$db`; the
+/// body evaluates to a `Result`. The connection goes back to the pool if the
+/// body succeeds; on an error, or if the future is dropped before the body
+/// ends, it is closed (see [`pg`] for why). A macro, not a function taking an
+/// async closure, so the future stays `Send` for the spawned tasks that run it.
+macro_rules! on_pg {
+    ($pool:expr, |$db:ident| $body:expr) => {
+        match $pool.get().await {
+            Ok(mut conn) => {
+                let result = {
+                    let $db = conn.raw();
+                    $body
+                };
+                if result.is_ok() {
+                    conn.release();
+                }
+                result
             }
-            $crate::store::Db::Sqlite($pool) => {
+            Err(e) => Err(e.into()),
+        }
+    };
+}
+
+macro_rules! on_backend {
+    (write $store:expr, $pg:expr, $sqlite:expr, |$sql:ident, $db:ident| $body:expr) => {
+        match &$store.db {
+            $crate::store::Db::Postgres(pool) => {
+                let $sql: &str = $pg;
+                let result: Result<_, sqlx::Error> = on_pg!(pool, |$db| $body);
+                result
+            }
+            $crate::store::Db::Sqlite($db) => {
                 let _turn = $store.writer.lock().await;
                 let $sql: &str = $sqlite;
                 $body
             }
         }
     };
-    ($store:expr, $pg:expr, $sqlite:expr, |$sql:ident, $pool:ident| $body:expr) => {
+    ($store:expr, $pg:expr, $sqlite:expr, |$sql:ident, $db:ident| $body:expr) => {
         match &$store.db {
-            $crate::store::Db::Postgres($pool) => {
+            $crate::store::Db::Postgres(pool) => {
                 let $sql: &str = $pg;
-                $body
+                let result: Result<_, sqlx::Error> = on_pg!(pool, |$db| $body);
+                result
             }
-            $crate::store::Db::Sqlite($pool) => {
+            $crate::store::Db::Sqlite($db) => {
                 let $sql: &str = $sqlite;
                 $body
             }
@@ -71,14 +98,17 @@ mod charges;
 mod idempotency;
 mod merchants;
 mod outbox;
+mod pg;
 
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{PgPool, SqlitePool};
+use sqlx::SqlitePool;
+
+use pg::PgPool;
 
 pub use charges::{ProcessingStats, StuckCharge};
 pub use idempotency::{
@@ -164,7 +194,7 @@ impl Backend {
     }
 }
 
-/// The pool of one backend. Each store operation matches on it and runs its
+/// The pool of one backend (PostgreSQL's is idem's own, see [`pg`]). Each store operation matches on it and runs its
 /// backend's statements; the SQL of both sits side by side in the module that
 /// owns the table, so the two cannot drift apart unnoticed.
 #[derive(Clone)]
@@ -202,8 +232,9 @@ impl Store {
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
         let db = match Backend::of_url(url)? {
             Backend::Postgres => {
-                let (pool, options) = pg_options(url, max_connections)?;
-                Db::Postgres(pool.connect_with(options).await?)
+                let pool = pg_pool(url, max_connections)?;
+                pool.get().await?.release();
+                Db::Postgres(pool)
             }
             Backend::Sqlite => {
                 let (pool, options) = sqlite_options(url, max_connections)?;
@@ -218,10 +249,7 @@ impl Store {
     /// starts working when the database does, with no restart.
     pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Self, StoreError> {
         let db = match Backend::of_url(url)? {
-            Backend::Postgres => {
-                let (pool, options) = pg_options(url, max_connections)?;
-                Db::Postgres(pool.connect_lazy_with(options))
-            }
+            Backend::Postgres => Db::Postgres(pg_pool(url, max_connections)?),
             Backend::Sqlite => {
                 let (pool, options) = sqlite_options(url, max_connections)?;
                 Db::Sqlite(pool.connect_lazy_with(options))
@@ -249,25 +277,32 @@ impl Store {
     /// write lock on SQLite).
     pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
         match &self.db {
-            Db::Postgres(pool) => sqlx::migrate!("./migrations/postgres").run(pool).await,
+            Db::Postgres(pool) => {
+                let mut conn = pool.get().await?;
+                sqlx::migrate!("./migrations/postgres")
+                    .run(conn.raw())
+                    .await?;
+                conn.release();
+                Ok(())
+            }
             Db::Sqlite(pool) => sqlx::migrate!("./migrations/sqlite").run(pool).await,
         }
     }
 
     /// One trivial round trip: is the database answering?
     pub async fn ping(&self) -> Result<(), StoreError> {
-        on_backend!(self, "select 1", "select 1", |sql, pool| {
-            sqlx::query(sql).execute(pool).await.map(drop)
+        on_backend!(self, "select 1", "select 1", |sql, db| {
+            sqlx::query(sql).execute(db).await.map(drop)
         })?;
         Ok(())
     }
 
     pub fn pool_stats(&self) -> PoolStats {
         match &self.db {
-            Db::Postgres(pool) => PoolStats {
-                size: pool.size(),
-                idle: pool.num_idle(),
-            },
+            Db::Postgres(pool) => {
+                let (size, idle) = pool.stats();
+                PoolStats { size, idle }
+            }
             Db::Sqlite(pool) => PoolStats {
                 size: pool.size(),
                 idle: pool.num_idle(),
@@ -284,16 +319,13 @@ impl Store {
     }
 }
 
-fn pg_options(
-    url: &str,
-    max_connections: u32,
-) -> Result<(PgPoolOptions, PgConnectOptions), StoreError> {
+fn pg_pool(url: &str, max_connections: u32) -> Result<PgPool, StoreError> {
     let options: PgConnectOptions = url.parse()?;
-    let pool = PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(ACQUIRE_TIMEOUT)
-        .test_before_acquire(false);
-    Ok((pool, options.application_name("idem")))
+    Ok(PgPool::new(
+        options.application_name("idem"),
+        max_connections,
+        ACQUIRE_TIMEOUT,
+    )?)
 }
 
 /// SQLite as a store several processes share: the write-ahead log (readers

@@ -22,8 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use sqlx::{Postgres, SqlitePool, Transaction};
+use sqlx::SqlitePool;
 
+use super::pg::PgConn;
 use super::{millis, Db, Store, StoreError};
 use crate::domain::{ChargeId, MessageId};
 use crate::idempotency::{IdempotencyKey, StoredResponse};
@@ -90,8 +91,9 @@ pub struct OutboxBatch {
 }
 
 enum BatchHold {
-    /// The transaction whose row locks hold the batch.
-    Postgres(Transaction<'static, Postgres>),
+    /// The connection whose open transaction's row locks hold the batch;
+    /// dropped unfinished, it is closed, and the server rolls back.
+    Postgres(PgConn),
     /// The batch is leased; marking it needs only the pool (and a turn to write).
     Sqlite(SqlitePool, Arc<tokio::sync::Mutex<()>>),
 }
@@ -102,12 +104,13 @@ impl OutboxBatch {
     /// broker went away) are free for the next batch at once.
     pub async fn finish(self, published: &[i64]) -> Result<(), StoreError> {
         match self.hold {
-            BatchHold::Postgres(mut tx) => {
+            BatchHold::Postgres(mut conn) => {
                 sqlx::query("update outbox set published_at = now() where id = any($1)")
                     .bind(published)
-                    .execute(&mut *tx)
+                    .execute(conn.raw())
                     .await?;
-                tx.commit().await?;
+                sqlx::query("commit").execute(conn.raw()).await?;
+                conn.release();
             }
             BatchHold::Sqlite(pool, writer) => {
                 let _turn = writer.lock().await;
@@ -187,7 +190,7 @@ impl Store {
                 sqlite_now!(),
                 ")"
             ),
-            |sql, pool| sqlx::query(sql)
+            |sql, db| sqlx::query(sql)
                 .bind(MessageId::result().as_str())
                 .bind(new.exchange)
                 .bind(new.routing_key)
@@ -199,7 +202,7 @@ impl Store {
                 .bind(body)
                 .bind(merchant_id)
                 .bind(charge_id)
-                .execute(pool)
+                .execute(db)
                 .await
                 .map(drop)
         )?;
@@ -212,7 +215,8 @@ impl Store {
     pub async fn outbox_batch(&self, limit: i64) -> Result<OutboxBatch, StoreError> {
         match &self.db {
             Db::Postgres(pool) => {
-                let mut tx = pool.begin().await?;
+                let mut conn = pool.get().await?;
+                sqlx::query("begin").execute(conn.raw()).await?;
                 let messages = sqlx::query_as(concat!(
                     "select ",
                     batch_columns!(),
@@ -224,10 +228,10 @@ impl Store {
                         for update of o skip locked"
                 ))
                 .bind(limit)
-                .fetch_all(&mut *tx)
+                .fetch_all(conn.raw())
                 .await?;
                 Ok(OutboxBatch {
-                    hold: BatchHold::Postgres(tx),
+                    hold: BatchHold::Postgres(conn),
                     messages,
                 })
             }
@@ -295,10 +299,10 @@ impl Store {
                 " - $1
                          limit $2)"
             ),
-            |sql, pool| sqlx::query(sql)
+            |sql, db| sqlx::query(sql)
                 .bind(millis(retention))
                 .bind(limit)
-                .execute(pool)
+                .execute(db)
                 .await
                 .map(|done| done.rows_affected())
         )?)
@@ -317,7 +321,7 @@ impl Store {
                 " - min(created_at)) / 1000.0, 0.0)
                    from outbox where published_at is null"
             ),
-            |sql, pool| sqlx::query_as(sql).fetch_one(pool).await
+            |sql, db| sqlx::query_as(sql).fetch_one(db).await
         )?)
     }
 }

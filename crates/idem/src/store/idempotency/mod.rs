@@ -231,7 +231,7 @@ impl Store {
     /// conditional update that only one attempt can win.
     pub async fn claim(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
         match &self.db {
-            Db::Postgres(pool) => postgres::claim(pool, new).await,
+            Db::Postgres(pool) => on_pg!(pool, |db| postgres::claim(db, new).await),
             Db::Sqlite(pool) => sqlite::claim(pool, &self.writer, new).await,
         }
     }
@@ -243,7 +243,9 @@ impl Store {
         key: &IdempotencyKey,
     ) -> Result<Option<KeyRecord>, StoreError> {
         match &self.db {
-            Db::Postgres(pool) => postgres::key_record(pool, merchant_id, key).await,
+            Db::Postgres(pool) => {
+                on_pg!(pool, |db| postgres::key_record(db, merchant_id, key).await)
+            }
             Db::Sqlite(pool) => sqlite::key_record(pool, merchant_id, key).await,
         }
     }
@@ -259,7 +261,16 @@ impl Store {
         lease: Duration,
     ) -> Result<Option<KeyRecord>, StoreError> {
         match &self.db {
-            Db::Postgres(pool) => postgres::take_over(pool, merchant_id, key, attempt, lease).await,
+            Db::Postgres(pool) => {
+                on_pg!(pool, |db| postgres::take_over(
+                    db,
+                    merchant_id,
+                    key,
+                    attempt,
+                    lease
+                )
+                .await)
+            }
             Db::Sqlite(pool) => {
                 let _turn = self.writer.lock().await;
                 sqlite::take_over(pool, merchant_id, key, attempt, lease).await
@@ -279,11 +290,11 @@ impl Store {
             write self,
             postgres::RELEASE_SQL,
             sqlite::RELEASE_SQL,
-            |sql, pool| sqlx::query(sql)
+            |sql, db| sqlx::query(sql)
                 .bind(merchant_id)
                 .bind(key.as_str())
                 .bind(attempt)
-                .execute(pool)
+                .execute(db)
                 .await
                 .map(drop)
         )?;
@@ -315,7 +326,7 @@ impl Store {
             event: settlement.event,
         };
         match &self.db {
-            Db::Postgres(pool) => postgres::finalize(pool, &values).await,
+            Db::Postgres(pool) => on_pg!(pool, |db| postgres::finalize(db, &values).await),
             Db::Sqlite(pool) => {
                 let _turn = self.writer.lock().await;
                 sqlite::finalize(pool, &values).await
@@ -335,10 +346,10 @@ impl Store {
             self,
             postgres::ORPHANS_SQL,
             sqlite::ORPHANS_SQL,
-            |sql, pool| sqlx::query_as(sql)
+            |sql, db| sqlx::query_as(sql)
                 .bind(limit)
                 .bind(super::millis(settle_deadline))
-                .fetch_all(pool)
+                .fetch_all(db)
                 .await
         )?;
         rows.into_iter().map(Orphan::try_from).collect()
@@ -353,9 +364,9 @@ impl Store {
             write self,
             postgres::SWEEP_SQL,
             sqlite::SWEEP_SQL,
-            |sql, pool| sqlx::query(sql)
+            |sql, db| sqlx::query(sql)
                 .bind(limit)
-                .execute(pool)
+                .execute(db)
                 .await
                 .map(|done| done.rows_affected())
         )?)

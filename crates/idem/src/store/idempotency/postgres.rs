@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use sqlx::PgPool;
+use sqlx::PgConnection;
 
 use super::{bind_claim, bind_finalize, ClaimValues, FinalizeValues, RecordRow};
 use super::{Claim, KeyRecord, NewClaim};
@@ -171,9 +171,9 @@ struct ClaimRow {
     record: RecordRow,
 }
 
-pub(super) async fn claim(pool: &PgPool, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
+pub(super) async fn claim(db: &mut PgConnection, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
     for _ in 0..CLAIM_ROUNDS {
-        if let Some(claim) = try_claim(pool, new).await? {
+        if let Some(claim) = try_claim(db, new).await? {
             return Ok(claim);
         }
     }
@@ -185,10 +185,10 @@ pub(super) async fn claim(pool: &PgPool, new: &NewClaim<'_>) -> Result<Claim, St
 
 /// One round of [`claim`]; `None` when the record this round saw was deleted
 /// (swept) before the round could use it.
-async fn try_claim(pool: &PgPool, new: &NewClaim<'_>) -> Result<Option<Claim>, StoreError> {
+async fn try_claim(db: &mut PgConnection, new: &NewClaim<'_>) -> Result<Option<Claim>, StoreError> {
     let values = ClaimValues::new(new);
     let row: Option<ClaimRow> = bind_claim!(sqlx::query_as(CLAIM_SQL), values)
-        .fetch_optional(pool)
+        .fetch_optional(&mut *db)
         .await?;
     let record = match row {
         Some(ClaimRow { won: true, record }) => return Ok(Some(Claim::Won(record.try_into()?))),
@@ -196,47 +196,50 @@ async fn try_claim(pool: &PgPool, new: &NewClaim<'_>) -> Result<Option<Claim>, S
         // The winner committed after this statement's snapshot was taken:
         // the insert saw its row, the select could not. A fresh read will
         // (unless the row was swept meanwhile: then the next round inserts).
-        None => match key_record(pool, new.merchant_id, new.key).await? {
+        None => match key_record(db, new.merchant_id, new.key).await? {
             Some(record) => record,
             None => return Ok(None),
         },
     };
     if record.expired {
-        return reclaim_expired(pool, new).await;
+        return reclaim_expired(db, new).await;
     }
     Ok(Some(Claim::Lost(record)))
 }
 
-async fn reclaim_expired(pool: &PgPool, new: &NewClaim<'_>) -> Result<Option<Claim>, StoreError> {
+async fn reclaim_expired(
+    db: &mut PgConnection,
+    new: &NewClaim<'_>,
+) -> Result<Option<Claim>, StoreError> {
     let values = ClaimValues::new(new);
     let row: Option<RecordRow> = bind_claim!(sqlx::query_as(RECLAIM_SQL), values)
-        .fetch_optional(pool)
+        .fetch_optional(&mut *db)
         .await?;
     match row {
         Some(record) => Ok(Some(Claim::Won(record.try_into()?))),
         // Another attempt reclaimed it first (that one is now the intent),
         // or the sweeper deleted it (the next round inserts afresh).
-        None => Ok(key_record(pool, new.merchant_id, new.key)
+        None => Ok(key_record(db, new.merchant_id, new.key)
             .await?
             .map(Claim::Lost)),
     }
 }
 
 pub(super) async fn key_record(
-    pool: &PgPool,
+    db: &mut PgConnection,
     merchant_id: i64,
     key: &IdempotencyKey,
 ) -> Result<Option<KeyRecord>, StoreError> {
     let row: Option<RecordRow> = sqlx::query_as(KEY_RECORD_SQL)
         .bind(merchant_id)
         .bind(key.as_str())
-        .fetch_optional(pool)
+        .fetch_optional(&mut *db)
         .await?;
     row.map(KeyRecord::try_from).transpose()
 }
 
 pub(super) async fn take_over(
-    pool: &PgPool,
+    db: &mut PgConnection,
     merchant_id: i64,
     key: &IdempotencyKey,
     attempt: i64,
@@ -247,14 +250,17 @@ pub(super) async fn take_over(
         .bind(key.as_str())
         .bind(attempt)
         .bind(millis(lease))
-        .fetch_optional(pool)
+        .fetch_optional(&mut *db)
         .await?;
     row.map(KeyRecord::try_from).transpose()
 }
 
-pub(super) async fn finalize(pool: &PgPool, v: &FinalizeValues<'_>) -> Result<bool, StoreError> {
+pub(super) async fn finalize(
+    db: &mut PgConnection,
+    v: &FinalizeValues<'_>,
+) -> Result<bool, StoreError> {
     let settled: Option<(String,)> = bind_finalize!(sqlx::query_as(FINALIZE_SQL), v)
-        .fetch_optional(pool)
+        .fetch_optional(&mut *db)
         .await?;
     Ok(settled.is_some())
 }
