@@ -634,7 +634,13 @@ pub async fn reconcile(args: ReconcileArgs, shutdown: CancellationToken) -> anyh
 /// idem itself ever charged twice.
 async fn demo(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     let config = crate::demo::DemoConfig {
-        database_url: database_url_or_default(args.database_url.as_deref()),
+        database_url: args.database_url.unwrap_or_else(|| {
+            tracing::info!(
+                "no --database-url or DATABASE_URL: the demo runs on SQLite files of its own, \
+                 in a scratch directory removed at the end"
+            );
+            crate::store::DEFAULT_DATABASE_URL.to_owned()
+        }),
         intents: args.intents,
         bursts: args.bursts,
         copies: args.copies,
