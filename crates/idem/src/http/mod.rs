@@ -10,10 +10,12 @@ mod error;
 mod openapi;
 mod ops;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, Request};
-use axum::http::{header, HeaderName, StatusCode};
+use axum::http::{self as http, header, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -22,7 +24,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::request_id::{
+    MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
+};
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
@@ -64,7 +68,7 @@ impl AppState {
 /// for an answer; the charge attempt itself carries on to the end regardless.
 pub fn router(state: AppState, request_timeout: Duration) -> Router {
     let middleware = ServiceBuilder::new()
-        .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+        .layer(SetRequestIdLayer::new(REQUEST_ID, RequestIds::new()))
         .layer(
             TraceLayer::new_for_http().make_span_with(|request: &Request| {
                 let request_id = request
@@ -127,6 +131,35 @@ pub async fn serve(
     tasks.close();
     tasks.wait().await;
     Ok(())
+}
+
+/// Request ids for requests that come without one: this process's random
+/// prefix and a counter (`q3Fz9aK0cT1x-42`). Unique across instances and
+/// restarts like a UUID, in practice, without asking the kernel for random
+/// bytes on every request.
+#[derive(Clone)]
+struct RequestIds {
+    prefix: Arc<str>,
+    next: Arc<AtomicU64>,
+}
+
+impl RequestIds {
+    fn new() -> Self {
+        use rand::distr::{Alphanumeric, SampleString};
+        Self {
+            prefix: Alphanumeric.sample_string(&mut rand::rng(), 12).into(),
+            next: Arc::default(),
+        }
+    }
+}
+
+impl MakeRequestId for RequestIds {
+    fn make_request_id<B>(&mut self, _: &http::Request<B>) -> Option<RequestId> {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        HeaderValue::try_from(format!("{}-{n}", self.prefix))
+            .ok()
+            .map(RequestId::new)
+    }
 }
 
 /// Counts every routed request by its route template, method and status.

@@ -158,7 +158,7 @@ impl Modify for Finish {
             .schema(ObjectBuilder::new().schema_type(Type::String))
             .description(Some(
                 "The request's id, also on its log lines: the client's own `X-Request-Id` \
-                 if it sent one, else a new UUID.",
+                 if it sent one, else a new one, unique per process and request.",
             ))
             .build();
         for item in doc.paths.paths.values_mut() {
