@@ -108,10 +108,12 @@ pub async fn create(
 
     let engine = state.engine.clone();
     // The request's span goes along, so the engine's log lines carry its fields.
-    let task = state.tasks.spawn(
+    // Boxed: the attempt's future is large, and tokio moves a task's whole
+    // state several times as it spawns and completes it; a box moves as a pointer.
+    let task = state.tasks.spawn(Box::pin(
         async move { engine.submit(&merchant, &key, &request).await }
             .instrument(tracing::Span::current()),
-    );
+    ));
     let outcome = task
         .await
         .map_err(|e| ApiError::Internal(format!("charge task failed: {e}")))??;
