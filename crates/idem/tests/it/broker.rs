@@ -24,10 +24,15 @@ use crate::helpers::{IdemProcess, TestDb, TestSim};
 /// Queue tests share the broker; the one that restarts it takes this for writing.
 static BROKER: RwLock<()> = RwLock::const_new(());
 
-/// The broker's address, without a virtual host.
+/// The broker's address, without a virtual host: one given in
+/// IDEM_TEST_AMQP_URL (`.../%2f`, say) is dropped, as each test makes its own.
 fn broker_base() -> String {
-    std::env::var("IDEM_TEST_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672".into())
+    let url = std::env::var("IDEM_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672".into());
+    match url.split_once("://") {
+        Some((scheme, rest)) => format!("{scheme}://{}", rest.split('/').next().unwrap_or(rest)),
+        None => url,
+    }
 }
 
 fn broker_addr() -> String {
