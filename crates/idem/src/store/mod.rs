@@ -13,14 +13,6 @@
 //!   function is one short transaction (one statement on PostgreSQL; on SQLite,
 //!   which cannot write from a CTE, a few statements under `begin immediate`).
 
-/// Runs `$body` once per backend, with `$db` bound to that backend's executor
-/// (a pooled PostgreSQL connection, or the SQLite pool) and `$sql` to its
-/// statement text (`$pg` or `$sqlite`); the body is type-checked against each
-/// backend in turn, so one chain of binds serves both. The body evaluates to a
-/// `Result<_, sqlx::Error>`.
-///
-/// `on_backend!(write store, ...)` marks a statement that writes: on SQLite it
-/// first waits for this process's turn to write (see [`Store::writer`]).
 /// Runs `$body` on one connection of a [`pg::PgPool`], bound to `$db`; the
 /// body evaluates to a `Result`. The connection goes back to the pool if the
 /// body succeeds; on an error, or if the future is dropped before the body
@@ -44,6 +36,14 @@ macro_rules! on_pg {
     };
 }
 
+/// Runs `$body` once per backend, with `$db` bound to that backend's executor
+/// (a pooled PostgreSQL connection, or the SQLite pool) and `$sql` to its
+/// statement text (`$pg` or `$sqlite`); the body is type-checked against each
+/// backend in turn, so one chain of binds serves both. The body evaluates to a
+/// `Result<_, sqlx::Error>`.
+///
+/// `on_backend!(write store, ...)` marks a statement that writes: on SQLite it
+/// first waits for this process's turn to write (see [`Store::writer`]).
 macro_rules! on_backend {
     (write $store:expr, $pg:expr, $sqlite:expr, |$sql:ident, $db:ident| $body:expr) => {
         match &$store.db {
