@@ -16,8 +16,7 @@
 /// Runs `$body` on one connection of a [`pg::PgPool`], bound to `$db`; the
 /// body evaluates to a `Result`. The connection goes back to the pool if the
 /// body succeeds; on an error, or if the future is dropped before the body
-/// ends, it is closed (see [`pg`] for why). A macro, not a function taking an
-/// async closure, so the future stays `Send` for the spawned tasks that run it.
+/// ends, it is closed (see [`pg`] for why).
 macro_rules! on_pg {
     ($pool:expr, |$db:ident| $body:expr) => {
         match $pool.get().await {

@@ -216,6 +216,8 @@ impl Store {
         match &self.db {
             Db::Postgres(pool) => {
                 let mut conn = pool.get().await?;
+                // `query`, not `raw_sql`: sqlx 0.8's `raw_sql` future is not `Send`
+                // for every lifetime, and the relay runs on a spawned task.
                 sqlx::query("begin").execute(conn.raw()).await?;
                 let messages = sqlx::query_as(concat!(
                     "select ",
