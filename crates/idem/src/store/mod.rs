@@ -42,7 +42,7 @@ macro_rules! on_pg {
 /// `Result<_, sqlx::Error>`.
 ///
 /// `on_backend!(write store, ...)` marks a statement that writes: on SQLite it
-/// first waits for this process's turn to write (see [`Store::writer`]).
+/// first waits for this process's turn to write (see [`WriteTurns`]).
 macro_rules! on_backend {
     (write $store:expr, $pg:expr, $sqlite:expr, |$sql:ident, $db:ident| $body:expr) => {
         match &$store.db {
@@ -52,7 +52,7 @@ macro_rules! on_backend {
                 result
             }
             $crate::store::Db::Sqlite($db) => {
-                let _turn = $store.writer.lock().await;
+                let _turn = $store.writer.take().await?;
                 let $sql: &str = $sqlite;
                 $body
             }
@@ -206,15 +206,31 @@ enum Db {
 #[derive(Clone)]
 pub struct Store {
     db: Db,
-    /// SQLite lets one connection write to a file at a time, and a writer that
-    /// finds the lock taken sleeps in steps of up to 100 ms before it looks
-    /// again. So the writers of this process take turns here first: in order,
-    /// without sleeping, and without holding a pooled connection while they
-    /// wait (reads, such as a replay, keep getting one). SQLite's busy timeout
-    /// is then left to settle turns between processes only. Unused on
-    /// PostgreSQL, whose row locks need no such help. A tokio mutex, because
-    /// the turn is held across the awaits of a transaction.
-    writer: Arc<tokio::sync::Mutex<()>>,
+    /// SQLite's writers of this process take turns here (see [`WriteTurns`]).
+    writer: WriteTurns,
+}
+
+/// SQLite lets one connection write to a file at a time, and a writer that
+/// finds the lock taken sleeps in steps of up to 100 ms before it looks again.
+/// So the writers of one process take turns here first: in order, without
+/// sleeping, and without holding a pooled connection while they wait (reads,
+/// such as a replay, keep getting one). SQLite's busy timeout is then left to
+/// settle turns between processes only. Unused on PostgreSQL, whose row locks
+/// need no such help. A tokio mutex, because a turn is held across the awaits
+/// of a transaction.
+#[derive(Clone, Default)]
+struct WriteTurns(Arc<tokio::sync::Mutex<()>>);
+
+impl WriteTurns {
+    /// Waits for this process's turn to write, but no longer than SQLite's own
+    /// busy timeout: a turn that slow in coming means another process holds
+    /// the file's lock, and the writer answers 503 like any database outage,
+    /// instead of queueing through one busy timeout after another.
+    async fn take(&self) -> Result<tokio::sync::MutexGuard<'_, ()>, StoreError> {
+        tokio::time::timeout(SQLITE_BUSY_TIMEOUT, self.0.lock())
+            .await
+            .map_err(|_| StoreError::Unavailable(sqlx::Error::PoolTimedOut))
+    }
 }
 
 /// How many connections a pool holds now, and how many of them are idle.
@@ -260,7 +276,7 @@ impl Store {
     fn on(db: Db) -> Self {
         Self {
             db,
-            writer: Arc::default(),
+            writer: WriteTurns::default(),
         }
     }
 

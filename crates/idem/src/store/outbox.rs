@@ -18,14 +18,13 @@
 //! once their lease is over. Either way a batch that is not marked published
 //! goes out again: at-least-once.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use sqlx::SqlitePool;
 
 use super::pg::PgConn;
-use super::{millis, Db, Store, StoreError};
+use super::{millis, Db, Store, StoreError, WriteTurns};
 use crate::domain::{ChargeId, MessageId};
 use crate::idempotency::{IdempotencyKey, StoredResponse};
 
@@ -95,7 +94,7 @@ enum BatchHold {
     /// dropped unfinished, it is closed, and the server rolls back.
     Postgres(PgConn),
     /// The batch is leased; marking it needs only the pool (and a turn to write).
-    Sqlite(SqlitePool, Arc<tokio::sync::Mutex<()>>),
+    Sqlite(SqlitePool, WriteTurns),
 }
 
 impl OutboxBatch {
@@ -113,7 +112,7 @@ impl OutboxBatch {
                 conn.release();
             }
             BatchHold::Sqlite(pool, writer) => {
-                let _turn = writer.lock().await;
+                let _turn = writer.take().await?;
                 let taken: Vec<i64> = self.messages.iter().map(|m| m.id).collect();
                 sqlx::query(concat!(
                     "update outbox
@@ -240,7 +239,7 @@ impl Store {
             Db::Sqlite(pool) => {
                 // Lease and read in one write transaction, so two relays never
                 // lease the same row; it commits at once, before any publish.
-                let _turn = self.writer.lock().await;
+                let _turn = self.writer.take().await?;
                 let mut tx = pool.begin_with("begin immediate").await?;
                 let taken: Vec<(i64,)> = sqlx::query_as(concat!(
                     "update outbox set claimed_until = ",

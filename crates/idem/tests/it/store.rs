@@ -6,7 +6,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use idem::domain::{ChargeRequest, ChargeStatus};
 use idem::idempotency::{Fingerprint, IdempotencyKey, StoredResponse};
-use idem::store::{Backend, Claim, KeyState, NewClaim, NewResult, ResultAnswer, Settlement, Store};
+use idem::store::{
+    Backend, Claim, KeyState, NewClaim, NewResult, ResultAnswer, Settlement, Store, StoreError,
+};
 
 use crate::helpers::*;
 
@@ -229,4 +231,65 @@ async fn a_batch_dropped_unfinished_frees_its_rows_and_its_connection() {
             assert!(batch.messages.is_empty(), "the lease still holds the row");
         }
     }
+}
+
+/// Another process holds the SQLite file's write lock and does not let go:
+/// every writer of this process gives up after one busy timeout (5 s) with a
+/// 503-class error, instead of the ones queued behind the first waiting one
+/// busy timeout after another.
+#[tokio::test]
+async fn writers_stuck_behind_another_process_give_up_together() {
+    if !runs_on(
+        Backend::Sqlite,
+        "it holds SQLite's one write lock; PostgreSQL has row locks and no write turn",
+    ) {
+        return;
+    }
+    use sqlx::Connection;
+    let db = TestDb::new().await;
+    db.merchant("loja").await;
+    let merchant_id = db.merchant_id("loja").await;
+    let mut other_process = sqlx::SqliteConnection::connect(&db.url)
+        .await
+        .expect("connect");
+    sqlx::query("begin immediate")
+        .execute(&mut other_process)
+        .await
+        .expect("take the write lock");
+
+    let started = std::time::Instant::now();
+    let claims = (1..=3).map(|order| {
+        let store = db.store.clone();
+        tokio::spawn(async move {
+            let key = IdempotencyKey::parse(format!("stuck-{order}").as_bytes()).expect("key");
+            let request = ChargeRequest::from_json(body(order, 100).as_bytes()).expect("request");
+            let claim = NewClaim {
+                merchant_id,
+                key: &key,
+                fingerprint: Fingerprint::of_charge(&request),
+                request: &request,
+                lease: Duration::from_secs(5),
+                key_ttl: Duration::from_secs(60),
+            };
+            let outcome = store.claim(&claim).await;
+            (outcome.map(|_| ()), started.elapsed())
+        })
+    });
+    for claim in futures_util::future::join_all(claims).await {
+        let (outcome, took) = claim.expect("claim task");
+        assert!(
+            matches!(outcome, Err(StoreError::Unavailable(_))),
+            "a writer behind a stuck lock gets a retryable error, got {outcome:?}"
+        );
+        assert!(
+            took < Duration::from_secs(8),
+            "every writer gives up after about one busy timeout, this one after {took:?}"
+        );
+    }
+
+    sqlx::query("rollback")
+        .execute(&mut other_process)
+        .await
+        .expect("let go");
+    assert_eq!(db.count("charges").await, 0, "nothing was half-stored");
 }

@@ -272,7 +272,7 @@ impl Store {
                 .await)
             }
             Db::Sqlite(pool) => {
-                let _turn = self.writer.lock().await;
+                let _turn = self.writer.take().await?;
                 sqlite::take_over(pool, merchant_id, key, attempt, lease).await
             }
         }
@@ -328,7 +328,7 @@ impl Store {
         match &self.db {
             Db::Postgres(pool) => on_pg!(pool, |db| postgres::finalize(db, &values).await),
             Db::Sqlite(pool) => {
-                let _turn = self.writer.lock().await;
+                let _turn = self.writer.take().await?;
                 sqlite::finalize(pool, &values).await
             }
         }

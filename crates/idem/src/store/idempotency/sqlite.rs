@@ -14,7 +14,7 @@ use super::{bind_claim, bind_finalize, ClaimValues, FinalizeValues, RecordRow};
 use super::{Claim, KeyRecord, NewClaim};
 use crate::idempotency::IdempotencyKey;
 use crate::store::charges::sqlite_charge_columns;
-use crate::store::{millis, StoreError};
+use crate::store::{millis, StoreError, WriteTurns};
 
 /// Starts a write transaction at once, so a claim never meets another
 /// writer's commit halfway (the busy timeout makes it wait its turn instead).
@@ -171,7 +171,7 @@ pub(super) const SWEEP_SQL: &str = concat!(
 
 pub(super) async fn claim(
     pool: &SqlitePool,
-    writer: &tokio::sync::Mutex<()>,
+    writer: &WriteTurns,
     new: &NewClaim<'_>,
 ) -> Result<Claim, StoreError> {
     // A live record answers a retry without the write lock, which SQLite has
@@ -185,7 +185,7 @@ pub(super) async fn claim(
         }
     }
     let values = ClaimValues::new(new);
-    let _turn = writer.lock().await;
+    let _turn = writer.take().await?;
     let mut tx = pool.begin_with(BEGIN_IMMEDIATE).await?;
     let inserted: Option<(String,)> = bind_claim!(sqlx::query_as(INSERT_KEY_SQL), values)
         .fetch_optional(&mut *tx)
