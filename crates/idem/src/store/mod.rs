@@ -44,20 +44,13 @@ macro_rules! on_pg {
 /// `on_backend!(write store, ...)` marks a statement that writes: on SQLite it
 /// first waits for this process's turn to write (see [`WriteTurns`]).
 macro_rules! on_backend {
-    (write $store:expr, $pg:expr, $sqlite:expr, |$sql:ident, $db:ident| $body:expr) => {
-        match &$store.db {
-            $crate::store::Db::Postgres(pool) => {
-                let $sql: &str = $pg;
-                let result: Result<_, sqlx::Error> = on_pg!(pool, |$db| $body);
-                result
-            }
-            $crate::store::Db::Sqlite($db) => {
-                let _turn = $store.writer.take().await?;
-                let $sql: &str = $sqlite;
-                $body
-            }
-        }
-    };
+    (write $store:expr, $pg:expr, $sqlite:expr, |$sql:ident, $db:ident| $body:expr) => {{
+        let _turn = match &$store.db {
+            $crate::store::Db::Sqlite(_) => Some($store.writer.take().await?),
+            $crate::store::Db::Postgres(_) => None,
+        };
+        on_backend!($store, $pg, $sqlite, |$sql, $db| $body)
+    }};
     ($store:expr, $pg:expr, $sqlite:expr, |$sql:ident, $db:ident| $body:expr) => {
         match &$store.db {
             $crate::store::Db::Postgres(pool) => {
@@ -193,9 +186,10 @@ impl Backend {
     }
 }
 
-/// The pool of one backend (PostgreSQL's is idem's own, see [`pg`]). Each store operation matches on it and runs its
-/// backend's statements; the SQL of both sits side by side in the module that
-/// owns the table, so the two cannot drift apart unnoticed.
+/// The pool of one backend (PostgreSQL's is idem's own, see [`pg`]). Each
+/// store operation matches on it and runs its backend's statements; the SQL of
+/// both sits side by side in the module that owns the table, so the two cannot
+/// drift apart unnoticed.
 #[derive(Clone)]
 enum Db {
     Postgres(PgPool),
@@ -293,12 +287,9 @@ impl Store {
     pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
         match &self.db {
             Db::Postgres(pool) => {
-                let mut conn = pool.get().await?;
-                sqlx::migrate!("./migrations/postgres")
-                    .run(conn.raw())
-                    .await?;
-                conn.release();
-                Ok(())
+                on_pg!(pool, |db| sqlx::migrate!("./migrations/postgres")
+                    .run(db)
+                    .await)
             }
             Db::Sqlite(pool) => sqlx::migrate!("./migrations/sqlite").run(pool).await,
         }

@@ -12,6 +12,24 @@ use idem::store::{
 
 use crate::helpers::*;
 
+/// A claim of `key` for `request`, as the engine makes it.
+fn new_claim<'a>(
+    merchant_id: i64,
+    key: &'a IdempotencyKey,
+    request: &'a ChargeRequest,
+    lease: Duration,
+    key_ttl: Duration,
+) -> NewClaim<'a> {
+    NewClaim {
+        merchant_id,
+        key,
+        fingerprint: Fingerprint::of_charge(request),
+        request,
+        lease,
+        key_ttl,
+    }
+}
+
 #[tokio::test]
 async fn a_stale_holder_cannot_finalize_after_a_take_over() {
     let db = TestDb::new().await;
@@ -19,14 +37,13 @@ async fn a_stale_holder_cannot_finalize_after_a_take_over() {
     let merchant_id = db.merchant_id("loja").await;
     let key = IdempotencyKey::parse(b"fence-me").expect("key");
     let request = ChargeRequest::from_json(body(1, 100).as_bytes()).expect("request");
-    let claim = NewClaim {
+    let claim = new_claim(
         merchant_id,
-        key: &key,
-        fingerprint: Fingerprint::of_charge(&request),
-        request: &request,
-        lease: Duration::from_millis(50),
-        key_ttl: Duration::from_secs(60),
-    };
+        &key,
+        &request,
+        Duration::from_millis(50),
+        Duration::from_secs(60),
+    );
     let Claim::Won(stale) = db.store.claim(&claim).await.expect("claim") else {
         panic!("first claim wins")
     };
@@ -126,14 +143,13 @@ async fn a_claim_racing_the_sweeper_on_an_expired_key_never_fails() {
     let mut won = 0;
     for order in 1..=150 {
         let request = ChargeRequest::from_json(body(order, 100).as_bytes()).expect("request");
-        let claim = NewClaim {
+        let claim = new_claim(
             merchant_id,
-            key: &key,
-            fingerprint: Fingerprint::of_charge(&request),
-            request: &request,
-            lease: Duration::from_secs(5),
-            key_ttl: Duration::ZERO,
-        };
+            &key,
+            &request,
+            Duration::from_secs(5),
+            Duration::ZERO,
+        );
         match db
             .store
             .claim(&claim)
@@ -263,14 +279,13 @@ async fn writers_stuck_behind_another_process_give_up_together() {
         tokio::spawn(async move {
             let key = IdempotencyKey::parse(format!("stuck-{order}").as_bytes()).expect("key");
             let request = ChargeRequest::from_json(body(order, 100).as_bytes()).expect("request");
-            let claim = NewClaim {
+            let claim = new_claim(
                 merchant_id,
-                key: &key,
-                fingerprint: Fingerprint::of_charge(&request),
-                request: &request,
-                lease: Duration::from_secs(5),
-                key_ttl: Duration::from_secs(60),
-            };
+                &key,
+                &request,
+                Duration::from_secs(5),
+                Duration::from_secs(60),
+            );
             let outcome = store.claim(&claim).await;
             (outcome.map(|_| ()), started.elapsed())
         })
