@@ -5,7 +5,7 @@
 //! final answer with the full history of [`Attempt`]s that led to it.
 
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -53,6 +53,8 @@ pub struct Attempt {
     pub endpoint: String,
     /// How it ended.
     pub outcome: AttemptOutcome,
+    /// When it was sent: with `elapsed`, where the attempt sits on a timeline.
+    pub sent: Instant,
     /// Time from sending to the end of the attempt; the wait before it is not included.
     pub elapsed: Duration,
 }

@@ -163,6 +163,7 @@ impl Client {
                     Ok(reply) => AttemptOutcome::Status(reply.status),
                     Err(outcome) => outcome.clone(),
                 },
+                sent,
                 elapsed: sent.elapsed(),
             });
             match result {

@@ -24,6 +24,9 @@ use crate::sim::{self, Fault, Faults};
 use crate::store::Store;
 use crate::workers::{Reconciler, ReconcilerConfig, Sweeper};
 
+/// The environment variable that sets the log filter, for every command.
+pub(crate) const LOG_ENV: &str = "IDEM_LOG";
+
 /// What a client waits beyond the acquirer timeout before it gets a 504: the
 /// claim and finalize statements, with room for a slow database.
 const REQUEST_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
@@ -93,7 +96,8 @@ pub enum ChargesCommand {
 pub enum TenantCommand {
     /// Add a merchant and print its new secret (once, alone on stdout).
     Create {
-        /// The merchant's name, also sent to the acquirer.
+        /// The merchant's name, also sent to the acquirer: a slug, 1 to 100
+        /// of a-z, 0-9, '.', '_' and '-' (it is a routing key on the broker).
         name: String,
         #[command(flatten)]
         db: DbArgs,
@@ -121,6 +125,10 @@ pub struct EngineArgs {
         default_value = "http://127.0.0.1:9090"
     )]
     pub acquirer_url: String,
+    /// A PEM file of CA certificates to trust for an HTTPS acquirer, beside
+    /// the system's roots (for an acquirer with a private CA).
+    #[arg(long, env = "IDEM_ACQUIRER_CA")]
+    pub acquirer_ca: Option<std::path::PathBuf>,
     /// How long one call to the acquirer may take before its outcome is unknown.
     #[arg(long, env = "IDEM_ACQUIRER_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
     pub acquirer_timeout: Duration,
@@ -187,6 +195,18 @@ pub struct ServeArgs {
     /// Also consume charge commands from the queue (needs --amqp-url).
     #[arg(long, env = "IDEM_CONSUME", requires = "amqp_url")]
     pub consume: bool,
+    /// Serve /metrics (with /healthz and /readyz) on this address instead of
+    /// the API's: keep it off the public port in production.
+    #[arg(long, env = "IDEM_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// How long a connection may take to send a request's head, from when it
+    /// opens or its previous answer goes out; also how long an idle kept-alive
+    /// connection stays open. Keep a load balancer's idle timeout below it.
+    #[arg(long, env = "IDEM_HEADER_READ_TIMEOUT", value_parser = parse_duration, default_value = "30s")]
+    pub header_read_timeout: Duration,
+    /// /v1 requests worked at once; more are answered at once with 503 and Retry-After.
+    #[arg(long, env = "IDEM_MAX_IN_FLIGHT", default_value_t = http::MAX_IN_FLIGHT, value_parser = parse_positive)]
+    pub max_in_flight: usize,
     #[command(flatten)]
     pub queue: QueueArgs,
     #[command(flatten)]
@@ -324,8 +344,9 @@ pub struct SimArgs {
     /// Chance, 0.0 to 1.0, that a new capture is declined.
     #[arg(long, env = "IDEM_SIM_DECLINE_RATE", default_value_t = 0.0, value_parser = parse_rate)]
     pub decline_rate: f64,
-    /// Fault to inject into capture calls.
-    #[arg(long, env = "IDEM_SIM_FAULT", value_enum, default_value_t = Fault::None)]
+    /// Fault to inject into capture calls: none, error-before, error-after,
+    /// hang, drop-after, or status:N (answer status N without capturing).
+    #[arg(long, env = "IDEM_SIM_FAULT", default_value_t = Fault::None)]
     pub fault: Fault,
     /// Apply the fault to this many calls only (default: every call).
     #[arg(long, env = "IDEM_SIM_FAULT_COUNT")]
@@ -333,11 +354,27 @@ pub struct SimArgs {
     /// How long the `hang` fault withholds its answer.
     #[arg(long, env = "IDEM_SIM_HANG", value_parser = parse_duration, default_value = "120s")]
     pub hang: Duration,
+    /// Serve HTTPS with this certificate chain (PEM, the server's first); needs --tls-key.
+    #[arg(long, env = "IDEM_SIM_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "IDEM_SIM_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// The Retry-After, in seconds, that a status:N fault sends (e.g. with 429).
+    #[arg(long, env = "IDEM_SIM_RETRY_AFTER")]
+    pub retry_after_secs: Option<u64>,
 }
 
 /// `500ms`, `30s`, `24h`, `1h 30m`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 500ms, 30s, 24h)"))
+}
+
+fn parse_positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err("a whole number, at least 1".to_owned()),
+    }
 }
 
 fn parse_rate(s: &str) -> Result<f64, String> {
@@ -349,7 +386,11 @@ fn parse_rate(s: &str) -> Result<f64, String> {
 
 /// Runs a parsed command line to its exit code.
 pub fn main(cli: Cli) -> ExitCode {
-    init_tracing(cli.log_format);
+    let default_filter = match cli.command {
+        Command::Demo(_) => crate::demo::LOG_FILTER,
+        _ => DEFAULT_LOG_FILTER,
+    };
+    init_tracing(cli.log_format, default_filter);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -431,7 +472,8 @@ async fn migrate(db: &DbArgs) -> anyhow::Result<()> {
 }
 
 async fn create_tenant(name: &str, db: &DbArgs) -> anyhow::Result<()> {
-    let name = parse_merchant_name(name).map_err(anyhow::Error::msg)?;
+    let name =
+        parse_merchant_name(name).map_err(|rule| anyhow::anyhow!("refusing {name:?}: {rule}"))?;
     let store = Store::connect(&db.url(), 1)
         .await
         .context("connecting to the database")?;
@@ -452,7 +494,11 @@ async fn engine(args: &EngineArgs) -> anyhow::Result<Engine> {
     );
     let store = Store::connect_lazy(&args.db.url(), args.db.db_max_connections)
         .context("the database URL")?;
-    let acquirer = AcquirerClient::new(&args.acquirer_url, args.acquirer_timeout)?;
+    let acquirer = AcquirerClient::new(
+        &args.acquirer_url,
+        args.acquirer_timeout,
+        args.acquirer_ca.as_deref(),
+    )?;
     Ok(Engine::new(
         store,
         acquirer,
@@ -478,26 +524,46 @@ pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Resu
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(listen = %listener.local_addr()?, acquirer = %args.engine.acquirer_url, "serving");
+    let state = AppState::new(engine.clone());
     let workers = TaskTracker::new();
+    if let Some(addr) = args.metrics_listen {
+        spawn_metrics(&workers, addr, state.clone(), &shutdown).await?;
+    }
     spawn_workers(&workers, &engine, &args.workers, &shutdown);
     let queue = args
         .amqp_url
         .as_ref()
         .map(|url| spawn_queue(&workers, &engine, url, &args.queue, args.consume, &shutdown));
     workers.close();
-    let served = http::serve(
-        listener,
-        AppState::new(engine),
-        args.engine.acquirer_timeout + REQUEST_TIMEOUT_MARGIN,
-        shutdown,
-    )
-    .await;
+    let limits = http::Limits {
+        request_timeout: args.engine.acquirer_timeout + REQUEST_TIMEOUT_MARGIN,
+        header_read_timeout: args.header_read_timeout,
+        max_in_flight: args.max_in_flight,
+    };
+    let with_metrics = args.metrics_listen.is_none();
+    let served = http::serve_with(listener, state, limits, with_metrics, shutdown).await;
     if let Some(queue) = queue {
         queue.stop().await;
     }
     workers.wait().await;
     served?;
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// `--metrics-listen`: `/healthz`, `/readyz` and `/metrics` on a listener of
+/// their own, until `shutdown`.
+async fn spawn_metrics(
+    tracker: &TaskTracker,
+    addr: SocketAddr,
+    state: AppState,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    tracing::info!(listen = %listener.local_addr()?, "serving metrics");
+    tracker.spawn(http::serve_ops(listener, state, shutdown.clone()));
     Ok(())
 }
 
@@ -587,20 +653,7 @@ pub async fn consume(args: ConsumeArgs, shutdown: CancellationToken) -> anyhow::
         &shutdown,
     );
     if let Some(addr) = args.metrics_listen {
-        let listener = TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding {addr}"))?;
-        tracing::info!(listen = %listener.local_addr()?, "serving metrics");
-        let router = http::ops_router(AppState::new(engine.clone()));
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            let served = axum::serve(listener, router)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await;
-            if let Err(e) = served {
-                tracing::error!(error = %e, "the metrics listener failed");
-            }
-        });
+        spawn_metrics(&tasks, addr, AppState::new(engine.clone()), &shutdown).await?;
     }
     tasks.close();
     shutdown.cancelled().await;
@@ -634,13 +687,10 @@ pub async fn reconcile(args: ReconcileArgs, shutdown: CancellationToken) -> anyh
 /// idem itself ever charged twice.
 async fn demo(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     let config = crate::demo::DemoConfig {
-        database_url: args.database_url.unwrap_or_else(|| {
-            tracing::info!(
-                "no --database-url or DATABASE_URL: the demo runs on SQLite files of its own, \
-                 in a scratch directory removed at the end"
-            );
-            crate::store::DEFAULT_DATABASE_URL.to_owned()
-        }),
+        // None: SQLite files of its own (the demo's first line says so).
+        database_url: args
+            .database_url
+            .unwrap_or_else(|| crate::store::DEFAULT_DATABASE_URL.to_owned()),
         intents: args.intents,
         bursts: args.bursts,
         copies: args.copies,
@@ -745,12 +795,18 @@ pub async fn acquirer_sim(args: SimArgs, shutdown: CancellationToken) -> anyhow:
         fault: args.fault,
         fault_count: args.fault_count,
         hang_ms: u64::try_from(args.hang.as_millis())?,
+        retry_after_secs: args.retry_after_secs,
     };
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
-    tracing::info!(listen = %listener.local_addr()?, ?faults, "acquirer simulator listening");
-    sim::serve(listener, faults, shutdown).await
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(http::Tls::from_pem_files(cert, key)?),
+        _ => None,
+    };
+    tracing::info!(listen = %listener.local_addr()?, https = tls.is_some(), ?faults,
+        "acquirer simulator listening");
+    sim::serve(listener, faults, tls, shutdown).await
 }
 
 /// A token cancelled on SIGINT or SIGTERM.
@@ -784,9 +840,15 @@ fn shutdown_signal() -> CancellationToken {
     token
 }
 
-fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("IDEM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+/// The log filter when `IDEM_LOG` is not set: a service's start-up, its
+/// access lines and its warnings.
+const DEFAULT_LOG_FILTER: &str = "info";
+
+/// Logs on stderr, filtered by `IDEM_LOG` when it is set (it always wins),
+/// else by `default_filter`.
+fn init_tracing(format: LogFormat, default_filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env(LOG_ENV)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     // Colours only for a person at a terminal: escape codes in a log file are
     // noise, and colouring every request's line cost a tenth of a replay's CPU.
     let builder = tracing_subscriber::fmt()
@@ -796,5 +858,21 @@ fn init_tracing(format: LogFormat) {
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serve_defaults_are_the_http_layers_constants() {
+        let cli = Cli::try_parse_from(["idem", "serve"]).expect("parses");
+        let Command::Serve(args) = cli.command else {
+            panic!("not serve")
+        };
+        assert_eq!(args.header_read_timeout, http::HEADER_READ_TIMEOUT);
+        assert_eq!(args.max_in_flight, http::MAX_IN_FLIGHT);
+        assert_eq!(args.metrics_listen, None);
     }
 }

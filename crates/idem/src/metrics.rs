@@ -17,6 +17,9 @@ pub const HTTP_REQUESTS: &str = "idem_http_requests_total";
 pub const CHARGE_OUTCOMES: &str = "idem_charge_outcomes_total";
 /// Calls to the acquirer by outcome: `captured`, `declined`, `rejected`, `unknown`.
 pub const ACQUIRER_CALLS: &str = "idem_acquirer_calls_total";
+/// Unknown acquirer outcomes by cause: the acquirer's status code (`409`,
+/// `429`, `503`, ...), or `timeout`, `connect`, `transport`, `body`.
+pub const ACQUIRER_UNKNOWN: &str = "idem_acquirer_unknown_total";
 /// Duration of each acquirer call, seconds.
 pub const ACQUIRER_SECONDS: &str = "idem_acquirer_call_seconds";
 /// Reconciler results: `settled`, `backed_off`, `marked_for_review`, `skipped`, `error`.
@@ -28,11 +31,16 @@ pub const OLDEST_PROCESSING: &str = "idem_oldest_processing_charge_seconds";
 /// Charges awaiting review (past the settle deadline).
 pub const AWAITING_REVIEW: &str = "idem_charges_awaiting_review";
 /// Queue commands by result: an engine outcome (as in [`CHARGE_OUTCOMES`]),
-/// `dead_lettered`, or `requeued` (database trouble).
+/// `dead_lettered` (malformed, refused by the store, or out of attempts), or
+/// `requeued` (a transient database error: sent back for another attempt).
 pub const QUEUE_COMMANDS: &str = "idem_queue_commands_total";
 /// Outbox messages (events and results) the broker confirmed.
 pub const OUTBOX_PUBLISHED: &str = "idem_outbox_published_total";
-/// Outbox messages not yet published (results waiting for an outcome included).
+/// Outbox messages the relay set aside because they can never be published
+/// (an AMQP short string over 255 bytes, such as a long routing key).
+pub const OUTBOX_SET_ASIDE: &str = "idem_outbox_set_aside_total";
+/// Outbox messages not yet published (results waiting for an outcome
+/// included, those set aside not).
 pub const OUTBOX_PENDING: &str = "idem_outbox_pending";
 /// Age of the oldest unpublished outbox message, seconds (0 when none).
 pub const OUTBOX_OLDEST: &str = "idem_outbox_oldest_pending_seconds";
@@ -61,6 +69,10 @@ fn describe() {
     metrics::describe_counter!(HTTP_REQUESTS, "HTTP requests by route, method and status");
     metrics::describe_counter!(CHARGE_OUTCOMES, "POST /v1/charges answers by outcome");
     metrics::describe_counter!(ACQUIRER_CALLS, "acquirer calls by outcome");
+    metrics::describe_counter!(
+        ACQUIRER_UNKNOWN,
+        "unknown acquirer outcomes, by the acquirer's status or the transport failure"
+    );
     metrics::describe_histogram!(
         ACQUIRER_SECONDS,
         metrics::Unit::Seconds,
@@ -79,6 +91,10 @@ fn describe() {
     );
     metrics::describe_counter!(QUEUE_COMMANDS, "queue commands handled, by result");
     metrics::describe_counter!(OUTBOX_PUBLISHED, "outbox messages confirmed by the broker");
+    metrics::describe_counter!(
+        OUTBOX_SET_ASIDE,
+        "outbox messages set aside, never to be published"
+    );
     metrics::describe_gauge!(OUTBOX_PENDING, "outbox messages not yet published");
     metrics::describe_gauge!(
         OUTBOX_OLDEST,

@@ -29,13 +29,14 @@ pub enum ProblemKind {
     NotFound,
     MethodNotAllowed,
     ServiceUnavailable,
+    Overloaded,
     Timeout,
     Internal,
 }
 
 impl ProblemKind {
     /// Every kind, for docs and tests.
-    pub const ALL: [ProblemKind; 16] = [
+    pub const ALL: [ProblemKind; 17] = [
         Self::Unauthorized,
         Self::MissingIdempotencyKey,
         Self::MalformedIdempotencyKey,
@@ -50,6 +51,7 @@ impl ProblemKind {
         Self::NotFound,
         Self::MethodNotAllowed,
         Self::ServiceUnavailable,
+        Self::Overloaded,
         Self::Timeout,
         Self::Internal,
     ];
@@ -70,6 +72,7 @@ impl ProblemKind {
             Self::NotFound => "not-found",
             Self::MethodNotAllowed => "method-not-allowed",
             Self::ServiceUnavailable => "service-unavailable",
+            Self::Overloaded => "overloaded",
             Self::Timeout => "timeout",
             Self::Internal => "internal",
         }
@@ -91,6 +94,7 @@ impl ProblemKind {
             Self::NotFound => "Not found",
             Self::MethodNotAllowed => "Method not allowed",
             Self::ServiceUnavailable => "Service unavailable",
+            Self::Overloaded => "Too many requests in flight",
             Self::Timeout => "Request timed out",
             Self::Internal => "Internal error",
         }
@@ -104,7 +108,7 @@ impl ProblemKind {
             Self::BodyTooLarge => 413,
             Self::KeyReused => 422,
             Self::RequestInFlight => 409,
-            Self::OutcomeUnknown | Self::ServiceUnavailable => 503,
+            Self::OutcomeUnknown | Self::ServiceUnavailable | Self::Overloaded => 503,
             Self::Declined => 402,
             Self::AcquirerRejected => 502,
             Self::NotFound => 404,
@@ -189,8 +193,7 @@ impl<'a> Problem<'a> {
     }
 
     pub fn to_bytes(&self) -> Vec<u8> {
-        // Serializing plain strings and numbers cannot fail.
-        serde_json::to_vec(self).unwrap_or_default()
+        crate::domain::to_json(self)
     }
 }
 

@@ -139,7 +139,7 @@ async fn run_bench(config: &BenchConfig) -> anyhow::Result<BenchResult> {
                 latency_ms: u64::try_from(latency.as_millis())?,
                 ..Faults::default()
             };
-            tokio::spawn(sim::serve(sim_listener, faults, started.stop.clone()));
+            tokio::spawn(sim::serve(sim_listener, faults, None, started.stop.clone()));
             let timeout = humantime::format_duration(hold + Duration::from_secs(5)).to_string();
             let lease = humantime::format_duration(hold + Duration::from_secs(30)).to_string();
             let pool = config.concurrency.to_string();

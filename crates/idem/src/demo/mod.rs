@@ -8,19 +8,26 @@
 //! for busy connections and lock waits (`pg_stat_activity` on PostgreSQL; on
 //! SQLite, a probe of its one write lock, and the servers' pools). The verdicts come
 //! from the acquirer's ledger and the database, not from the servers' answers.
+//!
+//! While a strategy runs, one progress line says how far it is ([`progress`]);
+//! the client side records every attempt's send and answer times, and the
+//! simulator's ledger the time of every capture, so the report can draw a few
+//! intents as a timeline ([`timeline`]).
 
+mod progress;
 mod report;
 mod teaching;
+mod timeline;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use futures_util::future::join_all;
-use idem_client::{ChargeRequest, Client, ClientError, RetryPolicy};
+use idem_client::{Attempt, AttemptOutcome, ChargeRequest, Client, ClientError, RetryPolicy};
 use serde::Serialize;
 use sqlx::{ConnectOptions, Connection};
 use tokio::net::TcpListener;
@@ -30,9 +37,23 @@ use crate::acquirer::AcquirerClient;
 use crate::domain::MerchantSecret;
 use crate::sim::{self, Faults, Ledger};
 use crate::store::{Backend, Store};
-use teaching::Teaching;
+use progress::Progress;
+use teaching::{ServerTrace, Teaching};
+use timeline::{AttemptEnd, AttemptSpan, IntentKind, IntentTrace};
 
 pub use report::write_html;
+
+/// The demo's log filter when `IDEM_LOG` is not set, for this process and the
+/// `idem serve` instances it starts. The teaching strategies are slow on
+/// purpose: under hold-transaction every pool waits seconds for a connection,
+/// and sqlx warns about each such acquire (thousands of lines in one run) in
+/// words that read like idem failing. The demo's own figures say what happened;
+/// any other warning still shows. `IDEM_LOG=warn` brings those lines back.
+pub const LOG_FILTER: &str = "warn,sqlx::pool::acquire=error";
+
+/// How often a live progress line asks the simulator for its captures so far:
+/// often enough to see them climb, rare enough to cost nothing.
+const PROGRESS_POLL: Duration = Duration::from_millis(250);
 
 /// How often the sampler looks (`pg_stat_activity`, or SQLite's write lock):
 /// often enough to see a lock wait of a few milliseconds, cheap enough not to
@@ -87,10 +108,16 @@ pub struct StrategyResult {
     pub lock_wait_threshold_ms: u64,
     pub gave_up: usize,
     pub verdict: String,
+    /// A few intents worth drawing as a timeline (the HTML report only).
+    #[serde(skip)]
+    pub samples: Vec<IntentTrace>,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct DemoReport {
+    /// The store the strategies ran on: `postgres` or `sqlite`. Where the
+    /// connection and lock figures come from depends on it.
+    pub store: &'static str,
     pub strategies: Vec<StrategyResult>,
 }
 
@@ -148,20 +175,44 @@ async fn run_strategies(
     config: &DemoConfig,
     shutdown: CancellationToken,
 ) -> anyhow::Result<DemoReport> {
+    let backend = Backend::of_url(&config.database_url)?;
+    eprintln!("{}", store_line(backend));
     let mut strategies = Vec::new();
     for strategy in [
         Strategy::CheckThenAct,
         Strategy::HoldTransaction,
         Strategy::Idem,
     ] {
-        tracing::info!(strategy = strategy.name(), "running");
         let result = tokio::select! {
             r = run_strategy(config, strategy) => r?,
             _ = shutdown.cancelled() => anyhow::bail!("interrupted; everything started was stopped"),
         };
         strategies.push(result);
     }
-    Ok(DemoReport { strategies })
+    Ok(DemoReport {
+        store: store_name(backend),
+        strategies,
+    })
+}
+
+/// The first line the demo prints: where it runs.
+fn store_line(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite => {
+            "idem demo on SQLite: files in a scratch directory, removed at the end \
+             (DATABASE_URL=postgres://... for PostgreSQL)"
+        }
+        Backend::Postgres => {
+            "idem demo on PostgreSQL: databases idem_demo_* on the server DATABASE_URL names"
+        }
+    }
+}
+
+fn store_name(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Postgres => "postgres",
+        Backend::Sqlite => "sqlite",
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,6 +229,12 @@ impl Strategy {
             Self::HoldTransaction => "hold-transaction",
             Self::Idem => "idem",
         }
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        [Self::CheckThenAct, Self::HoldTransaction, Self::Idem]
+            .into_iter()
+            .find(|s| s.name() == name)
     }
 }
 
@@ -212,8 +269,9 @@ async fn run_strategy(config: &DemoConfig, strategy: Strategy) -> anyhow::Result
         latency_ms: u64::try_from(config.acquirer_latency.as_millis())?,
         ..Faults::default()
     };
-    tokio::spawn(sim::serve(sim_listener, faults, started.stop.clone()));
+    tokio::spawn(sim::serve(sim_listener, faults, None, started.stop.clone()));
 
+    let trace = ServerTrace::default();
     let (endpoints, secret, busy) = match strategy {
         Strategy::Idem => {
             let flags = ["--acquirer-timeout", "2s", "--lease", "3s"];
@@ -229,34 +287,80 @@ async fn run_strategy(config: &DemoConfig, strategy: Strategy) -> anyhow::Result
                 Teaching::HoldTransaction
             };
             let (endpoints, secret, pools) =
-                start_teaching(&db_url, &sim_url, &merchant, teaching, &started).await?;
+                start_teaching(&db_url, &sim_url, &merchant, teaching, &trace, &started).await?;
             (endpoints, secret, BusySource::Pools(pools))
         }
     };
 
     let threshold = lock_wait_threshold(config.acquirer_latency);
     let sampler = Sampler::start(&db_url, threshold, busy).await?;
-    let answers = workload(config, &endpoints, &secret).await?;
+    let intents = config.intents + config.bursts;
+    let progress = Progress::start(strategy.name(), intents);
+    let done = Arc::new(AtomicUsize::new(0));
+    let ticker = started.stop.child_token();
+    if progress.is_live() {
+        tokio::spawn(tick(
+            progress.clone(),
+            done.clone(),
+            format!("{sim_url}/_sim/ledger"),
+            merchant.clone(),
+            ticker.clone(),
+        ));
+    }
+    let t0 = Instant::now();
+    let records = workload(config, &endpoints, &secret, &done).await;
+    ticker.cancel();
+    let records = records?;
     let (max_busy, lock_waits) = sampler.stop().await?;
 
+    let asked = Instant::now();
     let ledger: Ledger = reqwest::get(format!("{sim_url}/_sim/ledger"))
         .await?
         .json()
         .await?;
+    // The simulator's clock read `now_micros` about half way through that request.
+    let ledger_read_ms = ms_since(t0, asked) + ms_since(asked, Instant::now()) / 2.0;
     let mine: Vec<_> = ledger
         .counts
         .iter()
         .filter(|c| c.merchant == merchant)
         .collect();
     let captures = mine.iter().map(|c| c.captures as usize).sum();
+    progress.finish(done.load(Ordering::SeqCst), captures);
     let double_charged = mine.iter().filter(|c| c.captures > 1).count();
-    let mut retries: Vec<f64> = answers
+    let mut retries: Vec<f64> = records
         .iter()
-        .flat_map(|a| a.retry_ms.iter().copied())
+        .flat_map(|r| &r.copies)
+        .flat_map(|(_, attempts)| attempts.iter().skip(1))
+        .map(|a| a.elapsed.as_secs_f64() * 1000.0)
         .collect();
     retries.sort_by(f64::total_cmp);
-    let gave_up = answers.iter().filter(|a| !a.final_answer).count();
-    let intents = config.intents + config.bursts;
+    let gave_up = records
+        .iter()
+        .flat_map(|r| &r.copies)
+        .filter(|(final_answer, _)| !final_answer)
+        .count();
+    let server_steps = trace.lock().map(|t| t.clone()).unwrap_or_default();
+    let traces: Vec<IntentTrace> = records
+        .iter()
+        .map(|r| {
+            let captures_ms = ledger
+                .captures
+                .iter()
+                .filter(|c| c.merchant == merchant && c.order_id == r.order_id)
+                .map(|c| {
+                    ledger_read_ms - ledger.now_micros.saturating_sub(c.at_micros) as f64 / 1000.0
+                })
+                .collect();
+            let server = server_steps
+                .iter()
+                .filter(|(key, _, _)| *key == r.key)
+                .map(|(_, step, at)| (*step, ms_since(t0, *at)))
+                .collect();
+            r.trace(t0, &endpoints, captures_ms, server)
+        })
+        .collect();
+    let samples = timeline::pick_samples(strategy, &traces);
     let (p50, p99) = (percentile(&retries, 0.50), percentile(&retries, 0.99));
     let verdict = if double_charged > 0 {
         format!(
@@ -285,7 +389,45 @@ async fn run_strategy(config: &DemoConfig, strategy: Strategy) -> anyhow::Result
         lock_wait_threshold_ms: u64::try_from(threshold.as_millis()).unwrap_or(u64::MAX),
         gave_up,
         verdict,
+        samples,
     })
+}
+
+/// Milliseconds from `from` to `to` (0 if `to` is earlier).
+fn ms_since(from: Instant, to: Instant) -> f64 {
+    to.saturating_duration_since(from).as_secs_f64() * 1000.0
+}
+
+/// Keeps a live progress line current until `stop` fires: intents done, and
+/// the captures the simulator's ledger shows for this strategy's merchant.
+async fn tick(
+    progress: Progress,
+    done: Arc<AtomicUsize>,
+    ledger_url: String,
+    merchant: String,
+    stop: CancellationToken,
+) {
+    let http = reqwest::Client::new();
+    let mut captures = 0;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(PROGRESS_POLL) => {}
+        }
+        let ledger = match http.get(&ledger_url).send().await {
+            Ok(r) => r.json::<Ledger>().await.ok(),
+            Err(_) => None,
+        };
+        if let Some(ledger) = ledger {
+            captures = ledger
+                .counts
+                .iter()
+                .filter(|c| c.merchant == merchant)
+                .map(|c| c.captures as usize)
+                .sum();
+        }
+        progress.update(done.load(Ordering::SeqCst), captures);
+    }
 }
 
 /// A fresh, empty database named `name` beside the one `url` names; returns
@@ -358,7 +500,8 @@ pub(crate) async fn start_idem(
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
-        let child = Command::new(&exe)
+        let mut command = Command::new(&exe);
+        command
             .args([
                 "serve",
                 "--listen",
@@ -368,10 +511,12 @@ pub(crate) async fn start_idem(
             ])
             .args(flags)
             .env("DATABASE_URL", db_url)
-            .env("IDEM_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .context("starting idem serve")?;
+            .stdout(Stdio::null());
+        // The children inherit the environment: a filter the user set reaches them as it is.
+        if std::env::var_os(crate::cli::LOG_ENV).is_none() {
+            command.env(crate::cli::LOG_ENV, LOG_FILTER);
+        }
+        let child = command.spawn().context("starting idem serve")?;
         started.children.push(child);
         endpoints.push(format!("http://127.0.0.1:{port}"));
     }
@@ -393,6 +538,7 @@ async fn start_teaching(
     sim_url: &str,
     merchant: &str,
     strategy: Teaching,
+    trace: &ServerTrace,
     started: &Started,
 ) -> anyhow::Result<(Vec<String>, String, Vec<sqlx::AnyPool>)> {
     sqlx::any::install_default_drivers();
@@ -412,10 +558,10 @@ async fn start_teaching(
             .connect_with(options)
             .await?;
         pools.push(pool.clone());
-        let acquirer = AcquirerClient::new(sim_url, ACQUIRER_TIMEOUT)?;
+        let acquirer = AcquirerClient::new(sim_url, ACQUIRER_TIMEOUT, None)?;
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         endpoints.push(format!("http://{}", listener.local_addr()?));
-        let app = teaching::router(strategy, pool, acquirer, merchant.to_owned());
+        let app = teaching::router(strategy, pool, acquirer, merchant.to_owned(), trace.clone());
         let stop = started.stop.clone();
         tokio::spawn(async move {
             axum::serve(listener, app)
@@ -426,18 +572,65 @@ async fn start_teaching(
     Ok((endpoints, "demo".to_owned(), pools))
 }
 
-/// What one client saw for one intent.
-struct IntentAnswer {
-    final_answer: bool,
-    /// Time each retry (attempt after the first) took to answer.
-    retry_ms: Vec<f64>,
+/// What the client side saw of one intent.
+struct IntentRecord {
+    kind: IntentKind,
+    order_id: i64,
+    key: String,
+    /// Per client that sent it (one, or a burst's copies): whether it got a
+    /// final answer, and every attempt it made.
+    copies: Vec<(bool, Vec<Attempt>)>,
 }
 
+impl IntentRecord {
+    /// The intent on the strategy's clock, which started at `t0`.
+    fn trace(
+        &self,
+        t0: Instant,
+        endpoints: &[String],
+        captures_ms: Vec<f64>,
+        server: Vec<(timeline::ServerStep, f64)>,
+    ) -> IntentTrace {
+        let attempts = self
+            .copies
+            .iter()
+            .enumerate()
+            .flat_map(|(copy, (_, attempts))| {
+                attempts.iter().enumerate().map(move |(number, a)| {
+                    let sent_ms = ms_since(t0, a.sent);
+                    AttemptSpan {
+                        copy,
+                        number,
+                        instance: endpoints.iter().position(|e| *e == a.endpoint).unwrap_or(0),
+                        sent_ms,
+                        ended_ms: sent_ms + a.elapsed.as_secs_f64() * 1000.0,
+                        end: match a.outcome {
+                            AttemptOutcome::Status(s) => AttemptEnd::Status(s),
+                            AttemptOutcome::Timeout => AttemptEnd::Timeout,
+                            AttemptOutcome::Connection(_) => AttemptEnd::Failed,
+                        },
+                    }
+                })
+            })
+            .collect();
+        IntentTrace {
+            kind: self.kind,
+            order_id: self.order_id,
+            attempts,
+            captures_ms,
+            server,
+        }
+    }
+}
+
+/// Sends the workload; `done` counts the intents whose every client has
+/// finished.
 async fn workload(
     config: &DemoConfig,
     endpoints: &[String],
     secret: &str,
-) -> anyhow::Result<Vec<IntentAnswer>> {
+    done: &AtomicUsize,
+) -> anyhow::Result<Vec<IntentRecord>> {
     let policy = RetryPolicy {
         max_attempts: 30,
         max_elapsed: Duration::from_secs(30),
@@ -468,36 +661,50 @@ async fn workload(
     let retrying = (0..config.intents).map(|i| {
         let client = clients[i % clients.len()].clone();
         let req = request(i + 1);
-        async move { intent_answer(client.charge(&req).await) }
+        let key = random_key();
+        async move {
+            let copy = client_copy(client.charge_with_key(&key, &req).await);
+            done.fetch_add(1, Ordering::SeqCst);
+            IntentRecord {
+                kind: IntentKind::Retried,
+                order_id: req.order_id,
+                key,
+                copies: vec![copy],
+            }
+        }
     });
-    let bursts = (0..config.bursts).flat_map(|b| {
+    let bursts = (0..config.bursts).map(|b| {
         let key = random_key();
         let req = request(config.intents + b + 1);
-        let clients = &clients;
-        (0..config.copies).map(move |copy| {
-            let client = clients[copy % clients.len()].clone();
-            let (key, req) = (key.clone(), req.clone());
-            async move { intent_answer(client.charge_with_key(&key, &req).await) }
-        })
+        let copies: Vec<_> = (0..config.copies)
+            .map(|copy| {
+                let client = clients[copy % clients.len()].clone();
+                let (key, req) = (key.clone(), req.clone());
+                async move { client_copy(client.charge_with_key(&key, &req).await) }
+            })
+            .collect();
+        async move {
+            let copies = join_all(copies).await;
+            done.fetch_add(1, Ordering::SeqCst);
+            IntentRecord {
+                kind: IntentKind::Burst,
+                order_id: req.order_id,
+                key,
+                copies,
+            }
+        }
     });
-    let (mut answers, burst_answers) = tokio::join!(join_all(retrying), join_all(bursts));
-    answers.extend(burst_answers);
-    Ok(answers)
+    let (mut records, burst_records) = tokio::join!(join_all(retrying), join_all(bursts));
+    records.extend(burst_records);
+    Ok(records)
 }
 
-fn intent_answer(result: Result<idem_client::ChargeAnswer, ClientError>) -> IntentAnswer {
-    let (final_answer, attempts) = match result {
+/// Whether one client got a final answer, and its attempts.
+fn client_copy(result: Result<idem_client::ChargeAnswer, ClientError>) -> (bool, Vec<Attempt>) {
+    match result {
         Ok(a) => (true, a.attempts),
         Err(ClientError::GaveUp { attempts, .. }) => (false, attempts),
         Err(_) => (false, Vec::new()),
-    };
-    IntentAnswer {
-        final_answer,
-        retry_ms: attempts
-            .iter()
-            .skip(1)
-            .map(|a| a.elapsed.as_secs_f64() * 1000.0)
-            .collect(),
     }
 }
 

@@ -1,10 +1,12 @@
-//! The demo's HTML report: the same figures as the table, as bar charts, in one
-//! self-contained file (inline SVG, no script, nothing fetched).
+//! The demo's HTML report: the same figures as the table, as bar charts, where
+//! each figure comes from on the store the run used, and a few intents drawn as
+//! a timeline ([`super::timeline`]); one self-contained file (inline SVG, no
+//! script, nothing fetched).
 
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::{DemoReport, StrategyResult};
+use super::{timeline, DemoReport, Strategy, StrategyResult};
 
 /// Bar colours per strategy, in the order the demo runs them.
 const COLOURS: [&str; 3] = ["#c0392b", "#d68910", "#1e8449"];
@@ -54,12 +56,15 @@ fn html(report: &DemoReport) -> String {
          <style>body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;color:#222}\
          table{border-collapse:collapse}td,th{padding:.3rem .7rem;border-bottom:1px solid #ddd;text-align:right}\
          td:first-child,th:first-child{text-align:left}.charts{display:flex;flex-wrap:wrap;gap:1.5rem}\
-         figure{margin:0}figcaption{font-size:.9rem;margin-bottom:.3rem}</style></head><body>\
+         figure{margin:0 0 1rem}figcaption{font-size:.9rem;margin-bottom:.3rem}.note{font-size:.8rem;color:#555;margin:0}</style></head><body>\
          <h1>idem demo: one retry, three strategies</h1>\
          <p>Each strategy got the same workload: intents whose client timed out while the first \
          attempt was still at the acquirer and retried on another instance, plus bursts of \
-         simultaneous duplicates. Captures come from the acquirer simulator's ledger; \
-         connections and lock waits from <code>pg_stat_activity</code>.</p><table><tr><th>strategy</th>\
+         simultaneous duplicates.</p>",
+    );
+    out.push_str(&sources(report.store));
+    out.push_str(
+        "<table><tr><th>strategy</th>\
          <th>intents</th><th>captures</th><th>double charged</th><th>retry p50</th><th>retry p99</th>\
          <th>busy connections</th><th>lock waits</th></tr>",
     );
@@ -80,11 +85,67 @@ fn html(report: &DemoReport) -> String {
             escape(&s.verdict)
         );
     }
-    out.push_str("</ul><div class=\"charts\">");
+    out.push_str("</ul>");
+    // The story first, then the same figures as the table, as bars.
+    out.push_str(&timelines(report));
+    out.push_str("<h2>The figures</h2><div class=\"charts\">");
     for chart in &CHARTS {
         out.push_str(&bar_chart(report, chart));
     }
     out.push_str("</div></body></html>\n");
+    out
+}
+
+/// Where each figure comes from, on the store the run used.
+fn sources(store: &str) -> String {
+    let (busy, locks) = if store == "postgres" {
+        (
+            "<code>pg_stat_activity</code>: the most of the strategy's connections seen \
+             active or idle in a transaction at once",
+            "<code>pg_stat_activity</code>: requests seen waiting on a lock \
+             (<code>wait_event_type = 'Lock'</code>) for more than a quarter of an acquirer call",
+        )
+    } else {
+        (
+            "the servers' own pools (connections checked out, for the teaching strategies in \
+             this process; <code>/metrics</code>' <code>idem_db_pool_connections</code> for idem's \
+             instances): SQLite has no view of its clients",
+            "a probe of SQLite's one write lock: it tries <code>begin immediate</code> every \
+             5 ms; one transaction seen holding the lock for more than a quarter of an acquirer \
+             call counts once (on SQLite that lock stalls every writer, of any key)",
+        )
+    };
+    let name = if store == "postgres" {
+        "PostgreSQL"
+    } else {
+        "SQLite"
+    };
+    format!(
+        "<p>This run used <b>{name}</b>. Where the figures come from: <b>captures</b> and \
+         <b>double charged</b>, the acquirer simulator's ledger; <b>retry</b> latencies, the \
+         client's own clock; <b>busy connections</b>, {busy}; <b>lock waits</b>, {locks}.</p>"
+    )
+}
+
+/// The timelines: a legend, then each strategy's samples.
+fn timelines(report: &DemoReport) -> String {
+    let mut out = String::from(
+        "<h2>The race in time</h2><p>A few intents of each strategy, picked from this run: \
+         one lane per attempt as the client saw it (sent, waited, answered or timed out), the \
+         acquirer's captures below them and, under check-then-act, the server's checks and \
+         inserts. A, B, C are the three instances; time is in ms since the strategy's workload \
+         began.</p>",
+    );
+    out.push_str(&timeline::legend());
+    for s in &report.strategies {
+        let Some(strategy) = Strategy::from_name(s.name) else {
+            continue;
+        };
+        let _ = write!(out, "<h3>{}</h3>", escape(s.name));
+        for sample in &s.samples {
+            out.push_str(&timeline::sample_svg(strategy, sample));
+        }
+    }
     out
 }
 
@@ -144,7 +205,8 @@ fn trim(v: f64) -> String {
     }
 }
 
-fn escape(s: &str) -> String {
+/// Text made safe inside HTML and SVG, in an element or a quoted attribute.
+pub(super) fn escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

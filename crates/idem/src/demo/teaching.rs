@@ -11,9 +11,11 @@
 //!   file, the open transaction stalls every other write, of any key.
 //!
 //! Both run on PostgreSQL or SQLite through sqlx's `Any` driver: the article's
-//! statements are the same in both.
+//! statements are the same in both. check-then-act writes down when each check
+//! found no row and when each insert returned, for the demo's timeline.
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -29,6 +31,19 @@ use crate::acquirer::protocol::CaptureRequest;
 use crate::acquirer::AcquirerClient;
 use crate::domain::{AcquirerReference, ChargeRequest};
 use crate::idempotency::IdempotencyKey;
+
+use super::timeline::ServerStep;
+
+/// The steps the teaching servers took, by idempotency key. A std mutex: held
+/// only to push, never across an await.
+pub type ServerTrace = Arc<Mutex<Vec<(String, ServerStep, Instant)>>>;
+
+fn note(trace: &ServerTrace, key: &IdempotencyKey, step: ServerStep) {
+    let at = Instant::now();
+    if let Ok(mut steps) = trace.lock() {
+        steps.push((key.as_str().to_owned(), step, at));
+    }
+}
 
 /// The work a real handler does between its check and its insert (validation,
 /// a fraud score): the article's window, made as wide as it is in production.
@@ -46,6 +61,7 @@ struct Ctx {
     pool: AnyPool,
     acquirer: AcquirerClient,
     merchant: String,
+    trace: ServerTrace,
 }
 
 /// Creates the strategy's table, as the article writes it.
@@ -84,6 +100,7 @@ pub fn router(
     pool: AnyPool,
     acquirer: AcquirerClient,
     merchant: String,
+    trace: ServerTrace,
 ) -> Router {
     Router::new()
         .route("/v1/charges", post(charge))
@@ -92,6 +109,7 @@ pub fn router(
             pool,
             acquirer,
             merchant,
+            trace,
         })
 }
 
@@ -164,6 +182,7 @@ async fn check_then_act(
     if found.is_some() {
         return Ok(answer(found));
     }
+    note(&ctx.trace, key, ServerStep::CheckedEmpty);
     tokio::time::sleep(CHECK_TO_INSERT).await;
     let reference = AcquirerReference::generate();
     let (id,): (i64,) = sqlx::query_as(
@@ -176,6 +195,7 @@ async fn check_then_act(
     .bind(reference.as_str())
     .fetch_one(&ctx.pool)
     .await?;
+    note(&ctx.trace, key, ServerStep::Inserted);
     let body = capture(ctx, id, &reference, request).await;
     sqlx::query("update cobranca set status = 'done', response_body = $2 where id = $1")
         .bind(id)

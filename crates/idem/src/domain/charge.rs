@@ -165,16 +165,25 @@ pub struct ChargeRequest {
 }
 
 impl ChargeRequest {
-    /// Parses a JSON body. Every error names the field it is about.
+    /// Parses a JSON body: one JSON object and nothing after it but
+    /// whitespace. Every error names the field it is about.
+    ///
+    /// `deserialize` stops at the end of the object, so `de.end()` is what
+    /// refuses `{...}garbage` and `{...}{...}` (`serde_json::from_slice` makes
+    /// the same call; going through `serde_path_to_error` skipped it).
     pub fn from_json(body: &[u8]) -> Result<Self, FieldError> {
         let de = &mut serde_json::Deserializer::from_slice(body);
-        let raw: RawChargeRequest = serde_path_to_error::deserialize(de).map_err(|e| {
+        let raw: RawChargeRequest = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
             FieldError {
                 field: (path != ".").then_some(path),
                 message: json_message(&inner),
             }
+        })?;
+        de.end().map_err(|e| FieldError {
+            field: None,
+            message: json_message(&e),
         })?;
         Ok(Self {
             order_id: OrderId::parse(raw.order_id)?,
@@ -454,6 +463,17 @@ mod tests {
     fn bad_json_is_an_error() {
         for body in ["", "{", "[]", "null", r#"{"order_id": 1,}"#] {
             assert!(parse(body).is_err(), "{body}");
+        }
+    }
+
+    #[test]
+    fn anything_after_the_object_but_whitespace_is_an_error() {
+        let good = r#"{"order_id": 1, "amount_cents": 1}"#;
+        assert!(parse(&format!("{good} \n\t")).is_ok());
+        for tail in ["garbage", "{}", good, "]", "x", "\u{0}"] {
+            let err = parse(&format!("{good}{tail}")).unwrap_err();
+            assert_eq!(err.field, None, "{tail:?}: {err}");
+            assert!(err.message.contains("trailing"), "{tail:?}: {err}");
         }
     }
 

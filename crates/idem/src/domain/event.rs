@@ -64,6 +64,6 @@ impl<'a> ChargeEvent<'a> {
     }
 
     pub fn to_bytes(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
+        super::to_json(self)
     }
 }

@@ -1,5 +1,11 @@
 //! Merchants (tenants) and their bearer secrets.
 //!
+//! A merchant's name is a slug (`[a-z0-9._-]`, 1 to 100 bytes): it is also a
+//! routing key on the broker (results go to `idem.results` under it), and a slug
+//! is safe there, in logs and in URLs alike. Names stored before this rule (the
+//! schema only bounds their length) still work; the outbox relay sets aside a
+//! message whose routing key the broker cannot take (see `queue::relay`).
+//!
 //! A secret is 190 random bits, so a single SHA-256 is the right hash: slow
 //! password hashes exist to stretch guessable secrets, and this one is not
 //! guessable. The hash is what the store indexes; the secret is shown once.
@@ -19,15 +25,24 @@ pub struct Merchant {
     pub name: String,
 }
 
-/// A merchant's name: 1..=100 characters, no control characters.
+/// The longest merchant name, in bytes: the schema's bound, and well inside
+/// AMQP's 255-byte routing keys.
+pub const MERCHANT_NAME_MAX: usize = 100;
+
+/// The rule, as `idem tenant create` states it when it refuses a name.
+pub const MERCHANT_NAME_RULE: &str =
+    "a merchant name is a slug: 1 to 100 of a-z, 0-9, '.', '_' and '-' \
+     (it is also a routing key on the broker)";
+
+/// A merchant's name: a slug, `[a-z0-9._-]`, 1..=[`MERCHANT_NAME_MAX`] bytes.
 pub fn parse_merchant_name(name: &str) -> Result<&str, &'static str> {
-    let n = name.chars().count();
-    if n == 0 || n > 100 {
-        Err("a merchant name is 1 to 100 characters")
-    } else if name.chars().any(char::is_control) {
-        Err("a merchant name has no control characters")
-    } else {
+    let slug = name
+        .bytes()
+        .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b'-'));
+    if slug && (1..=MERCHANT_NAME_MAX).contains(&name.len()) {
         Ok(name)
+    } else {
+        Err(MERCHANT_NAME_RULE)
     }
 }
 
@@ -79,10 +94,29 @@ mod tests {
     }
 
     #[test]
-    fn names_are_bounded() {
-        assert!(parse_merchant_name("loja").is_ok());
-        assert!(parse_merchant_name("").is_err());
-        assert!(parse_merchant_name(&"x".repeat(101)).is_err());
-        assert!(parse_merchant_name("a\nb").is_err());
+    fn names_are_slugs_of_at_most_100_bytes() {
+        for good in [
+            "loja",
+            "loja-a",
+            "demo-check-then-act",
+            "a.b_c-9",
+            &"x".repeat(100),
+        ] {
+            assert_eq!(parse_merchant_name(good), Ok(good));
+        }
+        for bad in [
+            "",
+            &"x".repeat(101),
+            "a\nb",
+            "a\0b",
+            "Loja",
+            "loja centro",
+            "caf\u{e9}",
+            "a/b",
+            "a*",
+            "a#",
+        ] {
+            assert_eq!(parse_merchant_name(bad), Err(MERCHANT_NAME_RULE), "{bad:?}");
+        }
     }
 }

@@ -14,4 +14,17 @@ pub use charge::{
 };
 pub use event::{ChargeEvent, EventType};
 pub use ids::{AcquirerReference, ChargeId, MessageId};
-pub use merchant::{parse_merchant_name, Merchant, MerchantSecret, SecretHash};
+pub use merchant::{
+    parse_merchant_name, Merchant, MerchantSecret, SecretHash, MERCHANT_NAME_MAX,
+    MERCHANT_NAME_RULE,
+};
+
+/// The JSON of a domain value: a stored response's body, an event, a
+/// fingerprint's canonical form. serde_json fails only on a map with
+/// non-string keys or a `Serialize` impl that returns an error, and the types
+/// here have neither (plain strings, numbers, options, and formatting of
+/// their own that cannot fail), so a failure is a bug to stop at, never an
+/// empty body to store, publish or hash.
+pub fn to_json<T: serde::Serialize + ?Sized>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("domain values serialize without error")
+}

@@ -53,7 +53,9 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
                 ("Idempotent-Replayed" = inline(Replayed), description = "`true` when this is a stored outcome answered again; absent on the first answer."),
             )),
         (status = BAD_REQUEST, description = "`missing-idempotency-key`, `malformed-idempotency-key` \
-            or `invalid-body` (`field` names the field at fault). Nothing stored.",
+            or `invalid-body` (`field` names the field at fault; also a body with anything but \
+            whitespace after its JSON object, or one that could not be read whole, such as bad \
+            chunked framing). Nothing stored.",
             body = Problem, content_type = PROBLEM_JSON),
         (status = UNAUTHORIZED, description = UNAUTHORIZED_DESCRIPTION, body = Problem,
             content_type = PROBLEM_JSON, headers(("WWW-Authenticate" = String, description = "`Bearer`."))),
@@ -65,7 +67,7 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
         (status = CONFLICT, description = "`request-in-flight`: another attempt with this key is at the \
             acquirer. Answered at once, never after waiting on a lock. Nothing stored.",
             body = Problem, content_type = PROBLEM_JSON,
-            headers(("Retry-After" = inline(RetryAfter), description = "Seconds left on the first attempt's lease."))),
+            headers(("Retry-After" = inline(RetryAfter), description = "A short hint (1 s): about one acquirer call."))),
         (status = PAYLOAD_TOO_LARGE, description = "`body-too-large`: the body is over 16 KiB. Nothing stored.",
             body = Problem, content_type = PROBLEM_JSON),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "`unsupported-media-type`: `Content-Type` is not \
@@ -75,13 +77,17 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
             body = Problem, content_type = PROBLEM_JSON),
         (status = INTERNAL_SERVER_ERROR, description = INTERNAL_DESCRIPTION, body = Problem,
             content_type = PROBLEM_JSON),
-        (status = BAD_GATEWAY, description = "`acquirer-rejected`: the acquirer refused the request \
-            itself; `charge` holds the charge (`status: failed`), no money moved. Stored as the key's outcome.",
+        (status = BAD_GATEWAY, description = "`acquirer-rejected`: the acquirer answered `422` (it knows \
+            the reference with other data) and refused the request; `charge` holds the charge \
+            (`status: failed`), no money moved. Stored as the key's outcome.",
             body = inline(ChargeProblem), content_type = PROBLEM_JSON,
             headers(("Idempotent-Replayed" = inline(Replayed), description = "`true` when this is a stored outcome answered again; absent on the first answer."))),
-        (status = SERVICE_UNAVAILABLE, description = "`outcome-unknown`: the acquirer timed out, failed \
-            or dropped the connection, and the charge stays `processing`; retry with the same key, which \
-            cannot charge twice. Or `service-unavailable`: the database cannot be reached. Nothing stored.",
+        (status = SERVICE_UNAVAILABLE, description = "`outcome-unknown`: the acquirer gave no answer that \
+            is its word (a timeout, a dropped connection, or any status but `201`, `402` and `422`, such as \
+            `409` while a POST of the reference is in flight, `429` or a `5xx`), and the charge stays \
+            `processing`; retry with the same key, which cannot charge twice. Or `service-unavailable`: \
+            the database cannot be reached. Or `overloaded`: this instance has as many requests in flight \
+            as it works at once, and refused this one before reading it. Nothing stored.",
             body = Problem, content_type = PROBLEM_JSON,
             headers(("Retry-After" = inline(RetryAfter), description = "Seconds to wait before retrying."))),
         (status = GATEWAY_TIMEOUT, description = "`timeout`: no answer within the acquirer timeout plus \
@@ -100,9 +106,11 @@ pub async fn create(
     }
     let key = idempotency_key(&headers)?;
     tracing::Span::current().record("idempotency_key", key.as_str());
+    // Any other rejection is the body failing to arrive whole (bad chunked
+    // framing, a client that hung up mid-body): the client's fault, not ours.
     let body = body.map_err(|e| match e.status() {
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::BodyTooLarge(BODY_LIMIT),
-        _ => ApiError::Internal(format!("reading the body: {e}")),
+        _ => ApiError::UnreadableBody(e.body_text()),
     })?;
     let request = ChargeRequest::from_json(&body).map_err(ApiError::InvalidBody)?;
 
@@ -185,7 +193,8 @@ pub async fn create(
             body = Problem, content_type = PROBLEM_JSON),
         (status = INTERNAL_SERVER_ERROR, description = INTERNAL_DESCRIPTION, body = Problem,
             content_type = PROBLEM_JSON),
-        (status = SERVICE_UNAVAILABLE, description = "`service-unavailable`: the database cannot be reached.",
+        (status = SERVICE_UNAVAILABLE, description = "`service-unavailable`: the database cannot be \
+            reached. Or `overloaded`: this instance has as many requests in flight as it works at once.",
             body = Problem, content_type = PROBLEM_JSON,
             headers(("Retry-After" = inline(RetryAfter), description = "Seconds to wait before retrying."))),
         (status = GATEWAY_TIMEOUT, description = "`timeout`: the database did not answer within the \

@@ -31,6 +31,10 @@ pub enum ApiError {
     /// 400: the body is not a valid charge request.
     #[error("{0}")]
     InvalidBody(FieldError),
+    /// 400: the body could not be read whole (bad chunked framing, a client
+    /// that hung up mid-body).
+    #[error("the request body could not be read: {0}")]
+    UnreadableBody(String),
     /// 422: the key was first used for another request.
     #[error("the Idempotency-Key was first used with different {}", .0.join(", "))]
     KeyReused(Vec<&'static str>),
@@ -46,6 +50,10 @@ pub enum ApiError {
     /// 404: no such resource for this merchant.
     #[error("not found")]
     NotFound,
+    /// 503: more requests are in flight than this instance works at once;
+    /// this one was refused at once, before anything was read or stored.
+    #[error("this instance has too many requests in flight; retry shortly")]
+    Overloaded,
     /// 503: a dependency (the database) cannot be reached now.
     #[error("the service cannot reach its database")]
     Unavailable,
@@ -56,6 +64,11 @@ pub enum ApiError {
 
 /// `Retry-After` after a database outage.
 const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// `Retry-After` on a shed request: a second lets the requests in flight
+/// (most answered within the acquirer's latency) make room, and a shed retry
+/// costs the instance next to nothing if it comes too early.
+const OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
@@ -85,12 +98,13 @@ impl ApiError {
             Self::MalformedKey(_) => ProblemKind::MalformedIdempotencyKey,
             Self::UnsupportedMediaType => ProblemKind::UnsupportedMediaType,
             Self::BodyTooLarge(_) => ProblemKind::BodyTooLarge,
-            Self::InvalidBody(_) => ProblemKind::InvalidBody,
+            Self::InvalidBody(_) | Self::UnreadableBody(_) => ProblemKind::InvalidBody,
             Self::KeyReused(_) => ProblemKind::KeyReused,
             Self::InFlight { .. } => ProblemKind::RequestInFlight,
             Self::OutcomeUnknown { .. } => ProblemKind::OutcomeUnknown,
             Self::NotFound => ProblemKind::NotFound,
             Self::Unavailable => ProblemKind::ServiceUnavailable,
+            Self::Overloaded => ProblemKind::Overloaded,
             Self::Internal(_) => ProblemKind::Internal,
         }
     }
@@ -101,6 +115,7 @@ impl ApiError {
                 Some(*retry_after)
             }
             Self::Unavailable => Some(UNAVAILABLE_RETRY_AFTER),
+            Self::Overloaded => Some(OVERLOADED_RETRY_AFTER),
             _ => None,
         }
     }

@@ -2,26 +2,32 @@
 //!
 //! Handlers parse and map; the idempotency engine decides. Every error leaves
 //! as problem+json, including the framework's own (unknown route, wrong
-//! method, timeouts, panics), through [`problemize`].
+//! method, timeouts, panics, load shedding), through [`problemize`]. The
+//! limits a hostile client meets (head deadline, requests in flight) are the
+//! server loop's, in [`server`].
 
 mod auth;
 mod charges;
 mod error;
 mod openapi;
 mod ops;
+mod server;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::error_handling::HandleErrorLayer;
 use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::{self as http, header, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::Router;
+use axum::{BoxError, Router};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tower::limit::GlobalConcurrencyLimitLayer;
+use tower::load_shed::LoadShedLayer;
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{
@@ -34,6 +40,7 @@ pub use auth::SecretCache;
 pub use charges::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use error::ApiError;
 pub use openapi::document_json as openapi_json;
+pub use server::{run as run_server, Limits, Tls, HEADER_READ_TIMEOUT, MAX_IN_FLIGHT};
 
 use crate::idempotency::Engine;
 use crate::problem::{Problem, ProblemKind, PROBLEM_JSON};
@@ -67,6 +74,34 @@ impl AppState {
 /// The routes and middleware. `request_timeout` bounds how long a client waits
 /// for an answer; the charge attempt itself carries on to the end regardless.
 pub fn router(state: AppState, request_timeout: Duration) -> Router {
+    router_with(state, &Limits::new(request_timeout), true)
+}
+
+/// The routes and middleware under `limits`, with `GET /metrics` unless it is
+/// served on a listener of its own ([`serve_ops`]).
+pub fn router_with(state: AppState, limits: &Limits, with_metrics: bool) -> Router {
+    let request_timeout = limits.request_timeout;
+    // `LoadShed` answers at once when the limit has no permit left, instead
+    // of waiting for one; its error becomes the 503. A *global* limit: a
+    // route layer is applied once per route and method, so a plain
+    // `ConcurrencyLimit` would give each of them a cap of its own.
+    let shed = ServiceBuilder::new()
+        .layer(HandleErrorLayer::new(|_: BoxError| async {
+            ApiError::Overloaded
+        }))
+        .layer(LoadShedLayer::new())
+        .layer(GlobalConcurrencyLimitLayer::new(limits.max_in_flight));
+    let api = Router::new()
+        .route("/v1/charges", post(charges::create))
+        .route("/v1/charges/{id}", get(charges::get))
+        .route_layer(shed);
+    let mut ops = Router::new()
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/openapi.json", get(openapi::openapi_json));
+    if with_metrics {
+        ops = ops.route("/metrics", get(ops::metrics));
+    }
     let middleware = ServiceBuilder::new()
         .layer(SetRequestIdLayer::new(REQUEST_ID, RequestIds::new()))
         .layer(
@@ -94,13 +129,7 @@ pub fn router(state: AppState, request_timeout: Duration) -> Router {
         ))
         .layer(DefaultBodyLimit::max(BODY_LIMIT));
 
-    Router::new()
-        .route("/v1/charges", post(charges::create))
-        .route("/v1/charges/{id}", get(charges::get))
-        .route("/healthz", get(ops::healthz))
-        .route("/readyz", get(ops::readyz))
-        .route("/metrics", get(ops::metrics))
-        .route("/openapi.json", get(openapi::openapi_json))
+    api.merge(ops)
         .route_layer(axum::middleware::from_fn(count_requests))
         .with_state(state)
         .layer(middleware)
@@ -124,13 +153,44 @@ pub async fn serve(
     request_timeout: Duration,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    serve_with(
+        listener,
+        state,
+        Limits::new(request_timeout),
+        true,
+        shutdown,
+    )
+    .await
+}
+
+/// [`serve`] under `limits`; without `GET /metrics` when `with_metrics` is
+/// false (it is then on a listener of its own, through [`serve_ops`]).
+pub async fn serve_with(
+    listener: TcpListener,
+    state: AppState,
+    limits: Limits,
+    with_metrics: bool,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let tasks = state.tasks.clone();
-    axum::serve(listener, router(state, request_timeout))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await?;
+    let app = router_with(state, &limits, with_metrics);
+    server::run(listener, app, limits.header_read_timeout, None, shutdown).await;
     tasks.close();
     tasks.wait().await;
     Ok(())
+}
+
+/// Serves [`ops_router`] (`/healthz`, `/readyz`, `/metrics`) on its own
+/// listener until `shutdown` fires: `--metrics-listen`.
+pub async fn serve_ops(listener: TcpListener, state: AppState, shutdown: CancellationToken) {
+    server::run(
+        listener,
+        ops_router(state),
+        HEADER_READ_TIMEOUT,
+        None,
+        shutdown,
+    )
+    .await;
 }
 
 /// Request ids for requests that come without one: this process's random

@@ -65,6 +65,8 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiEr
 /// Prometheus metrics, in the text exposition format.
 ///
 /// The database gauges are read at scrape time. docs/operations.md lists every metric.
+/// Served here unless the instance runs with `--metrics-listen ADDR`: then only on
+/// that address (with `/healthz` and `/readyz`), and this port answers `404`.
 #[utoipa::path(
     get,
     path = "/metrics",

@@ -18,7 +18,7 @@ use bytes::Bytes;
 
 use super::{Fingerprint, IdempotencyKey, InFlightMemo};
 use crate::acquirer::protocol::CaptureRequest;
-use crate::acquirer::{AcquirerClient, AcquirerError};
+use crate::acquirer::{AcquirerClient, AcquirerError, Settled, Unknown};
 use crate::crash::{self, CrashPoint};
 use crate::domain::{
     Charge, ChargeEvent, ChargeId, ChargeRequest, ChargeStatus, EventType, Merchant, MessageId,
@@ -26,24 +26,35 @@ use crate::domain::{
 use crate::problem::{Problem, ProblemKind};
 use crate::queue;
 use crate::store::{
-    Claim, KeyRecord, KeyState, NewClaim, NewEvent, Orphan, Settlement, Store, StoreError,
+    Claim, KeyRecord, KeyState, NewClaim, NewEvent, Orphan, Reschedule, Settlement, Store,
+    StoreError,
 };
 
-/// What a client is told to wait after an unknown outcome. The lease is released
-/// at once, so a retry may re-drive immediately; one second spares the acquirer
-/// a hot loop while it is failing.
+/// What a client is told to wait after an unknown outcome, unless the
+/// acquirer asked for longer. The lease is released at once, so a retry may
+/// re-drive immediately; one second spares the acquirer a hot loop while it
+/// is failing.
 const UNKNOWN_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// The shortest `Retry-After` for an in-flight key: HTTP counts it in whole seconds.
-const MIN_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// What a duplicate of an in-flight key is told to wait: about one acquirer
+/// call, after which the first attempt has usually stored its outcome. Not
+/// the lease's remaining time: that is how long a *dead* holder keeps the key
+/// (30 s by default), while a live one answers within a second or two.
+const IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Why a charge awaits review (`idem charges stuck` shows it).
+const NO_OUTCOME_AT_DEADLINE: &str =
+    "the acquirer had no outcome for the reference at the settle deadline";
 
 /// How an attempt that holds a record learns the acquirer's outcome.
 #[derive(Debug, Clone, Copy)]
 enum Approach {
     /// POST the capture: a live attempt, the client wants the charge.
     Capture,
-    /// Look the reference up, and POST only where the acquirer has no outcome.
-    LookupFirst,
+    /// The reconciler: look the reference up, and POST only where the
+    /// acquirer has no outcome. An unknown answer waits `backoff` (or the
+    /// acquirer's `Retry-After`, if longer) before the reconciler looks again.
+    LookupFirst { backoff: Duration },
 }
 
 /// The first outcome of a key: status and the exact body bytes.
@@ -75,6 +86,16 @@ pub enum Outcome {
         charge_id: ChargeId,
         retry_after: Duration,
     },
+}
+
+/// What the reconciler's turn at an orphan came to.
+#[derive(Debug)]
+pub enum Reconciled {
+    /// What a live attempt would have come to (final, unknown, or another's).
+    Outcome(Outcome),
+    /// The last look past the settle deadline: the acquirer has no outcome
+    /// for the reference. The charge stays `processing`, marked for review.
+    NoOutcome,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -134,8 +155,6 @@ impl Engine {
                 &held.fingerprint,
                 &held.request,
                 held.charge_id,
-                held.lease_ends
-                    .saturating_duration_since(std::time::Instant::now()),
                 fingerprint,
                 request,
             ));
@@ -195,9 +214,17 @@ impl Engine {
     /// Settles a charge whose attempt died or gave up (the reconciler's job):
     /// takes its record over if `orphan.attempt` still holds it, asks the
     /// acquirer for the reference's outcome, and captures with the same
-    /// reference only where the acquirer has none. `None`: another attempt
-    /// took it first.
-    pub async fn settle_orphan(&self, orphan: &Orphan) -> Result<Option<Outcome>, EngineError> {
+    /// reference only where the acquirer has none — unless the orphan is past
+    /// the settle deadline, where the look is the last and nothing is captured:
+    /// without an outcome there, the charge is marked for review
+    /// ([`Reconciled::NoOutcome`]). An unknown answer releases the record with
+    /// `backoff` (or the acquirer's `Retry-After`, if longer) as the
+    /// reconciler's wait. `None`: another attempt took it first.
+    pub async fn settle_orphan(
+        &self,
+        orphan: &Orphan,
+        backoff: Duration,
+    ) -> Result<Option<Reconciled>, EngineError> {
         let Some(record) = self
             .store
             .take_over(
@@ -210,10 +237,42 @@ impl Engine {
         else {
             return Ok(None);
         };
+        if !orphan.past_deadline {
+            let outcome = self
+                .drive(
+                    &orphan.merchant,
+                    &orphan.key,
+                    record,
+                    Approach::LookupFirst { backoff },
+                )
+                .await?;
+            return Ok(Some(Reconciled::Outcome(outcome)));
+        }
+        let (merchant, key) = (&orphan.merchant, &orphan.key);
+        let started = std::time::Instant::now();
+        let result = match self
+            .acquirer
+            .lookup(record.charge.acquirer_reference.as_str())
+            .await
+        {
+            Ok(Some(settled)) => settled,
+            Ok(None) => {
+                // Marked while the lease still holds the record: if marking
+                // fails, no pass asks the acquirer again before the lease ends.
+                self.store
+                    .mark_for_review(&record.charge.id, NO_OUTCOME_AT_DEADLINE)
+                    .await?;
+                self.store
+                    .release(merchant.id, key, record.attempt, &Reschedule::default())
+                    .await?;
+                return Ok(Some(Reconciled::NoOutcome));
+            }
+            Err(e) => Err(e),
+        };
         let outcome = self
-            .drive(&orphan.merchant, &orphan.key, record, Approach::LookupFirst)
+            .conclude(merchant, key, record, result, started, Some(backoff))
             .await?;
-        Ok(Some(outcome))
+        Ok(Some(Reconciled::Outcome(outcome)))
     }
 
     /// Learns the acquirer's outcome for a record this attempt holds, then stores it.
@@ -233,17 +292,46 @@ impl Engine {
             currency: charge.currency.as_str().to_owned(),
         };
         let called = std::time::Instant::now();
-        let known = match approach {
-            Approach::Capture => None,
-            Approach::LookupFirst => match self.acquirer.lookup(&request.reference).await {
-                Ok(found) => found,
-                Err(e) => Some(Err(e)),
+        let result = match approach {
+            Approach::Capture => self.acquirer.capture(&request).await,
+            Approach::LookupFirst { .. } => match self.acquirer.lookup(&request.reference).await {
+                Ok(Some(settled)) => settled,
+                Ok(None) => {
+                    // The lookup took part of the lease: renew it, so no
+                    // take-over can POST this reference while this POST runs.
+                    if !self
+                        .store
+                        .renew(merchant.id, key, record.attempt, self.config.lease)
+                        .await?
+                    {
+                        return self.current(merchant, key).await;
+                    }
+                    self.acquirer.capture(&request).await
+                }
+                Err(e) => Err(e),
             },
         };
-        let result = match known {
-            Some(settled) => settled,
-            None => self.acquirer.capture(&request).await,
+        let backoff = match approach {
+            Approach::Capture => None,
+            Approach::LookupFirst { backoff } => Some(backoff),
         };
+        self.conclude(merchant, key, record, result, called, backoff)
+            .await
+    }
+
+    /// Stores what the acquirer said for a record this attempt holds: a final
+    /// outcome under the fencing token, or, when unknown, the release, with
+    /// the reconciler's `backoff` when it is the reconciler asking.
+    async fn conclude(
+        &self,
+        merchant: &Merchant,
+        key: &IdempotencyKey,
+        record: KeyRecord,
+        result: Settled,
+        called: std::time::Instant,
+        backoff: Option<Duration>,
+    ) -> Result<Outcome, EngineError> {
+        let charge = &record.charge;
         crash::point(CrashPoint::AfterAcquirer);
         metrics::histogram!(crate::metrics::ACQUIRER_SECONDS)
             .record(called.elapsed().as_secs_f64());
@@ -261,15 +349,8 @@ impl Engine {
                 tracing::error!(charge_id = %charge.id, status, "acquirer rejected the capture");
                 (ChargeStatus::Failed, None, None)
             }
-            Err(AcquirerError::Unknown(why)) => {
-                tracing::warn!(charge_id = %charge.id, %why, "acquirer outcome unknown");
-                self.store.release(merchant.id, key, record.attempt).await?;
-                // The next duplicate here must re-drive at once, not hear 409.
-                self.in_flight.forget(merchant.id, key);
-                return Ok(Outcome::Unknown {
-                    charge_id: charge.id.clone(),
-                    retry_after: UNKNOWN_RETRY_AFTER,
-                });
+            Err(AcquirerError::Unknown(unknown)) => {
+                return self.unknown(merchant, key, &record, backoff, unknown).await;
             }
         };
         let settled = Charge {
@@ -319,6 +400,43 @@ impl Engine {
         self.current(merchant, key).await
     }
 
+    /// After an unknown answer: logs and counts it by cause, releases the
+    /// record with the reconciler's next look scheduled (in one statement, so
+    /// no reconciler skips the wait), and tells the caller when to retry.
+    async fn unknown(
+        &self,
+        merchant: &Merchant,
+        key: &IdempotencyKey,
+        record: &KeyRecord,
+        backoff: Option<Duration>,
+        unknown: Unknown,
+    ) -> Result<Outcome, EngineError> {
+        tracing::warn!(charge_id = %record.charge.id, cause = %unknown.cause, why = %unknown.why,
+            "acquirer outcome unknown");
+        metrics::counter!(crate::metrics::ACQUIRER_UNKNOWN, "cause" => unknown.cause).increment(1);
+        let reschedule = match backoff {
+            None => Reschedule {
+                not_before: unknown.retry_after,
+                reconciler_try: false,
+            },
+            Some(backoff) => Reschedule {
+                not_before: Some(backoff.max(unknown.retry_after.unwrap_or_default())),
+                reconciler_try: true,
+            },
+        };
+        self.store
+            .release(merchant.id, key, record.attempt, &reschedule)
+            .await?;
+        // The next duplicate here must re-drive at once, not hear 409.
+        self.in_flight.forget(merchant.id, key);
+        Ok(Outcome::Unknown {
+            charge_id: record.charge.id.clone(),
+            retry_after: unknown
+                .retry_after
+                .map_or(UNKNOWN_RETRY_AFTER, |hint| hint.max(UNKNOWN_RETRY_AFTER)),
+        })
+    }
+
     /// The key's record as it is now, without taking anything over.
     async fn current(
         &self,
@@ -356,7 +474,6 @@ fn waiting_or_mismatch(
     held_fingerprint: &Fingerprint,
     held_request: &ChargeRequest,
     charge_id: ChargeId,
-    lease_remaining: Duration,
     fingerprint: Fingerprint,
     request: &ChargeRequest,
 ) -> Outcome {
@@ -367,7 +484,7 @@ fn waiting_or_mismatch(
     }
     Outcome::InFlight {
         charge_id,
-        retry_after: lease_remaining.max(MIN_RETRY_AFTER),
+        retry_after: IN_FLIGHT_RETRY_AFTER,
     }
 }
 
@@ -378,9 +495,9 @@ fn settled_or_waiting(record: KeyRecord) -> Outcome {
             response,
             replayed: true,
         },
-        KeyState::InFlight { lease_remaining } => Outcome::InFlight {
+        KeyState::InFlight { .. } => Outcome::InFlight {
             charge_id: record.charge.id,
-            retry_after: lease_remaining.max(MIN_RETRY_AFTER),
+            retry_after: IN_FLIGHT_RETRY_AFTER,
         },
     }
 }
@@ -389,7 +506,7 @@ fn settled_or_waiting(record: KeyRecord) -> Outcome {
 /// replay repeats byte for byte.
 pub fn final_response(charge: &Charge) -> StoredResponse {
     let (status, body) = match charge.status {
-        ChargeStatus::Captured => (201, serde_json::to_vec(charge).unwrap_or_default()),
+        ChargeStatus::Captured => (201, crate::domain::to_json(charge)),
         ChargeStatus::Declined => {
             let reason = charge.decline_reason.as_deref().unwrap_or("unspecified");
             let mut p = Problem::new(

@@ -18,7 +18,7 @@ impl Fingerprint {
     const OPERATION: &'static [u8] = b"POST /v1/charges\n";
 
     pub fn of_charge(request: &ChargeRequest) -> Self {
-        let canonical = serde_json::to_vec(request).unwrap_or_default();
+        let canonical = crate::domain::to_json(request);
         let mut hasher = Sha256::new();
         hasher.update(Self::OPERATION);
         hasher.update(&canonical);

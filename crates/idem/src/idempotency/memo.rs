@@ -2,7 +2,7 @@
 //! `409` (or `422`) without a database round trip each.
 //!
 //! Only what cannot change is remembered: the fingerprint and request of a
-//! record that another attempt holds, and when its lease ends. An entry lives
+//! record that another attempt holds. An entry lives
 //! at most [`MEMO_FOR`] and never past the lease, so a take-over after a crash
 //! is never delayed by it. The one thing it can get wrong is freshness: a
 //! duplicate that arrives after the holder (on another instance) finished, but
@@ -31,7 +31,6 @@ pub struct Held {
     pub fingerprint: Fingerprint,
     pub request: ChargeRequest,
     pub charge_id: ChargeId,
-    pub lease_ends: Instant,
     until: Instant,
 }
 
@@ -80,7 +79,6 @@ impl InFlightMemo {
                 fingerprint,
                 request,
                 charge_id,
-                lease_ends: now + lease_remaining,
                 until: now + lease_remaining.min(MEMO_FOR),
             },
         );
@@ -125,10 +123,6 @@ mod tests {
         hold(&memo, "long", Duration::from_secs(30));
         let long = memo.get(7, &key("long")).expect("remembered");
         assert!(long.until <= Instant::now() + MEMO_FOR);
-        assert!(
-            long.lease_ends > long.until,
-            "Retry-After still counts the whole lease"
-        );
         assert!(memo.get(7, &key("short")).is_some());
         std::thread::sleep(Duration::from_millis(40));
         assert!(memo.get(7, &key("short")).is_none(), "gone with its lease");

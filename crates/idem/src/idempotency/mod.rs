@@ -13,7 +13,9 @@ mod fingerprint;
 mod key;
 mod memo;
 
-pub use engine::{final_response, Engine, EngineConfig, EngineError, Outcome, StoredResponse};
+pub use engine::{
+    final_response, Engine, EngineConfig, EngineError, Outcome, Reconciled, StoredResponse,
+};
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyError};
 pub use memo::{InFlightMemo, MEMO_FOR};

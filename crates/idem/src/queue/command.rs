@@ -1,6 +1,12 @@
 //! What a delivery on `idem.charges` must carry, checked before anything is
 //! claimed: a message refused here stores nothing and goes to the dead-letter
 //! queue with its reason.
+//!
+//! Text that goes into the database (the tenant, `reply_to`, `correlation_id`)
+//! has no control characters: PostgreSQL refuses a NUL byte in text, and no
+//! queue name, merchant or correlation id needs one. Refusing them here says
+//! why at once; what this cannot foresee, the consumer's error classification
+//! still dead-letters (see `consumer`).
 
 use lapin::types::AMQPValue;
 use lapin::BasicProperties;
@@ -21,11 +27,13 @@ pub struct Command {
     pub correlation_id: Option<String>,
 }
 
-/// Why a message is dead-lettered: a stable code and a sentence.
+/// Why a message is dead-lettered: a stable code and a sentence, and the
+/// charge it had already made, if any (so it can be found).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejection {
     pub code: &'static str,
     pub reason: String,
+    pub charge_id: Option<String>,
 }
 
 impl Rejection {
@@ -33,8 +41,22 @@ impl Rejection {
         Self {
             code,
             reason: reason.into(),
+            charge_id: None,
         }
     }
+
+    /// The charge this command made before it was refused.
+    pub fn with_charge(self, charge_id: Option<&str>) -> Self {
+        Self {
+            charge_id: charge_id.map(str::to_owned),
+            ..self
+        }
+    }
+}
+
+/// Whether `text` is free of control characters (NUL among them).
+fn printable(text: &str) -> bool {
+    !text.chars().any(char::is_control)
 }
 
 /// Parses one delivery's properties and body.
@@ -62,21 +84,35 @@ pub fn parse(properties: &BasicProperties, body: &[u8]) -> Result<Command, Rejec
             ));
         }
     }
+    let reply_to = properties
+        .reply_to()
+        .as_ref()
+        .map(|r| r.as_str().to_owned())
+        .filter(|r| !r.is_empty());
+    if reply_to.as_deref().is_some_and(|r| !printable(r)) {
+        return Err(Rejection::new(
+            "malformed-reply-to",
+            "reply_to (the queue for the result) must have no control characters",
+        ));
+    }
+    let correlation_id = properties
+        .correlation_id()
+        .as_ref()
+        .map(|c| c.as_str().to_owned());
+    if correlation_id.as_deref().is_some_and(|c| !printable(c)) {
+        return Err(Rejection::new(
+            "malformed-correlation-id",
+            "correlation_id must have no control characters",
+        ));
+    }
     let request = ChargeRequest::from_json(body)
         .map_err(|e| Rejection::new("invalid-body", format!("body: {e}")))?;
     Ok(Command {
         key,
         tenant,
         request,
-        reply_to: properties
-            .reply_to()
-            .as_ref()
-            .map(|r| r.as_str().to_owned())
-            .filter(|r| !r.is_empty()),
-        correlation_id: properties
-            .correlation_id()
-            .as_ref()
-            .map(|c| c.as_str().to_owned()),
+        reply_to,
+        correlation_id,
     })
 }
 
@@ -97,10 +133,10 @@ fn tenant(properties: &BasicProperties) -> Result<String, Rejection> {
         Some(_) => None,
     };
     match name {
-        Some(n) if !n.is_empty() => Ok(n),
+        Some(n) if !n.is_empty() && printable(&n) => Ok(n),
         _ => Err(Rejection::new(
             "malformed-tenant",
-            "the header `tenant` must be a non-empty UTF-8 string",
+            "the header `tenant` must be a non-empty UTF-8 string without control characters",
         )),
     }
 }
@@ -175,6 +211,32 @@ mod tests {
             assert_eq!(rejection.code, code, "{rejection:?}");
             assert!(!rejection.reason.is_empty());
         }
+    }
+
+    #[test]
+    fn control_characters_in_stored_text_are_refused_with_their_own_code() {
+        let ok = || props(Some("k"), tenant("acme"));
+        let cases: [(BasicProperties, &str); 5] = [
+            (props(Some("k"), tenant("ac\0me")), "malformed-tenant"),
+            (props(Some("k"), tenant("acme\n")), "malformed-tenant"),
+            (ok().with_reply_to("re\0plies".into()), "malformed-reply-to"),
+            (
+                ok().with_correlation_id("c\0-9".into()),
+                "malformed-correlation-id",
+            ),
+            (
+                ok().with_correlation_id("c\u{7f}".into()),
+                "malformed-correlation-id",
+            ),
+        ];
+        for (p, code) in cases {
+            let rejection = parse(&p, BODY).unwrap_err();
+            assert_eq!(rejection.code, code, "{rejection:?}");
+            assert!(rejection.reason.contains("control characters"));
+        }
+        // Anything printable is taken as written, Unicode included.
+        let c = parse(&ok().with_correlation_id("pedido nº 7".into()), BODY).unwrap();
+        assert_eq!(c.correlation_id.as_deref(), Some("pedido nº 7"));
     }
 
     #[test]

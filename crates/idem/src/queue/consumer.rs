@@ -22,8 +22,26 @@
 //! lost), and the relay publishes the result when the charge settles, by a
 //! retry, another delivery or the reconciler.
 //!
-//! When the database is down, the message is returned to the queue (after a
-//! pause, so a dead database does not make a hot loop) rather than acked.
+//! A store error decides what becomes of the command (see [`StoreError`]):
+//! - transient (the database unreachable, a timeout, a deadlock): the command
+//!   goes back to the queue after a pause that doubles (so a dead database
+//!   does not make a hot loop), at most [`MAX_ATTEMPTS`] times in all; then it
+//!   is dead-lettered as `retries-exhausted`;
+//! - anything else (text the database refuses, a broken invariant): trying
+//!   again would give the same answer, so it is dead-lettered at once as
+//!   `store-refused`.
+//!
+//! Either way the command is never lost: it sits in the dead-letter queue with
+//! its reason, and with `x-idem-charge-id` when its charge already exists
+//! (captured, perhaps), so the charge can be found. Publishing it again as it
+//! is, once the cause is fixed, is safe: same key, same intent.
+//!
+//! The attempts are counted by idem, in the header [`ATTEMPTS_HEADER`]: the
+//! command is published again with the count (confirmed), then the delivery is
+//! acked. A plain requeue would not do: `idem.charges` is declared as a
+//! classic queue, and only quorum queues count deliveries (`x-delivery-count`,
+//! RabbitMQ's "poison message handling"). Should the queue ever be a quorum
+//! one, its count is added in.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,7 +53,7 @@ use lapin::options::{
     BasicPublishOptions, BasicQosOptions, BasicRejectOptions, ConfirmSelectOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::Channel;
+use lapin::{BasicProperties, Channel};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -43,17 +61,30 @@ use tracing::Instrument;
 
 use super::command::{self, Command, Rejection};
 use super::{
-    connect, declare, reconnecting, Reconnect, COMMANDS_QUEUE, DEAD_LETTER_QUEUE,
-    REASON_CODE_HEADER, REASON_HEADER, RESULTS_EXCHANGE,
+    connect, declare, reconnecting, Reconnect, ATTEMPTS_HEADER, CHARGE_ID_HEADER, COMMANDS_QUEUE,
+    DEAD_LETTER_QUEUE, REASON_CODE_HEADER, REASON_HEADER, RESULTS_EXCHANGE,
 };
 use crate::domain::Merchant;
 use crate::http::ApiError;
 use crate::idempotency::{Engine, Outcome, StoredResponse};
 use crate::store::{MerchantCache, NewResult, ResultAnswer, StoreError};
 
-/// How long a delivery that met a database outage waits before going back to
-/// the queue.
-const REQUEUE_PAUSE: Duration = Duration::from_secs(1);
+/// How many attempts a command gets when each meets a transient store error
+/// (the database unreachable, a timeout, a deadlock) before it is
+/// dead-lettered as `retries-exhausted`. With the pauses between them
+/// ([`RETRY_PAUSE`] doubling up to [`RETRY_PAUSE_CAP`]) 20 attempts span
+/// about 7.5 minutes: longer than a database failover or restart takes, and
+/// short enough that a command which fails the same way every time (an error
+/// classified as transient that is not) leaves the queue in bounded time.
+pub const MAX_ATTEMPTS: u32 = 20;
+/// The pause after a command's first transient failure, doubled after each
+/// next one: long enough that a dead database does not make a hot loop.
+const RETRY_PAUSE: Duration = Duration::from_secs(1);
+/// The longest pause: the delivery is held (a prefetch slot) while it waits,
+/// and a recovered database should be noticed within half a minute.
+const RETRY_PAUSE_CAP: Duration = Duration::from_secs(30);
+/// The broker's count of a message's failed deliveries; quorum queues only.
+const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
 
 #[derive(Debug, Clone)]
 pub struct ConsumerConfig {
@@ -79,7 +110,7 @@ enum Handled {
     /// Result written, message acked; the label of the engine's outcome.
     Done(&'static str),
     DeadLettered,
-    /// Database trouble: returned to the queue for a later attempt.
+    /// Transient database trouble: back in the queue for a later attempt.
     Requeued,
 }
 
@@ -144,7 +175,8 @@ impl Consumer {
                     Some(Ok(delivery)) => {
                         let this = self.clone();
                         let dead_letters = dead_letters.clone();
-                        tasks.spawn(async move { this.handle(delivery, &dead_letters).await });
+                        let shutdown = shutdown.clone();
+                        tasks.spawn(async move { this.handle(delivery, &dead_letters, &shutdown).await });
                     }
                     Some(Err(e)) => break Err(e.into()),
                     None => break Err(anyhow::anyhow!("the broker cancelled the consumer")),
@@ -163,7 +195,9 @@ impl Consumer {
         ended
     }
 
-    async fn handle(&self, delivery: Delivery, dead_letters: &Channel) {
+    /// `confirmed` is a channel in confirm mode, for the copies this consumer
+    /// publishes itself (dead letters, and commands to try again).
+    async fn handle(&self, delivery: Delivery, confirmed: &Channel, shutdown: &CancellationToken) {
         let span = tracing::info_span!(
             "command",
             idempotency_key = tracing::field::Empty,
@@ -171,7 +205,7 @@ impl Consumer {
             redelivered = delivery.redelivered,
         );
         let handled = self
-            .handle_in(&delivery, dead_letters)
+            .handle_in(&delivery, confirmed, shutdown)
             .instrument(span)
             .await;
         let label = match handled {
@@ -182,10 +216,15 @@ impl Consumer {
         metrics::counter!(crate::metrics::QUEUE_COMMANDS, "result" => label).increment(1);
     }
 
-    async fn handle_in(&self, delivery: &Delivery, dead_letters: &Channel) -> Handled {
+    async fn handle_in(
+        &self,
+        delivery: &Delivery,
+        confirmed: &Channel,
+        shutdown: &CancellationToken,
+    ) -> Handled {
         let command = match command::parse(&delivery.properties, &delivery.data) {
             Ok(c) => c,
-            Err(rejection) => return dead_letter(delivery, dead_letters, &rejection).await,
+            Err(rejection) => return dead_letter(delivery, confirmed, &rejection).await,
         };
         tracing::Span::current().record("idempotency_key", command.key.as_str());
         let store = self.engine.store();
@@ -200,9 +239,9 @@ impl Consumer {
                     "unknown-tenant",
                     format!("no merchant is named {:?}", command.tenant),
                 );
-                return dead_letter(delivery, dead_letters, &rejection).await;
+                return dead_letter(delivery, confirmed, &rejection).await;
             }
-            Err(e) => return requeue(delivery, &e).await,
+            Err(e) => return store_failed(delivery, confirmed, &e, None, shutdown).await,
         };
         let outcome = match self
             .engine
@@ -210,11 +249,27 @@ impl Consumer {
             .await
         {
             Ok(o) => o,
-            Err(crate::idempotency::EngineError::Store(e)) => return requeue(delivery, &e).await,
+            Err(crate::idempotency::EngineError::Store(e)) => {
+                // The claim may have made a charge before the store failed
+                // (a refused finalize, say): name it in the dead letter, if
+                // the store still answers.
+                let made = match self
+                    .engine
+                    .store()
+                    .key_record(merchant.id, &command.key)
+                    .await
+                {
+                    Ok(Some(record)) => Some(record.charge.id),
+                    _ => None,
+                };
+                let charge = made.as_ref().map(|id| id.as_str());
+                return store_failed(delivery, confirmed, &e, charge, shutdown).await;
+            }
         };
         let label = outcome.label();
         if let Err(e) = self.write_result(&merchant, &command, &outcome).await {
-            return requeue(delivery, &e).await;
+            let charge = charge_of(&outcome);
+            return store_failed(delivery, confirmed, &e, charge, shutdown).await;
         }
         self.relay_wake.notify_one();
         if let Err(e) = delivery.acker.ack(BasicAckOptions::default()).await {
@@ -289,12 +344,169 @@ impl Consumer {
     }
 }
 
-/// Sends a message that can never succeed to the dead-letter queue, with its
-/// reason in a header, and acks it. If the broker will not confirm the copy,
-/// the message is rejected instead and the broker dead-letters it itself
-/// (without the reason): either way it never blocks the queue.
+/// The charge an outcome is about, if it has one.
+fn charge_of(outcome: &Outcome) -> Option<&str> {
+    match outcome {
+        Outcome::Completed { charge_id, .. }
+        | Outcome::InFlight { charge_id, .. }
+        | Outcome::Unknown { charge_id, .. } => Some(charge_id.as_str()),
+        Outcome::Mismatch { .. } => None,
+    }
+}
+
+/// What to do with a command that met a store error: try it again later if
+/// the error is transient and attempts are left, else dead-letter it (see the
+/// module's header). `charge` is the charge it made already, if known.
+async fn store_failed(
+    delivery: &Delivery,
+    channel: &Channel,
+    error: &StoreError,
+    charge: Option<&str>,
+    shutdown: &CancellationToken,
+) -> Handled {
+    let rejection = if !error.is_transient() {
+        Rejection::new(
+            "store-refused",
+            format!("the database refused this command, and would again: {error}"),
+        )
+    } else {
+        let attempt = attempts_before(&delivery.properties).saturating_add(1);
+        if attempt < MAX_ATTEMPTS {
+            return retry_later(delivery, channel, attempt, error, shutdown).await;
+        }
+        Rejection::new(
+            "retries-exhausted",
+            format!(
+                "the database was unavailable on each of {attempt} attempts (the last: {error}); \
+                 the command is safe to publish again as it is"
+            ),
+        )
+    };
+    dead_letter(delivery, channel, &rejection.with_charge(charge)).await
+}
+
+/// The failed attempts this command has had before this delivery: idem's own
+/// count, plus the broker's count of this copy's failed deliveries (a quorum
+/// queue's; a classic queue keeps none).
+fn attempts_before(properties: &BasicProperties) -> u32 {
+    let Some(headers) = properties.headers() else {
+        return 0;
+    };
+    let count = |name: &str| headers.inner().get(name).and_then(integer).unwrap_or(0);
+    count(ATTEMPTS_HEADER).saturating_add(count(DELIVERY_COUNT_HEADER))
+}
+
+/// A header's value as a count, whatever integer type the publisher used.
+fn integer(value: &AMQPValue) -> Option<u32> {
+    let n: i64 = match value {
+        AMQPValue::ShortShortInt(n) => (*n).into(),
+        AMQPValue::ShortShortUInt(n) => (*n).into(),
+        AMQPValue::ShortInt(n) => (*n).into(),
+        AMQPValue::ShortUInt(n) => (*n).into(),
+        AMQPValue::LongInt(n) => (*n).into(),
+        AMQPValue::LongUInt(n) => (*n).into(),
+        AMQPValue::LongLongInt(n) => *n,
+        _ => return None,
+    };
+    Some(u32::try_from(n.max(0)).unwrap_or(u32::MAX))
+}
+
+/// The pause before attempt `attempt + 1`: [`RETRY_PAUSE`] doubled per
+/// failure so far, at most [`RETRY_PAUSE_CAP`].
+fn retry_pause(attempt: u32) -> Duration {
+    RETRY_PAUSE
+        .saturating_mul(2u32.saturating_pow(attempt.saturating_sub(1).min(16)))
+        .min(RETRY_PAUSE_CAP)
+}
+
+/// Puts a command back in the queue for another attempt after a pause: a copy
+/// carrying the count of attempts so far is published (confirmed), then this
+/// delivery is acked. If the copy is not confirmed, or the process is
+/// stopping, the delivery is returned to the queue as it is instead (that
+/// attempt is not counted: the broker or the process is going away too).
+async fn retry_later(
+    delivery: &Delivery,
+    channel: &Channel,
+    attempt: u32,
+    error: &StoreError,
+    shutdown: &CancellationToken,
+) -> Handled {
+    let pause = retry_pause(attempt);
+    tracing::warn!(%error, attempt, max_attempts = MAX_ATTEMPTS, ?pause,
+        "database trouble; the command goes back to the queue");
+    let stopping = tokio::select! {
+        _ = shutdown.cancelled() => true,
+        _ = tokio::time::sleep(pause) => false,
+    };
+    let copied = !stopping && {
+        // The broker's count of this copy is folded into idem's.
+        let mut headers: std::collections::BTreeMap<_, _> = delivery
+            .properties
+            .headers()
+            .as_ref()
+            .map(|h| h.inner().clone())
+            .unwrap_or_default();
+        headers.remove(DELIVERY_COUNT_HEADER);
+        headers.insert(
+            ATTEMPTS_HEADER.into(),
+            AMQPValue::LongLongInt(i64::from(attempt)),
+        );
+        let properties = delivery.properties.clone().with_headers(headers.into());
+        publish_confirmed(channel, COMMANDS_QUEUE, &delivery.data, properties).await
+    };
+    let settled = if copied {
+        delivery.acker.ack(BasicAckOptions::default()).await
+    } else {
+        delivery
+            .acker
+            .nack(BasicNackOptions {
+                multiple: false,
+                requeue: true,
+            })
+            .await
+    };
+    if let Err(e) = settled {
+        // The channel is gone, and the broker requeues the delivery itself.
+        tracing::warn!(error = %e, "could not return a command to the queue");
+    }
+    Handled::Requeued
+}
+
+/// Publishes `body` to `queue` (through the default exchange) and waits for
+/// the broker's confirm; `false` if it did not confirm it.
+async fn publish_confirmed(
+    channel: &Channel,
+    queue: &str,
+    body: &[u8],
+    properties: BasicProperties,
+) -> bool {
+    match channel
+        .basic_publish(
+            "".into(),
+            queue.into(),
+            BasicPublishOptions::default(),
+            body,
+            properties,
+        )
+        .await
+    {
+        Ok(confirm) => matches!(confirm.await, Ok(c) if c.is_ack()),
+        Err(_) => false,
+    }
+}
+
+/// Sends a message that will never succeed to the dead-letter queue, with its
+/// reason in headers (and its charge, if it made one), and acks it. If the
+/// broker will not confirm the copy, the message is rejected instead and the
+/// broker dead-letters it itself (without the reason): either way it never
+/// blocks the queue.
 async fn dead_letter(delivery: &Delivery, channel: &Channel, rejection: &Rejection) -> Handled {
-    tracing::warn!(code = rejection.code, reason = %rejection.reason, "dead-lettering a command");
+    tracing::warn!(
+        code = rejection.code,
+        reason = %rejection.reason,
+        charge_id = rejection.charge_id.as_deref(),
+        "dead-lettering a command"
+    );
     let mut headers = delivery.properties.headers().clone().unwrap_or_default();
     headers.insert(
         REASON_HEADER.into(),
@@ -304,20 +516,14 @@ async fn dead_letter(delivery: &Delivery, channel: &Channel, rejection: &Rejecti
         REASON_CODE_HEADER.into(),
         AMQPValue::LongString(rejection.code.into()),
     );
+    if let Some(charge_id) = &rejection.charge_id {
+        headers.insert(
+            CHARGE_ID_HEADER.into(),
+            AMQPValue::LongString(charge_id.as_str().into()),
+        );
+    }
     let properties = delivery.properties.clone().with_headers(headers);
-    let confirmed = match channel
-        .basic_publish(
-            "".into(),
-            DEAD_LETTER_QUEUE.into(),
-            BasicPublishOptions::default(),
-            &delivery.data,
-            properties,
-        )
-        .await
-    {
-        Ok(confirm) => matches!(confirm.await, Ok(c) if c.is_ack()),
-        Err(_) => false,
-    };
+    let confirmed = publish_confirmed(channel, DEAD_LETTER_QUEUE, &delivery.data, properties).await;
     let settled = if confirmed {
         delivery.acker.ack(BasicAckOptions::default()).await
     } else {
@@ -333,20 +539,54 @@ async fn dead_letter(delivery: &Delivery, channel: &Channel, rejection: &Rejecti
     Handled::DeadLettered
 }
 
-/// Returns a delivery to the queue after a pause: the database could not be
-/// reached, and the command is still to be done.
-async fn requeue(delivery: &Delivery, error: &StoreError) -> Handled {
-    tracing::warn!(%error, "database trouble; returning the command to the queue");
-    tokio::time::sleep(REQUEUE_PAUSE).await;
-    if let Err(e) = delivery
-        .acker
-        .nack(BasicNackOptions {
-            multiple: false,
-            requeue: true,
-        })
-        .await
-    {
-        tracing::warn!(error = %e, "could not return a command to the queue");
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pauses_double_from_one_second_to_the_cap() {
+        let pauses: Vec<u64> = (1..MAX_ATTEMPTS)
+            .map(|a| retry_pause(a).as_secs())
+            .collect();
+        assert_eq!(&pauses[..7], &[1, 2, 4, 8, 16, 30, 30]);
+        assert!(pauses.iter().all(|p| *p <= RETRY_PAUSE_CAP.as_secs()));
+        // The span the attempts cover before a command is dead-lettered.
+        let total: u64 = pauses.iter().sum();
+        assert!((400..=500).contains(&total), "{total} s");
     }
-    Handled::Requeued
+
+    #[test]
+    fn attempts_are_idem_s_count_plus_the_broker_s() {
+        let with = |pairs: &[(&str, AMQPValue)]| {
+            let mut h = FieldTable::default();
+            for (k, v) in pairs {
+                h.insert((*k).into(), v.clone());
+            }
+            BasicProperties::default().with_headers(h)
+        };
+        assert_eq!(attempts_before(&BasicProperties::default()), 0);
+        assert_eq!(
+            attempts_before(&with(&[(ATTEMPTS_HEADER, AMQPValue::LongLongInt(3))])),
+            3
+        );
+        assert_eq!(
+            attempts_before(&with(&[
+                (ATTEMPTS_HEADER, AMQPValue::LongInt(3)),
+                (DELIVERY_COUNT_HEADER, AMQPValue::LongLongInt(2)),
+            ])),
+            5
+        );
+        assert_eq!(
+            attempts_before(&with(&[(ATTEMPTS_HEADER, AMQPValue::LongLongInt(-4))])),
+            0
+        );
+        assert_eq!(
+            attempts_before(&with(&[(
+                ATTEMPTS_HEADER,
+                AMQPValue::LongString("7".into())
+            )])),
+            0,
+            "not a number: not counted"
+        );
+    }
 }

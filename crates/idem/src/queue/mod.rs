@@ -6,8 +6,9 @@
 //!
 //! ```text
 //! idem.charges ─► consumer ─► engine (claim, acquirer, finalize + event) ─► outbox: result ─► ack
-//!      │ malformed                                                             │
-//!      └─► idem.charges.dead (reason in a header)          relay (skip locked, confirms)
+//!   ▲  │ malformed, refused by the store, or out of attempts                    │
+//!   │  └─► idem.charges.dead (reason in a header)          relay (skip locked, confirms)
+//!   └── database unreachable: again, after a pause (x-idem-attempts)
 //!                                                               ├─► reply_to / idem.results
 //!                                                               └─► idem.events
 //! ```
@@ -43,6 +44,12 @@ pub const EVENTS_EXCHANGE: &str = "idem.events";
 /// The header a dead letter carries its reason in (a sentence), and its code.
 pub const REASON_HEADER: &str = "x-idem-reason";
 pub const REASON_CODE_HEADER: &str = "x-idem-reason-code";
+/// The header of a dead letter that had made a charge before it was refused:
+/// the charge's id, so it can be found (`GET /v1/charges/{id}`).
+pub const CHARGE_ID_HEADER: &str = "x-idem-charge-id";
+/// The header in which the consumer counts a command's attempts that met a
+/// transient store error (see [`consumer::MAX_ATTEMPTS`]).
+pub const ATTEMPTS_HEADER: &str = "x-idem-attempts";
 
 /// AMQP delivery mode 2: the broker writes the message to disk.
 const PERSISTENT: u8 = 2;
@@ -98,22 +105,23 @@ pub async fn declare(channel: &Channel) -> lapin::Result<()> {
 }
 
 /// Binds a queue to the results of one merchant (for tools and tests that
-/// listen to `idem.results`).
+/// listen to `idem.results`). A name or queue over 255 bytes is an error
+/// (`InvalidInput`), not a panic.
 pub async fn bind_results(channel: &Channel, queue: &str, merchant: &str) -> lapin::Result<()> {
+    let short = |s: &str| {
+        ShortString::try_new(s).map_err(|e| {
+            lapin::Error::from(std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+        })
+    };
     channel
         .queue_bind(
-            queue.into(),
+            short(queue)?,
             RESULTS_EXCHANGE.into(),
-            merchant.into(),
+            short(merchant)?,
             QueueBindOptions::default(),
             FieldTable::default(),
         )
         .await
-}
-
-/// A short string property, or `None` when the value does not fit (255 bytes).
-fn short(value: &str) -> Option<ShortString> {
-    ShortString::try_new(value).ok()
 }
 
 /// Runs `session` (one connection's life: `Ok` on shutdown, `Err` when the

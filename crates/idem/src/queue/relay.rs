@@ -8,19 +8,30 @@
 //! but before its commit leaves the batch unpublished in the table, and it goes
 //! out again. Every message carries its own `message_id` (`evt_...`,
 //! `res_...`) so subscribers can drop the copy.
+//!
+//! A row the broker can never take is set aside, with its reason, instead of
+//! being published: today that is a row with an AMQP short string (the
+//! exchange, the routing key, `message_id`, `type`, `correlation_id`) over
+//! 255 bytes, which the client library refuses before sending (lapin's
+//! `ShortString::from` panics on one; this module only ever uses
+//! `ShortString::try_new`). It would otherwise come first in every batch,
+//! for every relay. The routing key of a result is its merchant's name, and
+//! names stored before they had to be slugs may be that long. Set-aside rows
+//! are logged and counted (`idem_outbox_set_aside_total`); the rows behind
+//! them go out as usual.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::PublisherConfirm;
 use lapin::{BasicProperties, Channel};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::command::TENANT_HEADER;
-use super::{connect, declare, reconnecting, short, Reconnect, PERSISTENT};
+use super::{connect, declare, reconnecting, Reconnect, PERSISTENT};
 use crate::problem::PROBLEM_JSON;
 use crate::store::{OutboxMessage, Store, StoreError};
 
@@ -39,7 +50,8 @@ pub struct RelayConfig {
     pub poll_interval: Duration,
     /// How long published messages are kept before they are pruned.
     pub retention: Duration,
-    /// How long the broker may take to confirm a batch.
+    /// How long the broker may take to take a batch (the publishes, which
+    /// wait when the connection does not drain) and confirm it.
     pub confirm_timeout: Duration,
 }
 
@@ -47,7 +59,7 @@ pub struct RelayConfig {
 enum RelayError {
     #[error("broker: {0}")]
     Broker(#[from] lapin::Error),
-    #[error("the broker did not confirm within {0:?}")]
+    #[error("the broker did not take and confirm a batch within {0:?}")]
     ConfirmTimeout(Duration),
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -128,19 +140,39 @@ impl Relay {
         ended
     }
 
-    /// Publishes one batch; returns how many messages the broker confirmed.
-    /// The batch is released whatever happens, so what did not go out goes
-    /// in the next batch, this relay's or another's.
+    /// Publishes one batch; returns how many messages it settled (confirmed
+    /// by the broker, or set aside). The batch is released whatever happens,
+    /// so what did not go out goes in the next batch, this relay's or another's.
     async fn pass(&self, channel: &Channel) -> Result<usize, RelayError> {
         let batch = self.store.outbox_batch(BATCH).await?;
         if batch.messages.is_empty() {
             return Ok(0);
         }
         let batch_len = batch.messages.len();
-        let sent = self.publish(channel, &batch.messages).await;
-        batch.finish(sent.as_deref().unwrap_or_default()).await?;
+        let mut outgoing = Vec::with_capacity(batch_len);
+        let mut set_aside = Vec::new();
+        for message in &batch.messages {
+            match Outgoing::prepare(message) {
+                Ok(o) => outgoing.push(o),
+                Err(reason) => {
+                    tracing::error!(
+                        outbox_id = message.id,
+                        kind = %message.kind,
+                        tenant = %message.tenant,
+                        %reason,
+                        "an outbox message can never be published; setting it aside"
+                    );
+                    set_aside.push((message.id, reason));
+                }
+            }
+        }
+        let sent = self.publish(channel, outgoing).await;
+        batch
+            .finish(sent.as_deref().unwrap_or_default(), &set_aside)
+            .await?;
+        metrics::counter!(crate::metrics::OUTBOX_SET_ASIDE).increment(set_aside.len() as u64);
         let confirmed = sent?.len();
-        let refused = batch_len - confirmed;
+        let refused = batch_len - confirmed - set_aside.len();
         if refused > 0 {
             tracing::warn!(
                 refused,
@@ -148,29 +180,32 @@ impl Relay {
             );
         }
         metrics::counter!(crate::metrics::OUTBOX_PUBLISHED).increment(confirmed as u64);
-        Ok(confirmed)
+        Ok(confirmed + set_aside.len())
     }
 
     /// Publishes messages with confirms; returns the ids the broker acked.
+    /// The publishes are inside the timeout too: one waits while the
+    /// connection does not drain (a broker under flow control, a dead peer
+    /// whose socket buffer is full), and the batch's rows stay locked meanwhile.
     async fn publish(
         &self,
         channel: &Channel,
-        messages: &[OutboxMessage],
+        outgoing: Vec<Outgoing<'_>>,
     ) -> Result<Vec<i64>, RelayError> {
-        let mut pending: Vec<(i64, PublisherConfirm)> = Vec::with_capacity(messages.len());
-        for message in messages {
-            let confirm = channel
-                .basic_publish(
-                    message.exchange.as_str().into(),
-                    message.routing_key.as_str().into(),
-                    BasicPublishOptions::default(),
-                    &message.body,
-                    properties(message),
-                )
-                .await?;
-            pending.push((message.id, confirm));
-        }
         tokio::time::timeout(self.config.confirm_timeout, async {
+            let mut pending: Vec<(i64, PublisherConfirm)> = Vec::with_capacity(outgoing.len());
+            for o in outgoing {
+                let confirm = channel
+                    .basic_publish(
+                        o.exchange,
+                        o.routing_key,
+                        BasicPublishOptions::default(),
+                        o.body,
+                        o.properties,
+                    )
+                    .await?;
+                pending.push((o.id, confirm));
+            }
             let mut acked = Vec::with_capacity(pending.len());
             for (id, confirm) in pending {
                 if confirm.await?.is_ack() {
@@ -202,9 +237,43 @@ impl Relay {
     }
 }
 
+/// One outbox row as the client library will take it.
+struct Outgoing<'a> {
+    id: i64,
+    exchange: ShortString,
+    routing_key: ShortString,
+    body: &'a [u8],
+    properties: BasicProperties,
+}
+
+impl<'a> Outgoing<'a> {
+    /// The row ready to publish, or why it never can be.
+    fn prepare(message: &'a OutboxMessage) -> Result<Self, String> {
+        Ok(Self {
+            id: message.id,
+            exchange: short("exchange", &message.exchange)?,
+            routing_key: short("routing key", &message.routing_key)?,
+            body: &message.body,
+            properties: properties(message)?,
+        })
+    }
+}
+
+/// `value` as an AMQP short string, or the reason it cannot be one.
+fn short(what: &str, value: &str) -> Result<ShortString, String> {
+    ShortString::try_new(value).map_err(|_| {
+        format!(
+            "the {what} is {} bytes, over AMQP's 255-byte limit for a short string: {:?}...",
+            value.len(),
+            value.chars().take(32).collect::<String>()
+        )
+    })
+}
+
 /// A message's AMQP properties: persistent, its unique id, and what the
-/// contract puts in the headers of an event or a result.
-fn properties(message: &OutboxMessage) -> BasicProperties {
+/// contract puts in the headers of an event or a result; or why they cannot
+/// be sent.
+fn properties(message: &OutboxMessage) -> Result<BasicProperties, String> {
     let mut headers = FieldTable::default();
     headers.insert(
         TENANT_HEADER.into(),
@@ -212,15 +281,13 @@ fn properties(message: &OutboxMessage) -> BasicProperties {
     );
     let mut p = BasicProperties::default()
         .with_delivery_mode(PERSISTENT)
-        .with_timestamp(unix_now());
-    if let Some(id) = short(&message.message_id) {
-        p = p.with_message_id(id);
+        .with_timestamp(unix_now())
+        .with_message_id(short("message_id", &message.message_id)?);
+    if let Some(event_type) = &message.event_type {
+        p = p.with_type(short("type", event_type)?);
     }
-    if let Some(event_type) = message.event_type.as_deref().and_then(short) {
-        p = p.with_type(event_type);
-    }
-    if let Some(correlation_id) = message.correlation_id.as_deref().and_then(short) {
-        p = p.with_correlation_id(correlation_id);
+    if let Some(correlation_id) = &message.correlation_id {
+        p = p.with_correlation_id(short("correlation_id", correlation_id)?);
     }
     let content_type = if let Some(status) = message.status {
         headers.insert("status".into(), AMQPValue::ShortInt(status));
@@ -242,8 +309,8 @@ fn properties(message: &OutboxMessage) -> BasicProperties {
     } else {
         "application/json"
     };
-    p.with_content_type(content_type.into())
-        .with_headers(headers)
+    Ok(p.with_content_type(content_type.into())
+        .with_headers(headers))
 }
 
 fn unix_now() -> u64 {

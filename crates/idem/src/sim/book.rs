@@ -2,6 +2,7 @@
 //! the ledger at once.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
@@ -15,11 +16,23 @@ pub enum Recorded {
     Mismatch,
 }
 
-#[derive(Default)]
 pub struct Book {
     by_reference: HashMap<String, (CaptureRequest, CaptureOutcome)>,
     /// Every capture in the order it was made.
     captures: Vec<LedgerCapture>,
+    /// The book's clock starts here: captures carry their time since, so a
+    /// reader can put them on the same axis as its own events.
+    epoch: Instant,
+}
+
+impl Default for Book {
+    fn default() -> Self {
+        Self {
+            by_reference: HashMap::new(),
+            captures: Vec::new(),
+            epoch: Instant::now(),
+        }
+    }
 }
 
 /// One capture that moved money.
@@ -31,6 +44,10 @@ pub struct LedgerCapture {
     pub order_id: i64,
     pub amount_cents: i64,
     pub currency: String,
+    /// When the money moved, in microseconds since the simulator started
+    /// (0 from a ledger that predates the field).
+    #[serde(default)]
+    pub at_micros: u64,
 }
 
 /// Captures per `(merchant, order_id)`; more than one is a double charge
@@ -48,6 +65,11 @@ pub struct Ledger {
     pub captures: Vec<LedgerCapture>,
     pub counts: Vec<LedgerCount>,
     pub declines: u64,
+    /// The simulator's clock when it wrote this ledger, in microseconds since
+    /// it started: subtracted from the reader's own clock at that moment, it
+    /// places every `at_micros` on the reader's time axis.
+    #[serde(default)]
+    pub now_micros: u64,
 }
 
 impl Book {
@@ -73,6 +95,7 @@ impl Book {
                 order_id: request.order_id,
                 amount_cents: request.amount_cents,
                 currency: request.currency.clone(),
+                at_micros: self.micros_since_epoch(),
             });
             CaptureOutcome::Captured {
                 capture_id,
@@ -86,6 +109,10 @@ impl Book {
 
     pub fn outcome(&self, reference: &str) -> Option<CaptureOutcome> {
         self.by_reference.get(reference).map(|(_, o)| o.clone())
+    }
+
+    fn micros_since_epoch(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
     pub fn ledger(&self) -> Ledger {
@@ -104,6 +131,7 @@ impl Book {
                 })
                 .collect(),
             declines: u64::try_from(self.by_reference.len() - self.captures.len()).unwrap_or(0),
+            now_micros: self.micros_since_epoch(),
         }
     }
 }
@@ -139,6 +167,16 @@ mod tests {
         let ledger = book.ledger();
         assert_eq!(ledger.captures.len(), 1);
         assert_eq!(ledger.counts[0].captures, 1);
+        assert!(ledger.captures[0].at_micros <= ledger.now_micros);
+    }
+
+    #[test]
+    fn a_ledger_without_times_still_reads() {
+        let old = r#"{"captures":[{"capture_id":"cap_1","reference":"r1","merchant":"m",
+            "order_id":7,"amount_cents":100,"currency":"BRL"}],"counts":[],"declines":0}"#;
+        let ledger: Ledger = serde_json::from_str(old).expect("an older ledger parses");
+        assert_eq!(ledger.captures[0].at_micros, 0);
+        assert_eq!(ledger.now_micros, 0);
     }
 
     #[test]

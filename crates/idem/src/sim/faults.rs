@@ -5,9 +5,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// One kind of misbehaviour, applied to a capture call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
+/// One kind of misbehaviour, applied to a capture call. Written the same way
+/// on the command line and in `/_sim/faults`: `none`, `error-before`,
+/// `error-after`, `hang`, `drop-after`, or `status:N` (`error_before` and
+/// the other snake-case spellings are accepted too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub enum Fault {
     /// Behave.
     #[default]
@@ -16,10 +19,69 @@ pub enum Fault {
     ErrorBefore,
     /// Capture, then answer 502: money moved, the caller cannot know.
     ErrorAfter,
-    /// Capture, then withhold the answer for `hang_ms` (past the caller's timeout).
+    /// Capture, then withhold the answer for `hang_ms` (past the caller's
+    /// timeout). The POST stays in flight all that time, so another POST of
+    /// the same reference meanwhile is answered `409`.
     Hang,
     /// Capture, then drop the connection mid-response.
     DropAfter,
+    /// Answer this status without capturing, as a proxy, a rate limiter or a
+    /// wrong route would (with `Retry-After` when `retry_after_secs` is set).
+    Status(u16),
+}
+
+impl std::str::FromStr for Fault {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!(
+                "unknown fault {s:?}: use none, error-before, error-after, hang, drop-after \
+                 or status:N (N from 100 to 599)"
+            )
+        };
+        if let Some(code) = s.strip_prefix("status:") {
+            return match code.parse::<u16>() {
+                Ok(n) if (100..=599).contains(&n) => Ok(Self::Status(n)),
+                _ => Err(bad()),
+            };
+        }
+        match s.replace('_', "-").as_str() {
+            "none" => Ok(Self::None),
+            "error-before" => Ok(Self::ErrorBefore),
+            "error-after" => Ok(Self::ErrorAfter),
+            "hang" => Ok(Self::Hang),
+            "drop-after" => Ok(Self::DropAfter),
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::None => f.write_str("none"),
+            Self::ErrorBefore => f.write_str("error-before"),
+            Self::ErrorAfter => f.write_str("error-after"),
+            Self::Hang => f.write_str("hang"),
+            Self::DropAfter => f.write_str("drop-after"),
+            Self::Status(n) => write!(f, "status:{n}"),
+        }
+    }
+}
+
+impl TryFrom<String> for Fault {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<Fault> for String {
+    fn from(f: Fault) -> Self {
+        f.to_string()
+    }
 }
 
 /// The simulator's fault settings; the JSON body of `/_sim/faults`.
@@ -36,6 +98,8 @@ pub struct Faults {
     pub fault_count: Option<u64>,
     /// How long `hang` withholds the answer.
     pub hang_ms: u64,
+    /// The `Retry-After` (seconds) a `status:N` fault sends; `null` for none.
+    pub retry_after_secs: Option<u64>,
 }
 
 /// Long enough to outlast any sane client timeout.
@@ -49,6 +113,7 @@ impl Default for Faults {
             fault: Fault::None,
             fault_count: None,
             hang_ms: u64::try_from(DEFAULT_HANG.as_millis()).unwrap_or(u64::MAX),
+            retry_after_secs: None,
         }
     }
 }
@@ -61,6 +126,7 @@ pub struct Plan {
     pub decline: bool,
     pub fault: Fault,
     pub hang: Duration,
+    pub retry_after_secs: Option<u64>,
 }
 
 impl Faults {
@@ -83,6 +149,7 @@ impl Faults {
             decline: self.decline_rate > 0.0 && rand::random::<f64>() < self.decline_rate,
             fault,
             hang: Duration::from_millis(self.hang_ms),
+            retry_after_secs: self.retry_after_secs,
         }
     }
 }
@@ -102,6 +169,35 @@ mod tests {
         assert_eq!(f.take().fault, Fault::ErrorAfter);
         assert_eq!(f.take().fault, Fault::None);
         assert_eq!(f.fault, Fault::None);
+    }
+
+    #[test]
+    fn faults_read_and_write_one_spelling() {
+        for text in [
+            "none",
+            "error-before",
+            "error-after",
+            "hang",
+            "drop-after",
+            "status:429",
+        ] {
+            let fault: Fault = text.parse().expect(text);
+            assert_eq!(fault.to_string(), text);
+        }
+        assert_eq!("error_after".parse::<Fault>(), Ok(Fault::ErrorAfter));
+        assert_eq!("status:404".parse::<Fault>(), Ok(Fault::Status(404)));
+        for bad in [
+            "status:",
+            "status:99",
+            "status:600",
+            "status:abc",
+            "explode",
+        ] {
+            assert!(bad.parse::<Fault>().is_err(), "{bad}");
+        }
+        let json: Faults = serde_json::from_str(r#"{"fault": "status:409"}"#).expect("json");
+        assert_eq!(json.fault, Fault::Status(409));
+        assert!(serde_json::from_str::<Faults>(r#"{"fault": "status:1"}"#).is_err());
     }
 
     #[test]

@@ -7,15 +7,19 @@
 //!
 //! Like a real acquirer, it finishes a capture even when the caller hangs up:
 //! the work runs on its own task, so a client timeout never undoes a capture.
+//! And like a real acquirer, it answers `409` to a POST of a reference whose
+//! first POST is still being processed, and can be told to answer any status
+//! (`--fault status:429`), so tests can script what the real world does.
 
 mod book;
 mod faults;
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -26,6 +30,7 @@ pub use book::{Ledger, LedgerCapture, LedgerCount};
 pub use faults::{Fault, Faults};
 
 use crate::acquirer::protocol::{CaptureOutcome, CaptureRequest};
+use crate::http::{Tls, HEADER_READ_TIMEOUT};
 use book::{Book, Recorded};
 
 #[derive(Clone)]
@@ -33,6 +38,9 @@ struct Sim {
     /// Std mutexes: held only for map operations, never across an await.
     faults: Arc<Mutex<Faults>>,
     book: Arc<Mutex<Book>>,
+    /// References whose POST is being processed now: another POST of one of
+    /// them is answered `409`, as a real acquirer does.
+    in_flight: Arc<Mutex<HashSet<String>>>,
 }
 
 /// The simulator's routes: the protocol under `/v1`, its extras under `/_sim`.
@@ -40,6 +48,7 @@ pub fn router(faults: Faults) -> Router {
     let sim = Sim {
         faults: Arc::new(Mutex::new(faults)),
         book: Arc::new(Mutex::new(Book::default())),
+        in_flight: Arc::default(),
     };
     Router::new()
         .route("/v1/captures", post(capture))
@@ -49,15 +58,16 @@ pub fn router(faults: Faults) -> Router {
         .with_state(sim)
 }
 
-/// Serves on a bound listener until `shutdown` fires.
+/// Serves on a bound listener until `shutdown` fires: plain HTTP, or HTTPS
+/// with `tls` (`idem acquirer-sim --tls-cert FILE --tls-key FILE`), as real
+/// acquirers speak only HTTPS.
 pub async fn serve(
     listener: TcpListener,
     faults: Faults,
+    tls: Option<Tls>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    axum::serve(listener, router(faults))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await?;
+    crate::http::run_server(listener, router(faults), HEADER_READ_TIMEOUT, tls, shutdown).await;
     Ok(())
 }
 
@@ -76,48 +86,110 @@ async fn capture(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Res
         )
             .into_response();
     }
-    // The capture runs to the end even if the caller hangs up meanwhile.
+    let Some(in_flight) = InFlight::enter(&sim.in_flight, &request.reference) else {
+        return (
+            StatusCode::CONFLICT,
+            "a POST for this reference is still being processed",
+        )
+            .into_response();
+    };
+    // The capture runs to the end even if the caller hangs up meanwhile, and
+    // the reference stays in flight until its answer is ready.
     let work = tokio::spawn(async move {
+        let _in_flight = in_flight;
         let plan = sim.lock_faults().take();
         if !plan.latency.is_zero() {
             tokio::time::sleep(plan.latency).await;
         }
-        if plan.fault == Fault::ErrorBefore {
-            return (plan, None);
+        let answer = match plan.fault {
+            Fault::ErrorBefore => Answer::ErrorBefore,
+            Fault::Status(status) => Answer::Status(status, plan.retry_after_secs),
+            Fault::None | Fault::ErrorAfter | Fault::Hang | Fault::DropAfter => {
+                match sim.lock_book().capture(request, plan.decline) {
+                    Recorded::Mismatch => Answer::Mismatch,
+                    Recorded::Outcome(outcome) => Answer::Outcome(outcome, plan.fault),
+                }
+            }
+        };
+        if let Answer::Outcome(_, Fault::Hang) = answer {
+            tokio::time::sleep(plan.hang).await;
         }
-        let recorded = sim.lock_book().capture(request, plan.decline);
-        (plan, Some(recorded))
+        answer
     });
-    let Ok((plan, recorded)) = work.await else {
-        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
-    };
-    let outcome = match recorded {
-        None => {
-            return (
+    match work.await {
+        Ok(answer) => answer.into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+/// What a capture call comes to, decided on the capture's own task.
+enum Answer {
+    ErrorBefore,
+    /// A scripted status, with its `Retry-After` seconds.
+    Status(u16, Option<u64>),
+    Mismatch,
+    /// The reference's outcome, and the fault that shapes its delivery.
+    Outcome(CaptureOutcome, Fault),
+}
+
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        match self {
+            Self::ErrorBefore => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "injected: error before capture",
             )
-                .into_response()
-        }
-        Some(Recorded::Mismatch) => {
-            return (
+                .into_response(),
+            Self::Status(status, retry_after) => {
+                let status =
+                    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                let mut r = (status, format!("injected: status {status}")).into_response();
+                if let Some(seconds) = retry_after {
+                    r.headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+                }
+                r
+            }
+            Self::Mismatch => (
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "the reference is known with a different amount, currency or order",
             )
-                .into_response()
+                .into_response(),
+            Self::Outcome(_, Fault::ErrorAfter) => {
+                (StatusCode::BAD_GATEWAY, "injected: error after capture").into_response()
+            }
+            Self::Outcome(_, Fault::DropAfter) => dropped_connection(),
+            Self::Outcome(outcome, _) => outcome_response(&outcome, true),
         }
-        Some(Recorded::Outcome(outcome)) => outcome,
-    };
-    match plan.fault {
-        Fault::ErrorAfter => {
-            (StatusCode::BAD_GATEWAY, "injected: error after capture").into_response()
-        }
-        Fault::DropAfter => dropped_connection(),
-        Fault::Hang => {
-            tokio::time::sleep(plan.hang).await;
-            outcome_response(&outcome, true)
-        }
-        Fault::None | Fault::ErrorBefore => outcome_response(&outcome, true),
+    }
+}
+
+/// A reference whose POST is being processed, held until dropped.
+struct InFlight {
+    set: Arc<Mutex<HashSet<String>>>,
+    reference: String,
+}
+
+impl InFlight {
+    /// `None` if a POST of the same reference is already in flight.
+    fn enter(set: &Arc<Mutex<HashSet<String>>>, reference: &str) -> Option<Self> {
+        let fresh = set
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(reference.to_owned());
+        fresh.then(|| Self {
+            set: set.clone(),
+            reference: reference.to_owned(),
+        })
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.set
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.reference);
     }
 }
 

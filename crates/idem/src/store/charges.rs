@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{millis, Store, StoreError};
+use super::{Store, StoreError};
 use crate::domain::{
     AcquirerReference, AmountCents, Charge, ChargeId, ChargeStatus, Currency, Description, OrderId,
 };
@@ -112,36 +112,6 @@ pub struct StuckCharge {
 }
 
 impl Store {
-    /// Counts an unknown outcome met by the reconciler and schedules the next try.
-    pub async fn schedule_reconcile(
-        &self,
-        id: &ChargeId,
-        after: std::time::Duration,
-    ) -> Result<(), StoreError> {
-        on_backend!(
-            write self,
-            "update charges
-                set reconcile_attempts = reconcile_attempts + 1,
-                    next_reconcile_at = now() + $2 * interval '1 millisecond'
-              where id = $1 and status = 'processing'",
-            concat!(
-                "update charges
-                    set reconcile_attempts = reconcile_attempts + 1,
-                        next_reconcile_at = ",
-                sqlite_now!(),
-                " + $2
-                  where id = $1 and status = 'processing'"
-            ),
-            |sql, db| sqlx::query(sql)
-                .bind(id.as_str())
-                .bind(millis(after))
-                .execute(db)
-                .await
-                .map(drop)
-        )?;
-        Ok(())
-    }
-
     /// Stops the reconciler trying this charge; it stays `processing`, because
     /// only the acquirer's word may make it captured or failed.
     pub async fn mark_for_review(&self, id: &ChargeId, reason: &str) -> Result<(), StoreError> {

@@ -104,6 +104,12 @@ impl<K> Default for MerchantCache<K> {
 }
 
 impl<K: Hash + Eq + Clone> MerchantCache<K> {
+    /// Whether `key` was ever found, fresh or not: a key worth asking the
+    /// database about again when its entry is stale.
+    pub fn knows(&self, key: &K) -> bool {
+        self.entries.read().is_ok_and(|e| e.contains_key(key))
+    }
+
     /// The cached merchant under `key`, or what `load` finds (cached if found).
     pub async fn get_or_load<F, Fut>(
         &self,

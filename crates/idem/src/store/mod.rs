@@ -104,7 +104,7 @@ use pg::PgPool;
 
 pub use charges::{ProcessingStats, StuckCharge};
 pub use idempotency::{
-    Claim, KeyRecord, KeyState, NewClaim, Orphan, Settlement, CLAIM_SQL, FINALIZE_SQL,
+    Claim, KeyRecord, KeyState, NewClaim, Orphan, Reschedule, Settlement, CLAIM_SQL, FINALIZE_SQL,
 };
 pub use merchants::{MerchantCache, MerchantError};
 pub use outbox::{NewEvent, NewResult, OutboxBatch, OutboxMessage, ResultAnswer};
@@ -113,6 +113,28 @@ pub use outbox::{NewEvent, NewResult, OutboxBatch, OutboxMessage, ResultAnswer};
 /// long enough to ride out a burst, short enough that a client retries on a
 /// healthy instance instead of hanging on a sick one.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// PostgreSQL's `statement_timeout` on idem's connections. Every statement
+/// idem runs is short (a claim, a finalize, a batch of at most 1 000 rows), so
+/// one still running after 2 s is stuck behind a lock or on a sick server. It
+/// then ends as a transient error (SQLSTATE 57014: a 503, or another attempt
+/// for a queue command) instead of holding its connection. 2 s keeps a request
+/// inside its own bound, the acquirer timeout + 5 s, even when both of its
+/// statements (claim and finalize) run out. Migrations lift it.
+const PG_STATEMENT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// TCP keepalives, as PostgreSQL's own settings for the server's end of each
+/// connection: probes start after 30 s idle, every 10 s, and 3 unanswered
+/// ones end it, so a connection whose client vanished (a host lost, a
+/// partition) is gone within about a minute, with its transaction and locks
+/// (a relay's batch, say). sqlx 0.8 sets no keepalive on its own end (it
+/// opens the socket itself and sets only `TCP_NODELAY`, and ignores libpq's
+/// `keepalives*` URL parameters): see docs/operations.md.
+const PG_TCP_KEEPALIVES: [(&str, &str); 3] = [
+    ("tcp_keepalives_idle", "30"),
+    ("tcp_keepalives_interval", "10"),
+    ("tcp_keepalives_count", "3"),
+];
 
 /// How long a SQLite statement waits for another process's write transaction
 /// to end. Every write transaction idem opens is a few statements long (never
@@ -127,10 +149,15 @@ pub const DEFAULT_DATABASE_URL: &str = "sqlite://idem.db";
 /// Errors in the store's words.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The database cannot be reached now; retrying later may work.
+    /// Weather: the same operation may well work if tried again later. The
+    /// database cannot be reached (I/O, TLS, the pool timed out or closed), or
+    /// it said so itself: see [`is_pg_transient`] and [`is_sqlite_busy`].
+    /// The API answers 503; the queue consumer retries, a bounded number of times.
     #[error("database unavailable: {0}")]
     Unavailable(#[source] sqlx::Error),
-    /// Anything else the database refused: a bug, not weather.
+    /// Anything else the database refused (a constraint, text it cannot store
+    /// such as a NUL byte): trying again gives the same answer. A bug or bad
+    /// data, not weather.
     #[error("database error: {0}")]
     Database(#[source] sqlx::Error),
     /// A row that the schema's checks should have made impossible.
@@ -139,6 +166,33 @@ pub enum StoreError {
     /// The database URL names no backend idem has.
     #[error("unsupported database URL (use postgres://... or sqlite://path): {0}")]
     UnsupportedUrl(String),
+}
+
+impl StoreError {
+    /// Whether trying the same operation again later may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
+}
+
+/// PostgreSQL's SQLSTATEs that mean "try again": the server is going away,
+/// starting or overloaded, the statement ran past `statement_timeout`, or
+/// the transaction lost a race it can win next time. Class 08 (connection exception), class 53 (insufficient resources:
+/// too many connections, out of memory, disk full), `40001`
+/// serialization_failure, `40P01` deadlock_detected, `40003`
+/// statement_completion_unknown, `55P03` lock_not_available, `57014`
+/// query_canceled, `57P01` admin_shutdown, `57P02` crash_shutdown, `57P03`
+/// cannot_connect_now, and `25006` read_only_sql_transaction (a connection
+/// left on a primary that became a standby; it is closed on the error, and the
+/// next one finds the new primary). Everything else (`22021`, the NUL byte in
+/// text, among them) is an answer that will not change.
+fn is_pg_transient(code: &str) -> bool {
+    code.starts_with("08")
+        || code.starts_with("53")
+        || matches!(
+            code,
+            "40001" | "40P01" | "40003" | "55P03" | "57014" | "57P01" | "57P02" | "57P03" | "25006"
+        )
 }
 
 /// SQLite's primary result codes for "another connection holds the lock":
@@ -158,6 +212,14 @@ impl From<sqlx::Error> for StoreError {
             sqlx::Error::Database(db)
                 if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
                     && db.code().is_some_and(|c| is_sqlite_busy(&c)) =>
+            {
+                Self::Unavailable(e)
+            }
+            sqlx::Error::Database(db)
+                if db
+                    .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                    .is_some()
+                    && db.code().is_some_and(|c| is_pg_transient(&c)) =>
             {
                 Self::Unavailable(e)
             }
@@ -286,11 +348,23 @@ impl Store {
     /// write lock on SQLite).
     pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
         match &self.db {
-            Db::Postgres(pool) => {
-                on_pg!(pool, |db| sqlx::migrate!("./migrations/postgres")
-                    .run(db)
-                    .await)
-            }
+            // A migration may build an index on a big table: no statement
+            // timeout for it; the connection gets the usual one back after.
+            Db::Postgres(pool) => on_pg!(pool, |db| {
+                async {
+                    sqlx::query("set statement_timeout = 0")
+                        .execute(&mut *db)
+                        .await?;
+                    sqlx::migrate!("./migrations/postgres")
+                        .run(&mut *db)
+                        .await?;
+                    sqlx::query("reset statement_timeout")
+                        .execute(&mut *db)
+                        .await?;
+                    Ok(())
+                }
+                .await
+            }),
             Db::Sqlite(pool) => sqlx::migrate!("./migrations/sqlite").run(pool).await,
         }
     }
@@ -325,13 +399,19 @@ impl Store {
     }
 }
 
+/// The PostgreSQL pool: idem's name in `pg_stat_activity`, the statement
+/// timeout and the server's keepalives, sent as startup options (`-c`), so
+/// they hold from the connection's first statement with no round trip. A
+/// `statement_timeout` or `options` given in the URL comes first and is
+/// overridden.
 fn pg_pool(url: &str, max_connections: u32) -> Result<PgPool, StoreError> {
     let options: PgConnectOptions = url.parse()?;
-    Ok(PgPool::new(
-        options.application_name("idem"),
-        max_connections,
-        ACQUIRE_TIMEOUT,
-    )?)
+    let statement_timeout = format!("{}ms", millis(PG_STATEMENT_TIMEOUT));
+    let options = options
+        .application_name("idem")
+        .options([("statement_timeout", statement_timeout.as_str())])
+        .options(PG_TCP_KEEPALIVES);
+    Ok(PgPool::new(options, max_connections, ACQUIRE_TIMEOUT)?)
 }
 
 /// SQLite as a store several processes share: the write-ahead log (readers

@@ -17,6 +17,11 @@
 //! (`claimed_until`, committed at once), and another relay takes rows only
 //! once their lease is over. Either way a batch that is not marked published
 //! goes out again: at-least-once.
+//!
+//! A row the broker can never take (see `queue::relay`) is set aside instead:
+//! `set_aside_at` and `set_aside_reason` are set, and it is skipped by every
+//! later batch, left out of the backlog, and never pruned, so that it neither
+//! blocks the rows behind it nor disappears.
 
 use std::time::Duration;
 
@@ -98,22 +103,54 @@ enum BatchHold {
 }
 
 impl OutboxBatch {
-    /// Marks the rows `published` (those the broker confirmed) and releases
-    /// the whole batch: rows left out (refused, or never sent because the
-    /// broker went away) are free for the next batch at once.
-    pub async fn finish(self, published: &[i64]) -> Result<(), StoreError> {
+    /// Marks the rows `published` (those the broker confirmed), sets aside
+    /// the rows in `set_aside` (id, reason: rows that can never be published),
+    /// and releases the whole batch: rows left out (refused, or never sent
+    /// because the broker went away) are free for the next batch at once.
+    pub async fn finish(
+        self,
+        published: &[i64],
+        set_aside: &[(i64, String)],
+    ) -> Result<(), StoreError> {
+        let (aside_ids, aside_reasons): (Vec<i64>, Vec<&str>) = set_aside
+            .iter()
+            .map(|(id, reason)| (*id, reason.as_str()))
+            .unzip();
         match self.hold {
             BatchHold::Postgres(mut conn) => {
                 sqlx::query("update outbox set published_at = now() where id = any($1)")
                     .bind(published)
                     .execute(conn.raw())
                     .await?;
+                if !set_aside.is_empty() {
+                    sqlx::query(
+                        "update outbox set set_aside_at = now(), set_aside_reason = aside.reason
+                           from unnest($1::bigint[], $2::text[]) as aside (id, reason)
+                          where outbox.id = aside.id",
+                    )
+                    .bind(&aside_ids)
+                    .bind(&aside_reasons)
+                    .execute(conn.raw())
+                    .await?;
+                }
                 sqlx::query("commit").execute(conn.raw()).await?;
                 conn.release();
             }
             BatchHold::Sqlite(pool, writer) => {
                 let _turn = writer.take().await?;
                 let taken: Vec<i64> = self.messages.iter().map(|m| m.id).collect();
+                let mut tx = pool.begin_with("begin immediate").await?;
+                for (id, reason) in aside_ids.iter().zip(&aside_reasons) {
+                    sqlx::query(concat!(
+                        "update outbox set set_aside_at = ",
+                        sqlite_now!(),
+                        ", set_aside_reason = $2 where id = $1"
+                    ))
+                    .bind(id)
+                    .bind(reason)
+                    .execute(&mut *tx)
+                    .await?;
+                }
                 sqlx::query(concat!(
                     "update outbox
                         set published_at = coalesce(published_at,
@@ -126,8 +163,9 @@ impl OutboxBatch {
                 ))
                 .bind(json_ids(published)?)
                 .bind(json_ids(&taken)?)
-                .execute(&pool)
+                .execute(&mut *tx)
                 .await?;
+                tx.commit().await?;
             }
         }
         Ok(())
@@ -223,7 +261,8 @@ impl Store {
                     batch_columns!(),
                     " from outbox o ",
                     awaited_key!(),
-                    " where o.published_at is null and (o.body is not null or k.response_body is not null)
+                    " where o.published_at is null and o.set_aside_at is null
+                        and (o.body is not null or k.response_body is not null)
                       order by o.id
                       limit $1
                         for update of o skip locked"
@@ -248,7 +287,7 @@ impl Store {
                       where id in (
                             select o.id from outbox o ",
                     awaited_key!(),
-                    " where o.published_at is null
+                    " where o.published_at is null and o.set_aside_at is null
                                and (o.claimed_until is null or o.claimed_until <= ",
                     sqlite_now!(),
                     ")
@@ -309,18 +348,19 @@ impl Store {
         )?)
     }
 
-    /// Messages not yet published, and the age of the oldest, in seconds.
+    /// Messages not yet published, and the age of the oldest, in seconds; rows
+    /// set aside are not waiting to be published, and are not counted.
     pub async fn outbox_backlog(&self) -> Result<(i64, f64), StoreError> {
         Ok(on_backend!(
             self,
             "select count(*),
                     coalesce(extract(epoch from now() - min(created_at)), 0)::float8
-               from outbox where published_at is null",
+               from outbox where published_at is null and set_aside_at is null",
             concat!(
                 "select count(*), coalesce((",
                 sqlite_now!(),
                 " - min(created_at)) / 1000.0, 0.0)
-                   from outbox where published_at is null"
+                   from outbox where published_at is null and set_aside_at is null"
             ),
             |sql, db| sqlx::query_as(sql).fetch_one(db).await
         )?)

@@ -72,7 +72,12 @@ impl PgPool {
     pub(super) async fn get(&self) -> Result<PgConn, sqlx::Error> {
         match self.0.get().await {
             Ok(object) => Ok(PgConn(Some(object))),
-            Err(PoolError::Backend(e)) => Err(e),
+            // Opening a connection failed: whatever the server said (a wrong
+            // password during a rotation, a database not there yet, a refused
+            // TLS handshake), the store is unavailable to this request, which
+            // answers 503 and is retried, rather than a permanent refusal of
+            // the request itself (a queue command would be dead-lettered).
+            Err(PoolError::Backend(e)) => Err(sqlx::Error::Io(std::io::Error::other(e))),
             Err(PoolError::Timeout(_)) => Err(sqlx::Error::PoolTimedOut),
             Err(PoolError::Closed) => Err(sqlx::Error::PoolClosed),
             Err(e) => Err(sqlx::Error::Configuration(e.to_string().into())),

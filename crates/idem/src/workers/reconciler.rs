@@ -5,17 +5,22 @@
 //! same fenced take-over a client retry uses, so reconcilers and servers never
 //! work one charge at once. It looks the reference up at the acquirer, captures
 //! with the same reference only where the acquirer has no outcome (the acquirer
-//! deduplicates, so this cannot charge twice), and stores the outcome exactly as
-//! a live request would, so a late retry gets the replay. Unknown answers back
-//! off per charge; past the settle deadline it stops and marks the charge for
-//! review, still `processing`: it never calls a charge captured or failed
-//! without the acquirer's word.
+//! deduplicates, so this cannot charge twice; the lease is renewed between the
+//! look and the POST, so no take-over can POST the same reference meanwhile),
+//! and stores the outcome exactly as a live request would, so a late retry gets
+//! the replay. An unknown answer backs off per charge (exponentially, or longer
+//! if the acquirer's `Retry-After` says so), written in the same statement that
+//! releases the record. Past the settle deadline it looks once more, without
+//! capturing: an outcome found is stored; none at the acquirer marks the charge
+//! for review, still `processing`. It never calls a charge captured or failed
+//! without the acquirer's word, and one charge's failure never stops a pass.
 
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
-use crate::idempotency::{Engine, Outcome};
+use crate::idempotency::{Engine, Outcome, Reconciled};
 use crate::store::{Orphan, StoreError};
 
 /// Orphans taken per pass: enough to drain a crash's backlog quickly, few
@@ -121,47 +126,36 @@ impl Reconciler {
     }
 
     async fn pass_uncounted(&self) -> Result<PassReport, StoreError> {
-        let store = self.engine.store();
         let mut report = PassReport::default();
-        for orphan in store.orphans(BATCH, self.config.settle_deadline).await? {
-            if orphan.past_deadline {
-                tracing::warn!(charge_id = %orphan.charge_id, "no outcome within the settle deadline; marking for review");
-                store
-                    .mark_for_review(
-                        &orphan.charge_id,
-                        "no outcome from the acquirer within the settle deadline",
-                    )
-                    .await?;
-                report.marked_for_review += 1;
-                continue;
-            }
-            self.settle(&orphan, &mut report).await;
+        for orphan in self
+            .engine
+            .store()
+            .orphans(BATCH, self.config.settle_deadline)
+            .await?
+        {
+            let span = tracing::info_span!("reconcile", charge_id = %orphan.charge_id,
+                idempotency_key = %orphan.key, past_deadline = orphan.past_deadline);
+            self.settle(&orphan, &mut report).instrument(span).await;
         }
         Ok(report)
     }
 
+    /// One orphan; whatever goes wrong with it is counted and logged, and the
+    /// pass goes on to the next.
     async fn settle(&self, orphan: &Orphan, report: &mut PassReport) {
-        let span = tracing::info_span!("reconcile", charge_id = %orphan.charge_id, idempotency_key = %orphan.key);
-        let _entered = span.enter();
-        match self.engine.settle_orphan(orphan).await {
-            Ok(Some(Outcome::Completed { .. })) => {
+        let backoff = self.config.backoff(orphan.reconcile_attempts);
+        match self.engine.settle_orphan(orphan, backoff).await {
+            Ok(Some(Reconciled::Outcome(Outcome::Completed { .. }))) => {
                 tracing::info!("settled");
                 report.settled += 1;
             }
-            Ok(Some(Outcome::Unknown { .. })) => {
-                let after = self.config.backoff(orphan.reconcile_attempts);
-                match self
-                    .engine
-                    .store()
-                    .schedule_reconcile(&orphan.charge_id, after)
-                    .await
-                {
-                    Ok(()) => report.backed_off += 1,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "could not schedule the next try");
-                        report.errors += 1;
-                    }
-                }
+            // Released with the next look already scheduled, in one statement.
+            Ok(Some(Reconciled::Outcome(Outcome::Unknown { .. }))) => report.backed_off += 1,
+            Ok(Some(Reconciled::NoOutcome)) => {
+                tracing::warn!(
+                    "no outcome at the acquirer within the settle deadline; marked for review"
+                );
+                report.marked_for_review += 1;
             }
             Ok(_) => report.skipped += 1,
             Err(e) => {

@@ -1,6 +1,8 @@
 //! The HTTP contract's surface: every bad input refused with problem+json and
 //! nothing stored; authentication; tenant isolation; operational endpoints.
 
+use std::time::Duration;
+
 use idem::sim::Faults;
 
 use crate::helpers::*;
@@ -407,4 +409,54 @@ async fn metrics_count_requests_outcomes_and_acquirer_calls() {
     ] {
         assert!(text.contains(line), "{line} missing from:\n{text}");
     }
+}
+
+#[tokio::test]
+async fn trailing_bytes_and_unreadable_bodies_are_400_and_the_key_stays_free() {
+    let Env {
+        db,
+        sim,
+        app,
+        client: c,
+    } = Env::start(Faults::default()).await;
+    let key = new_key();
+    let good = body(5, 500);
+    for tail in ["garbage", "{}", good.as_str(), "]"] {
+        let a = c.charge(&key, &format!("{good}{tail}")).await;
+        assert_eq!(a.status, 400, "{tail:?}: {:?}", a.body);
+        assert_eq!(
+            a.problem_type(),
+            format!("{PROBLEM}invalid-body"),
+            "{tail:?}"
+        );
+        assert!(
+            a.json()["detail"].as_str().unwrap().contains("trailing"),
+            "{:?}",
+            a.body
+        );
+    }
+    assert_nothing_stored(&db).await;
+
+    // A chunked body whose chunk size is not hexadecimal never arrives whole.
+    let chunked = format!(
+        "POST /v1/charges HTTP/1.1\r\nHost: idem\r\nAuthorization: Bearer {}\r\n\
+         Idempotency-Key: {key}\r\nContent-Type: application/json\r\n\
+         Transfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\n{good}\r\n0\r\n\r\n",
+        c.secret
+    );
+    let a = raw_request(
+        authority(&app.url),
+        chunked.as_bytes(),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(a.status, 400, "{a:?}");
+    assert_eq!(a.header("content-type"), Some("application/problem+json"));
+    assert_eq!(a.json()["type"], format!("{PROBLEM}invalid-body"));
+    assert_nothing_stored(&db).await;
+
+    // The key is still free; whitespace after the object is fine.
+    let a = c.charge(&key, &format!("{good} \n")).await;
+    assert_eq!(a.status, 201, "{:?}", a.body);
+    assert_eq!(sim.ledger().await.captures.len(), 1);
 }

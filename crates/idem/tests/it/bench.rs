@@ -5,7 +5,7 @@ use crate::broker::TestBroker;
 use idem::store::Backend;
 
 use crate::demo::demo_database_url;
-use crate::helpers::test_backend;
+use crate::helpers::{test_backend, timing_sensitive};
 
 async fn bench(args: &[&str]) -> serde_json::Value {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"))
@@ -26,6 +26,7 @@ async fn bench(args: &[&str]) -> serde_json::Value {
 
 #[tokio::test]
 async fn the_bench_measures_each_scenario_and_the_pgbench_ratio() {
+    let _turn = timing_sensitive().await;
     // pgbench is PostgreSQL's: on SQLite the bench runs without the comparison.
     let on_postgres = test_backend() == Backend::Postgres;
     for (scenario, status) in [("new", "201"), ("replay", "201"), ("conflict", "409")] {

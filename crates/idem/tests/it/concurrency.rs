@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 
+use idem::idempotency::EngineConfig;
 use idem::store::Backend;
 
 use crate::helpers::*;
@@ -48,7 +49,15 @@ async fn a_retry_while_the_first_attempt_waits_on_the_acquirer_gets_409_at_once(
         sim,
         app: _app,
         client: c,
-    } = Env::start(latency(1_000)).await;
+    } = Env::start_with(
+        latency(1_000),
+        EngineConfig {
+            lease: Duration::from_secs(30),
+            ..test_config()
+        },
+        Duration::from_secs(2),
+    )
+    .await;
     let key = new_key();
 
     let first = tokio::spawn({
@@ -71,10 +80,10 @@ async fn a_retry_while_the_first_attempt_waits_on_the_acquirer_gets_409_at_once(
             .expect("Retry-After")
             .parse()
             .expect("seconds");
-        assert!(
-            (1..=3).contains(&after),
-            "Retry-After from the 3 s lease: {after}"
-        );
+        // A short hint, from the database's answer and the memo's alike: the
+        // first attempt answers within a second or two, and the 30 s lease
+        // only matters if it died.
+        assert_eq!(after, 1, "Retry-After is a hint, not the lease's 30 s");
         slowest = slowest.max(retry.elapsed);
         assert_eq!(lock_waiters_and_open_transactions(&db).await, (0, 0));
     }

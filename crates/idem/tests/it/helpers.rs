@@ -12,6 +12,7 @@ use idem::http::{self, AppState};
 use idem::idempotency::{Engine, EngineConfig};
 use idem::sim::{self, Faults, Ledger};
 use idem::store::{Backend, Store};
+use idem::workers::{Reconciler, ReconcilerConfig};
 use reqwest::header::HeaderMap;
 use sqlx::Connection;
 use tokio::net::TcpListener;
@@ -31,6 +32,15 @@ pub fn test_backend() -> Backend {
         Ok("sqlite") => Backend::Sqlite,
         _ => Backend::Postgres,
     }
+}
+
+/// Tests whose verdicts depend on time (the demo's lock waits and timeline,
+/// the flood's latency, the bench's rounds) take turns here, so that one of
+/// them loading this 2-core machine does not become another's failure. Every
+/// other test still runs beside them.
+pub async fn timing_sensitive() -> tokio::sync::MutexGuard<'static, ()> {
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    TURN.lock().await
 }
 
 /// Whether this run is on `backend`; if not, says why the calling test has
@@ -137,6 +147,34 @@ impl TestDb {
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
+    /// A trigger named `name` that makes the database refuse `event` (e.g.
+    /// `before update of status on charges`) for the rows matching `when`
+    /// (SQL on `new`), as a database can refuse what no parse foresaw.
+    pub async fn refuse(&self, name: &str, event: &str, when: Option<&str>) {
+        match self.backend {
+            Backend::Postgres => {
+                self.exec(&format!(
+                    "create function {name}() returns trigger language plpgsql as $$
+                     begin raise exception 'test: {name}'; end $$"
+                ))
+                .await;
+                let when = when.map(|w| format!("when ({w})")).unwrap_or_default();
+                self.exec(&format!(
+                    "create trigger {name} {event} for each row {when} execute function {name}()"
+                ))
+                .await;
+            }
+            Backend::Sqlite => {
+                let when = when.map(|w| format!("when {w}")).unwrap_or_default();
+                self.exec(&format!(
+                    "create trigger {name} {event} {when}
+                     begin select raise(abort, 'test: {name}'); end"
+                ))
+                .await;
+            }
+        }
+    }
+
     /// This backend's SQL for "now" in its time columns, for tests' own SQL.
     pub fn now(&self) -> &'static str {
         match self.backend {
@@ -183,7 +221,7 @@ impl TestSim {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind sim");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
         let stop = CancellationToken::new();
-        tokio::spawn(sim::serve(listener, faults, stop.clone()));
+        tokio::spawn(sim::serve(listener, faults, None, stop.clone()));
         Self {
             url,
             http: reqwest::Client::new(),
@@ -235,8 +273,22 @@ pub fn test_engine(
     config: EngineConfig,
     acquirer_timeout: Duration,
 ) -> Engine {
-    let acquirer = AcquirerClient::new(&sim.url, acquirer_timeout).expect("acquirer client");
+    let acquirer = AcquirerClient::new(&sim.url, acquirer_timeout, None).expect("acquirer client");
     Engine::new(store, acquirer, config)
+}
+
+/// A reconciler on the test database, talking to the simulator with a 500 ms
+/// acquirer timeout; charges older than `settle_deadline` get their last look.
+pub fn test_reconciler(db: &TestDb, sim: &TestSim, settle_deadline: Duration) -> Reconciler {
+    Reconciler::new(
+        test_engine(
+            db.store.clone(),
+            sim,
+            test_config(),
+            Duration::from_millis(500),
+        ),
+        ReconcilerConfig::new(Duration::from_millis(50), settle_deadline),
+    )
 }
 
 /// `idem serve`'s router, in process, on port 0.
@@ -366,9 +418,19 @@ impl ServeProcess {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
+        Self::start_against(db, &sim.url, extra, env).await
+    }
+
+    /// Against the acquirer at `acquirer_url` (e.g. a simulator process on HTTPS).
+    pub async fn start_against(
+        db: &TestDb,
+        acquirer_url: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
-        let mut args = vec!["serve", "--listen", &listen, "--acquirer-url", &sim.url];
+        let mut args = vec!["serve", "--listen", &listen, "--acquirer-url", acquirer_url];
         args.extend_from_slice(extra);
         let process = IdemProcess::spawn(db, &args, env);
         let url = format!("http://{listen}");
@@ -574,12 +636,23 @@ impl Env {
     }
 }
 
-/// Runs `idem ARGS` to completion against the test database; returns stderr.
+/// Runs `idem ARGS` to completion against the test database; returns its
+/// exit status, stdout and stderr.
 pub async fn run_idem(db: &TestDb, args: &[&str]) -> (std::process::ExitStatus, String, String) {
+    run_idem_env(db, args, &[]).await
+}
+
+/// [`run_idem`] with extra environment (which may override `DATABASE_URL`).
+pub async fn run_idem_env(
+    db: &TestDb,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (std::process::ExitStatus, String, String) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(args)
         .env("DATABASE_URL", &db.url)
         .env("IDEM_LOG", "warn")
+        .envs(env.iter().copied())
         .output()
         .await
         .expect("run idem");
@@ -601,6 +674,12 @@ pub struct DbProxy {
 
 impl DbProxy {
     pub async fn start(db: &TestDb) -> Self {
+        Self::start_with_latency(db, Duration::ZERO).await
+    }
+
+    /// A proxy that holds each chunk from client to database for `latency`, so
+    /// every statement takes at least that long: a slow or distant database.
+    pub async fn start_with_latency(db: &TestDb, latency: Duration) -> Self {
         let target = reqwest::Url::parse(&db.url).expect("db url");
         let upstream = format!(
             "{}:{}",
@@ -632,8 +711,32 @@ impl DbProxy {
                     let Ok(mut outbound) = tokio::net::TcpStream::connect(&upstream).await else {
                         return;
                     };
+                    if latency.is_zero() {
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                            _ = severed.changed() => {}
+                        }
+                        return;
+                    }
+                    let (mut from_client, mut to_client) = inbound.into_split();
+                    let (mut from_db, mut to_db) = outbound.into_split();
+                    let delayed = async {
+                        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                        let mut buf = vec![0u8; 16 * 1024];
+                        loop {
+                            let n = match from_client.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            tokio::time::sleep(latency).await;
+                            if to_db.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    };
                     tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = delayed => {}
+                        _ = tokio::io::copy(&mut from_db, &mut to_client) => {}
                         _ = severed.changed() => {}
                     }
                 });
@@ -663,4 +766,62 @@ impl Drop for DbProxy {
         self.cut();
         self.stop.cancel();
     }
+}
+
+/// An HTTP/1.1 answer read off a raw socket.
+#[derive(Debug)]
+pub struct RawAnswer {
+    pub status: u16,
+    /// The head, lower-cased, for `contains` checks on header lines.
+    pub head: String,
+    pub body: Vec<u8>,
+}
+
+impl RawAnswer {
+    /// The value of header `name` (lower case), if present.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().find_map(|line| {
+            let (n, v) = line.split_once(':')?;
+            (n.trim() == name).then(|| v.trim())
+        })
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+}
+
+/// Writes `request` as is to `addr` and reads one answer, for requests no
+/// well-behaved client would send (bad framing, stalls). The request should
+/// say `Connection: close` so the server ends the answer by closing.
+pub async fn raw_request(addr: &str, request: &[u8], within: Duration) -> RawAnswer {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(request).await.expect("write");
+    let mut bytes = Vec::new();
+    tokio::time::timeout(within, stream.read_to_end(&mut bytes))
+        .await
+        .expect("the server answers and closes in time")
+        .expect("read");
+    let text = String::from_utf8_lossy(&bytes);
+    let (head, _) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no head in {text:?}"));
+    let head_len = head.len() + 4;
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    RawAnswer {
+        status,
+        head: head.to_ascii_lowercase(),
+        body: bytes[head_len..].to_vec(),
+    }
+}
+
+/// `host:port` of a base URL such as `http://127.0.0.1:8080`.
+pub fn authority(url: &str) -> &str {
+    url.trim_start_matches("http://")
 }

@@ -5,11 +5,13 @@
 mod broker;
 mod helpers;
 
+mod acquirer;
 mod api;
 mod bench;
 mod concurrency;
 mod crash;
 mod demo;
+mod hostile;
 mod openapi;
 mod outcomes;
 mod queue;
@@ -17,3 +19,5 @@ mod race;
 mod recovery;
 mod retention;
 mod store;
+mod tenant;
+mod tls;

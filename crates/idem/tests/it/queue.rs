@@ -5,13 +5,17 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use idem::queue::{DEAD_LETTER_QUEUE, EVENTS_EXCHANGE, REASON_CODE_HEADER, RESULTS_EXCHANGE};
+use idem::queue::{
+    ATTEMPTS_HEADER, CHARGE_ID_HEADER, COMMANDS_QUEUE, DEAD_LETTER_QUEUE, EVENTS_EXCHANGE,
+    REASON_CODE_HEADER, REASON_HEADER, RESULTS_EXCHANGE,
+};
 use idem::sim::Faults;
+use idem::store::Backend;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::BasicProperties;
 
 use crate::broker::{Amqp, Cmd, ConsumeProcess, TestBroker};
-use crate::helpers::{body, failing, new_key, Client, TestApp, TestDb, TestSim};
+use crate::helpers::{body, failing, new_key, Client, DbProxy, TestApp, TestDb, TestSim};
 
 const WITHIN: Duration = Duration::from_secs(20);
 
@@ -183,8 +187,10 @@ async fn poison_messages_are_dead_lettered_with_their_reason_and_the_next_comman
 
     let good = body(1, 100);
     let negative = body(1, -5);
-    let poison: [(Cmd, &str); 5] = [
+    let trailing = format!("{good}{good}");
+    let poison: [(Cmd, &str); 6] = [
         (Cmd::new("k-json", "loja", "{not json"), "invalid-body"),
+        (Cmd::new("k-trailing", "loja", &trailing), "invalid-body"),
         (Cmd::new("k-body", "loja", &negative), "invalid-body"),
         (
             Cmd {
@@ -223,7 +229,7 @@ async fn poison_messages_are_dead_lettered_with_their_reason_and_the_next_comman
     assert_eq!(result.status(), 201);
     assert_eq!(result.header_str("idempotency-key"), Some(key));
 
-    let dead = env.amqp.take(DEAD_LETTER_QUEUE, 6, WITHIN).await;
+    let dead = env.amqp.take(DEAD_LETTER_QUEUE, 7, WITHIN).await;
     let mut codes: Vec<String> = dead
         .iter()
         .map(|d| d.header_str(REASON_CODE_HEADER).expect("reason code"))
@@ -244,6 +250,14 @@ async fn poison_messages_are_dead_lettered_with_their_reason_and_the_next_comman
         .header_str("x-idem-reason")
         .unwrap()
         .contains("amount_cents"));
+    let trailing_dead = dead
+        .iter()
+        .find(|d| d.body == trailing.as_bytes())
+        .expect("the body with trailing bytes, dead-lettered as sent");
+    assert!(trailing_dead
+        .header_str("x-idem-reason")
+        .unwrap()
+        .contains("trailing"));
     assert_eq!(
         env.db.count("idempotency_keys").await,
         1,
@@ -433,6 +447,378 @@ async fn the_consumer_and_the_relay_recover_from_a_broker_restart() {
         .map(|e| e.json()["charge"]["order_id"].as_i64().unwrap())
         .collect();
     assert_eq!(orders, HashSet::from([2, 3]));
+}
+
+/// A consumer with its metrics on a port of its own; returns it and the address.
+async fn consumer_with_metrics(
+    env: &QueueEnv,
+    extra: &[&str],
+    environment: &[(&str, &str)],
+) -> (ConsumeProcess, String) {
+    let metrics = format!("127.0.0.1:{}", crate::helpers::free_port());
+    let args = [&["--metrics-listen", metrics.as_str()][..], extra].concat();
+    let consumer =
+        ConsumeProcess::start(&env.db, &env.sim, &env.broker, &args, environment, 1).await;
+    (consumer, metrics)
+}
+
+/// The value of `idem_queue_commands_total{result="..."}` (0 when not yet counted).
+async fn commands_counted(metrics: &str, result: &str) -> u64 {
+    let scraped = reqwest::get(format!("http://{metrics}/metrics"))
+        .await
+        .expect("scrape the consumer")
+        .text()
+        .await
+        .expect("metrics text");
+    let prefix = format!("idem_queue_commands_total{{result=\"{result}\"}} ");
+    scraped
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0, |n| n.trim().parse().expect("a count"))
+}
+
+/// A command's properties with extra headers beside `tenant`.
+fn command_properties(key: &str, tenant: &str, extra: &[(&str, AMQPValue)]) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    headers.insert("tenant".into(), AMQPValue::LongString(tenant.into()));
+    for (name, value) in extra {
+        headers.insert((*name).into(), value.clone());
+    }
+    BasicProperties::default()
+        .with_message_id(key.into())
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2)
+        .with_headers(headers)
+}
+
+#[tokio::test]
+async fn text_the_database_cannot_store_is_dead_lettered_at_once_and_never_loops() {
+    let env = QueueEnv::start(Faults::default()).await;
+    let replies = env.amqp.queue("test.replies", None).await;
+    let (_consumer, metrics) = consumer_with_metrics(&env, &[], &[]).await;
+
+    // A NUL byte in each text that would reach the database.
+    let order = body(1, 100);
+    let (nul_correlation, nul_reply_to, nul_tenant) = (new_key(), new_key(), new_key());
+    let mut cmd = Cmd::new(&nul_correlation, "loja", &order).reply_to(&replies);
+    cmd.correlation_id = Some("pedido\0-1");
+    env.amqp.publish(&cmd).await;
+    env.amqp
+        .publish(&Cmd::new(&nul_reply_to, "loja", &order).reply_to("test.replies\0"))
+        .await;
+    env.amqp
+        .publish(&Cmd::new(&nul_tenant, "lo\0ja", &order))
+        .await;
+    // Behind them, a good command goes through.
+    let good = new_key();
+    env.amqp
+        .publish(&Cmd::new(&good, "loja", &order).reply_to(&replies))
+        .await;
+
+    let result = env.amqp.take(&replies, 1, WITHIN).await.remove(0);
+    assert_eq!(result.status(), 201);
+    assert_eq!(result.header_str("idempotency-key"), Some(good));
+    let dead = env.amqp.take(DEAD_LETTER_QUEUE, 3, WITHIN).await;
+    let code_of = |key: &str| {
+        let d = dead
+            .iter()
+            .find(|d| d.message_id() == key)
+            .unwrap_or_else(|| panic!("{key} dead-lettered: {dead:#?}"));
+        assert!(
+            d.header_str(REASON_HEADER)
+                .unwrap_or_default()
+                .contains("control characters"),
+            "{d:#?}"
+        );
+        d.header_str(REASON_CODE_HEADER).expect("a reason code")
+    };
+    assert_eq!(code_of(&nul_correlation), "malformed-correlation-id");
+    assert_eq!(code_of(&nul_reply_to), "malformed-reply-to");
+    assert_eq!(code_of(&nul_tenant), "malformed-tenant");
+
+    // Once each: no delivery went back to the queue, nothing is left there,
+    // and only the good command charged.
+    assert_eq!(commands_counted(&metrics, "dead_lettered").await, 3);
+    assert_eq!(commands_counted(&metrics, "requeued").await, 0);
+    assert_eq!(env.amqp.ready(COMMANDS_QUEUE).await, 0);
+    assert_eq!(env.sim.ledger().await.captures.len(), 1);
+    assert_eq!(env.db.count("idempotency_keys").await, 1);
+}
+
+#[tokio::test]
+async fn a_command_the_store_refuses_after_its_capture_is_dead_lettered_naming_its_charge() {
+    let env = QueueEnv::start(Faults::default()).await;
+    let events = env.events().await;
+    let (_consumer, metrics) = consumer_with_metrics(&env, &[], &[]).await;
+    // What the parse cannot foresee: here, the database refuses every result
+    // row, after the engine has captured and stored the outcome.
+    match env.db.backend {
+        Backend::Postgres => {
+            env.db
+                .exec("alter table outbox add constraint test_no_results check (kind <> 'result')")
+                .await
+        }
+        Backend::Sqlite => {
+            env.db
+                .exec(
+                    "create trigger test_no_results before insert on outbox
+                      when new.kind = 'result'
+                     begin select raise(abort, 'test: no results'); end",
+                )
+                .await
+        }
+    }
+
+    let key = new_key();
+    env.amqp
+        .publish(&Cmd::new(&key, "loja", &body(4, 400)))
+        .await;
+
+    let dead = env.amqp.take(DEAD_LETTER_QUEUE, 1, WITHIN).await.remove(0);
+    assert_eq!(dead.message_id(), key);
+    assert_eq!(
+        dead.header_str(REASON_CODE_HEADER).as_deref(),
+        Some("store-refused")
+    );
+    assert!(dead
+        .header_str(REASON_HEADER)
+        .unwrap_or_default()
+        .contains("the database refused this command"));
+    // The charge it made is named, and is in the database, captured once.
+    let charge_id = dead.header_str(CHARGE_ID_HEADER).expect("the charge's id");
+    let (status,): (String,) = sqlx::query_as("select status from charges where id = $1")
+        .bind(&charge_id)
+        .fetch_one(&env.db.pool)
+        .await
+        .expect("the named charge is stored");
+    assert_eq!(status, "captured");
+    assert_eq!(env.sim.ledger().await.captures.len(), 1);
+    let event = env.amqp.take(&events, 1, WITHIN).await.remove(0);
+    assert_eq!(event.json()["charge"]["id"], charge_id.as_str());
+    assert_eq!(
+        commands_counted(&metrics, "requeued").await,
+        0,
+        "not retried"
+    );
+    assert_eq!(env.amqp.ready(COMMANDS_QUEUE).await, 0);
+}
+
+/// The engine itself fails after its claim made the charge: the database
+/// refuses to settle it (a trigger the test adds). The dead letter still names
+/// the charge, which stays `processing` with its reference, for the
+/// reconciler or a person: nothing is lost.
+#[tokio::test]
+async fn a_command_whose_finalize_is_refused_is_dead_lettered_naming_its_charge() {
+    let env = QueueEnv::start(Faults::default()).await;
+    let (_consumer, _metrics) = consumer_with_metrics(&env, &[], &[]).await;
+    env.db
+        .refuse(
+            "test_no_settling",
+            "before update of status on charges",
+            None,
+        )
+        .await;
+    let key = new_key();
+    env.amqp
+        .publish(&Cmd::new(&key, "loja", &body(5, 500)))
+        .await;
+
+    let dead = env.amqp.take(DEAD_LETTER_QUEUE, 1, WITHIN).await.remove(0);
+    assert_eq!(dead.message_id(), key);
+    assert_eq!(
+        dead.header_str(REASON_CODE_HEADER).as_deref(),
+        Some("store-refused")
+    );
+    let charge_id = dead.header_str(CHARGE_ID_HEADER).expect("the charge's id");
+    let (status,): (String,) = sqlx::query_as("select status from charges where id = $1")
+        .bind(&charge_id)
+        .fetch_one(&env.db.pool)
+        .await
+        .expect("the named charge is stored");
+    assert_eq!(status, "processing", "kept for the reconciler");
+}
+
+/// Takes the database away from a consumer: on PostgreSQL by cutting the TCP
+/// proxy it connects through; on SQLite by holding the file's write lock from
+/// another connection, so its writes wait out the busy timeout and fail.
+enum Outage {
+    Postgres(DbProxy),
+    Sqlite(sqlx::Transaction<'static, sqlx::Any>),
+}
+
+impl Outage {
+    /// The environment that points a consumer at what the outage will cut.
+    async fn proxy(db: &TestDb) -> Option<DbProxy> {
+        match db.backend {
+            Backend::Postgres => Some(DbProxy::start(db).await),
+            Backend::Sqlite => None,
+        }
+    }
+
+    async fn begin(db: &TestDb, proxy: Option<DbProxy>) -> Self {
+        match proxy {
+            Some(proxy) => {
+                proxy.cut();
+                Self::Postgres(proxy)
+            }
+            None => {
+                let mut tx = db.pool.begin().await.expect("begin");
+                sqlx::query("update merchants set name = name")
+                    .execute(&mut *tx)
+                    .await
+                    .expect("take the write lock");
+                Self::Sqlite(tx)
+            }
+        }
+    }
+
+    /// Ends the outage; returns the proxy, which the consumer still goes through.
+    async fn end(self) -> Option<DbProxy> {
+        match self {
+            Self::Postgres(proxy) => {
+                proxy.restore();
+                Some(proxy)
+            }
+            Self::Sqlite(tx) => {
+                tx.rollback().await.expect("release the write lock");
+                None
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_database_outage_sends_commands_back_until_it_ends_and_dead_letters_past_the_bound() {
+    let env = QueueEnv::start(Faults::default()).await;
+    let replies = env.amqp.queue("test.replies", None).await;
+    let proxy = Outage::proxy(&env.db).await;
+    let environment: Vec<(&str, &str)> = match &proxy {
+        Some(p) => vec![("DATABASE_URL", p.url.as_str())],
+        None => vec![],
+    };
+    let args = ["--no-workers"];
+    let (_consumer, metrics) = consumer_with_metrics(&env, &args, &environment).await;
+    let outage = Outage::begin(&env.db, proxy).await;
+
+    let key = new_key();
+    env.amqp
+        .publish(&Cmd::new(&key, "loja", &body(8, 800)).reply_to(&replies))
+        .await;
+    // A command that has used up all its attempts but one.
+    let spent = new_key();
+    let last = i64::from(idem::queue::consumer::MAX_ATTEMPTS - 1);
+    env.amqp
+        .publish_raw(
+            command_properties(
+                &spent,
+                "loja",
+                &[(ATTEMPTS_HEADER, AMQPValue::LongLongInt(last))],
+            ),
+            body(9, 900).as_bytes(),
+        )
+        .await;
+
+    let dead = env.amqp.take(DEAD_LETTER_QUEUE, 1, WITHIN).await.remove(0);
+    assert_eq!(dead.message_id(), spent);
+    assert_eq!(
+        dead.header_str(REASON_CODE_HEADER).as_deref(),
+        Some("retries-exhausted")
+    );
+    let reason = dead.header_str(REASON_HEADER).unwrap_or_default();
+    assert!(
+        reason.contains(&format!("{} attempts", last + 1)) && reason.contains("unavailable"),
+        "{reason}"
+    );
+    // The other one goes back to the queue, again and again, while the outage lasts.
+    let requeues = if env.db.backend == Backend::Sqlite {
+        1
+    } else {
+        2
+    };
+    wait_for(|| async { commands_counted(&metrics, "requeued").await >= requeues }).await;
+    let _proxy = outage.end().await;
+
+    let result = env.amqp.take(&replies, 1, WITHIN).await.remove(0);
+    assert_eq!(result.status(), 201);
+    assert_eq!(result.header_str("idempotency-key"), Some(key));
+    assert!(!result.replayed());
+    assert_eq!(env.sim.ledger().await.captures.len(), 1);
+    assert_eq!(
+        env.amqp.ready(DEAD_LETTER_QUEUE).await,
+        0,
+        "no other dead letter"
+    );
+    assert_eq!(env.amqp.ready(COMMANDS_QUEUE).await, 0);
+    assert_eq!(commands_counted(&metrics, "dead_lettered").await, 1);
+}
+
+#[tokio::test]
+async fn an_outbox_row_the_broker_cannot_take_is_set_aside_and_the_rows_behind_it_go_out() {
+    let env = QueueEnv::start(Faults::default()).await;
+    // A merchant stored before names had to be slugs: 90 characters (the
+    // schema allows 100), 270 bytes, so its results' routing key is over
+    // AMQP's 255 bytes. `idem tenant create` would refuse it now.
+    let long = "€".repeat(90);
+    let insert = match env.db.backend {
+        Backend::Postgres => format!(
+            "insert into merchants (name, secret_hash) values ('{long}', sha256('{long}'::bytea))"
+        ),
+        Backend::Sqlite => format!(
+            "insert into merchants (name, secret_hash, created_at) values ('{long}', randomblob(32), 0)"
+        ),
+    };
+    env.db.exec(&insert).await;
+    let results = env.results("loja").await;
+    let events = env.events().await;
+    let metrics = format!("127.0.0.1:{}", crate::helpers::free_port());
+    let _consumer = env.consumer(&["--metrics-listen", &metrics]).await;
+
+    // The long name's result comes first in the outbox, the others behind it.
+    let stuck = new_key();
+    env.amqp
+        .publish(&Cmd::new(&stuck, &long, &body(1, 100)))
+        .await;
+    wait_for(|| async { env.db.count("outbox").await >= 2 }).await;
+    for order in 2..=3 {
+        env.amqp
+            .publish(&Cmd::new(&new_key(), "loja", &body(order, 100)))
+            .await;
+    }
+
+    let got = env.amqp.take(&results, 2, WITHIN).await;
+    assert!(got.iter().all(|r| r.status() == 201));
+    // Every charge's event goes out, the long-named merchant's too (its
+    // routing key is the event type).
+    env.amqp.take(&events, 3, WITHIN).await;
+
+    let (kind, key, reason): (String, String, String) = sqlx::query_as(
+        "select kind, idempotency_key, set_aside_reason from outbox
+          where set_aside_at is not null and published_at is null",
+    )
+    .fetch_one(&env.db.pool)
+    .await
+    .expect("one row set aside, unpublished");
+    assert_eq!((kind.as_str(), key.as_str()), ("result", stuck.as_str()));
+    assert!(
+        reason.contains("routing key is 270 bytes") && reason.contains("255"),
+        "{reason}"
+    );
+    let lines = [
+        "idem_outbox_set_aside_total 1",
+        "idem_outbox_published_total 5",
+        "idem_outbox_pending 0",
+    ];
+    wait_for(|| async {
+        let scraped = reqwest::get(format!("http://{metrics}/metrics"))
+            .await
+            .expect("scrape the consumer")
+            .text()
+            .await
+            .unwrap();
+        lines.iter().all(|l| scraped.contains(l))
+    })
+    .await;
+    assert_eq!(env.sim.ledger().await.captures.len(), 3);
 }
 
 async fn wait_for<F, Fut>(mut done: F)

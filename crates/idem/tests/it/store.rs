@@ -7,7 +7,8 @@ use bytes::Bytes;
 use idem::domain::{ChargeRequest, ChargeStatus};
 use idem::idempotency::{Fingerprint, IdempotencyKey, StoredResponse};
 use idem::store::{
-    Backend, Claim, KeyState, NewClaim, NewResult, ResultAnswer, Settlement, Store, StoreError,
+    Backend, Claim, KeyState, NewClaim, NewResult, Reschedule, ResultAnswer, Settlement, Store,
+    StoreError,
 };
 
 use crate::helpers::*;
@@ -238,7 +239,7 @@ async fn a_batch_dropped_unfinished_frees_its_rows_and_its_connection() {
                     tokio::time::Instant::now() < deadline,
                     "the dropped batch's row locks were never released"
                 );
-                batch.finish(&[]).await.expect("finish");
+                batch.finish(&[], &[]).await.expect("finish");
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
@@ -307,4 +308,128 @@ async fn writers_stuck_behind_another_process_give_up_together() {
         .await
         .expect("let go");
     assert_eq!(db.count("charges").await, 0, "nothing was half-stored");
+}
+
+/// Releasing after an unknown outcome frees the key and writes the
+/// reconciler's wait together, and only for the attempt that holds the key;
+/// renewing a lease is fenced the same way.
+#[tokio::test]
+async fn release_and_renew_are_fenced_and_release_schedules_in_the_same_write() {
+    let db = TestDb::new().await;
+    db.merchant("loja").await;
+    let merchant_id = db.merchant_id("loja").await;
+    let key = IdempotencyKey::parse(b"release-me").expect("key");
+    let request = ChargeRequest::from_json(body(1, 100).as_bytes()).expect("request");
+    let claim = new_claim(
+        merchant_id,
+        &key,
+        &request,
+        Duration::from_secs(30),
+        Duration::from_secs(60),
+    );
+    let Claim::Won(held) = db.store.claim(&claim).await.expect("claim") else {
+        panic!("first claim wins")
+    };
+    let stale = held.attempt - 1;
+    let wait = Reschedule {
+        not_before: Some(Duration::from_secs(60)),
+        reconciler_try: true,
+    };
+    let schedule = || async {
+        let (tries, waits): (i64, i64) = sqlx::query_as(&format!(
+            "select cast(c.reconcile_attempts as bigint),
+                    case when c.next_reconcile_at > {now} then 1 else 0 end
+               from charges c",
+            now = db.now()
+        ))
+        .fetch_one(&db.pool)
+        .await
+        .expect("charge");
+        (tries, waits)
+    };
+    let lease_left = || async {
+        match db.store.key_record(merchant_id, &key).await.expect("read") {
+            Some(record) => match record.state {
+                KeyState::InFlight { lease_remaining } => lease_remaining,
+                KeyState::Completed(_) => panic!("not completed"),
+            },
+            None => panic!("the record is there"),
+        }
+    };
+
+    assert!(!db
+        .store
+        .renew(merchant_id, &key, stale, Duration::from_secs(90))
+        .await
+        .expect("renew"));
+    db.store
+        .release(merchant_id, &key, stale, &wait)
+        .await
+        .expect("release");
+    assert!(
+        lease_left().await > Duration::from_secs(20),
+        "a stale release is a no-op"
+    );
+    assert_eq!(schedule().await, (0, 0), "and schedules nothing");
+
+    assert!(db
+        .store
+        .renew(merchant_id, &key, held.attempt, Duration::from_secs(90))
+        .await
+        .expect("renew"));
+    assert!(lease_left().await > Duration::from_secs(60), "renewed");
+
+    db.store
+        .release(merchant_id, &key, held.attempt, &wait)
+        .await
+        .expect("release");
+    assert_eq!(lease_left().await, Duration::ZERO, "released");
+    assert_eq!(
+        schedule().await,
+        (1, 1),
+        "one try counted, the wait written"
+    );
+    let orphans = db
+        .store
+        .orphans(10, Duration::from_secs(3600))
+        .await
+        .expect("orphans");
+    assert!(orphans.is_empty(), "no reconciler looks before the wait");
+}
+
+#[tokio::test]
+async fn a_statement_stuck_behind_a_lock_ends_at_the_statement_timeout_as_unavailable() {
+    if !runs_on(
+        Backend::Postgres,
+        "statement_timeout is PostgreSQL's; SQLite has its busy timeout",
+    ) {
+        return;
+    }
+    let db = TestDb::new().await;
+    // Another session holds a lock every outbox statement waits for.
+    let mut tx = db.pool.begin().await.expect("begin");
+    sqlx::query("lock table outbox in access exclusive mode")
+        .execute(&mut *tx)
+        .await
+        .expect("lock the outbox");
+
+    let started = std::time::Instant::now();
+    let answer = tokio::time::timeout(Duration::from_secs(10), db.store.outbox_backlog())
+        .await
+        .expect("the statement ends by itself, not when the lock is released");
+    let waited = started.elapsed();
+    match answer {
+        Err(StoreError::Unavailable(e)) => {
+            assert!(e.to_string().contains("statement timeout"), "{e}")
+        }
+        other => panic!("a transient error (57014), not {other:?}"),
+    }
+    assert!(
+        (Duration::from_millis(1_900)..Duration::from_secs(4)).contains(&waited),
+        "ended after {waited:?}"
+    );
+    tx.rollback().await.expect("rollback");
+    // The store works on, and migrating (no timeout for it) still works.
+    db.store.outbox_backlog().await.expect("works again");
+    db.store.migrate().await.expect("migrate again");
 }

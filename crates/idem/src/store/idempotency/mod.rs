@@ -74,6 +74,17 @@ pub struct Settlement<'a> {
     pub event: Option<&'a NewEvent<'a>>,
 }
 
+/// What releasing a record after an unknown outcome tells the reconciler.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reschedule {
+    /// The reconciler leaves the charge alone at least this long from now (its
+    /// backoff, or the acquirer's own `Retry-After`); `None` leaves the
+    /// charge's schedule as it was. A later schedule already set is kept.
+    pub not_before: Option<Duration>,
+    /// Counts as one of the reconciler's tries, whose backoff doubles with each.
+    pub reconciler_try: bool,
+}
+
 /// An in-flight record whose lease is over and that no attempt is working:
 /// the reconciler's unit of work.
 #[derive(Debug, Clone)]
@@ -278,27 +289,60 @@ impl Store {
         }
     }
 
-    /// Ends the lease early after an unknown outcome, so the next retry re-drives
-    /// at once instead of waiting it out. A no-op for a fenced-out holder.
+    /// Ends the lease early after an unknown outcome, so the next retry
+    /// re-drives at once instead of waiting it out, and tells the reconciler
+    /// when to look again, in one transaction: no reconciler can find the
+    /// record free before its wait is written. A no-op for a fenced-out holder.
     pub async fn release(
         &self,
         merchant_id: i64,
         key: &IdempotencyKey,
         attempt: i64,
+        reschedule: &Reschedule,
     ) -> Result<(), StoreError> {
-        on_backend!(
+        match &self.db {
+            Db::Postgres(pool) => on_pg!(pool, |db| sqlx::query(postgres::RELEASE_SQL)
+                .bind(merchant_id)
+                .bind(key.as_str())
+                .bind(attempt)
+                .bind(i32::from(reschedule.reconciler_try))
+                .bind(reschedule.not_before.map(super::millis))
+                .execute(db)
+                .await
+                .map(drop)
+                .map_err(StoreError::from)),
+            Db::Sqlite(pool) => {
+                let _turn = self.writer.take().await?;
+                sqlite::release(pool, merchant_id, key, attempt, reschedule).await
+            }
+        }
+    }
+
+    /// Extends the lease of the attempt that holds it, before a second call to
+    /// the acquirer in one attempt (the reconciler's lookup, then capture), so
+    /// that no take-over can start a POST of the same reference meanwhile.
+    /// `false`: the attempt no longer holds the record.
+    pub async fn renew(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        attempt: i64,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let renewed = on_backend!(
             write self,
-            postgres::RELEASE_SQL,
-            sqlite::RELEASE_SQL,
+            postgres::RENEW_SQL,
+            sqlite::RENEW_SQL,
             |sql, db| sqlx::query(sql)
                 .bind(merchant_id)
                 .bind(key.as_str())
                 .bind(attempt)
+                .bind(super::millis(lease))
                 .execute(db)
                 .await
-                .map(drop)
+                .map(|done| done.rows_affected())
         )?;
-        Ok(())
+        Ok(renewed == 1)
     }
 
     /// Stores the outcome and settles the charge, in one transaction, if

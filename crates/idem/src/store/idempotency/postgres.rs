@@ -137,8 +137,29 @@ const TAKE_OVER_SQL: &str = concat!(
     " from k join charges c on c.id = k.charge_id"
 );
 
-/// `$1` merchant, `$2` key, `$3` attempt.
-pub(super) const RELEASE_SQL: &str = "update idempotency_keys set locked_until = now()
+/// Ends the lease and schedules the reconciler, in one statement, so no
+/// reconciler can see the record free and the charge not yet rescheduled.
+/// `$1` merchant, `$2` key, `$3` attempt, `$4` reconciler tries to add (0 or
+/// 1), `$5` the reconciler's wait in ms (null: leave the schedule as it is;
+/// an existing later schedule is kept).
+pub(super) const RELEASE_SQL: &str = "with k as (
+        update idempotency_keys set locked_until = now()
+         where merchant_id = $1 and idempotency_key = $2 and attempt = $3
+           and state = 'in_flight'
+        returning charge_id
+    )
+    update charges c
+       set reconcile_attempts = c.reconcile_attempts + $4,
+           next_reconcile_at = case when $5::bigint is null then c.next_reconcile_at
+               else greatest(coalesce(c.next_reconcile_at, now()),
+                             now() + $5 * interval '1 millisecond') end
+      from k
+     where c.id = k.charge_id";
+
+/// Extends the lease of the attempt that holds it (fenced by `attempt`).
+/// `$1` merchant, `$2` key, `$3` attempt, `$4` lease in ms.
+pub(super) const RENEW_SQL: &str = "update idempotency_keys
+        set locked_until = now() + $4 * interval '1 millisecond'
       where merchant_id = $1 and idempotency_key = $2 and attempt = $3
         and state = 'in_flight'";
 

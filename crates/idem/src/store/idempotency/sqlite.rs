@@ -11,7 +11,7 @@ use std::time::Duration;
 use sqlx::SqlitePool;
 
 use super::{bind_claim, bind_finalize, ClaimValues, FinalizeValues, RecordRow};
-use super::{Claim, KeyRecord, NewClaim};
+use super::{Claim, KeyRecord, NewClaim, Reschedule};
 use crate::idempotency::IdempotencyKey;
 use crate::store::charges::sqlite_charge_columns;
 use crate::store::{millis, StoreError, WriteTurns};
@@ -102,10 +102,34 @@ const TAKE_OVER_SQL: &str = concat!(
 );
 
 /// `$1` merchant, `$2` key, `$3` attempt.
-pub(super) const RELEASE_SQL: &str = concat!(
+const RELEASE_KEY_SQL: &str = concat!(
     "update idempotency_keys set locked_until = ",
     sqlite_now!(),
     " where merchant_id = $1 and idempotency_key = $2 and attempt = $3
+        and state = 'in_flight'"
+);
+
+/// In the same transaction as [`RELEASE_KEY_SQL`], as
+/// [`super::postgres::RELEASE_SQL`] documents it: `$1` merchant, `$2` key,
+/// `$3` attempt, `$4` tries to add, `$5` wait in ms or null.
+const RELEASE_CHARGE_SQL: &str = concat!(
+    "update charges
+        set reconcile_attempts = reconcile_attempts + $4,
+            next_reconcile_at = case when $5 is null then next_reconcile_at
+                else max(coalesce(next_reconcile_at, ",
+    sqlite_now!(),
+    "), ",
+    sqlite_now!(),
+    " + $5) end
+      where id = (select charge_id from idempotency_keys
+                   where merchant_id = $1 and idempotency_key = $2 and attempt = $3)"
+);
+
+/// `$1` merchant, `$2` key, `$3` attempt, `$4` lease in ms.
+pub(super) const RENEW_SQL: &str = concat!(
+    "update idempotency_keys set locked_until = ",
+    sqlite_now!(),
+    " + $4 where merchant_id = $1 and idempotency_key = $2 and attempt = $3
         and state = 'in_flight'"
 );
 
@@ -276,4 +300,33 @@ pub(super) async fn finalize(
         .await?;
     tx.commit().await?;
     Ok(true)
+}
+
+pub(super) async fn release(
+    pool: &SqlitePool,
+    merchant_id: i64,
+    key: &IdempotencyKey,
+    attempt: i64,
+    reschedule: &Reschedule,
+) -> Result<(), StoreError> {
+    let mut tx = pool.begin_with(BEGIN_IMMEDIATE).await?;
+    let released = sqlx::query(RELEASE_KEY_SQL)
+        .bind(merchant_id)
+        .bind(key.as_str())
+        .bind(attempt)
+        .execute(&mut *tx)
+        .await?;
+    if released.rows_affected() == 0 {
+        return Ok(());
+    }
+    sqlx::query(RELEASE_CHARGE_SQL)
+        .bind(merchant_id)
+        .bind(key.as_str())
+        .bind(attempt)
+        .bind(i32::from(reschedule.reconciler_try))
+        .bind(reschedule.not_before.map(millis))
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(())
 }
