@@ -192,9 +192,26 @@ impl<'a> Problem<'a> {
         }
     }
 
+    /// The `422` of a key first used for another request, naming the fields
+    /// that differ: the same body over HTTP and in a queue command's result.
+    pub fn key_reused(fields: &'a [&'static str]) -> Self {
+        Self {
+            differing_fields: Some(fields),
+            ..Self::new(ProblemKind::KeyReused, key_reused_detail(fields))
+        }
+    }
+
     pub fn to_bytes(&self) -> Vec<u8> {
         crate::domain::to_json(self)
     }
+}
+
+/// The `detail` of a reused key's problem.
+pub fn key_reused_detail(fields: &[&str]) -> String {
+    format!(
+        "the Idempotency-Key was first used with different {}",
+        fields.join(", ")
+    )
 }
 
 pub const PROBLEM_JSON: &str = "application/problem+json";

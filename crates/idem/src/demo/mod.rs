@@ -883,8 +883,3 @@ async fn scrape_in_use(http: &reqwest::Client, endpoint: &str) -> Option<i64> {
     let value: f64 = line.rsplit(' ').next()?.parse().ok()?;
     Some(value as i64)
 }
-
-/// Where `--report` writes by default.
-pub fn default_report_path() -> PathBuf {
-    PathBuf::from("idem-demo.html")
-}

@@ -12,7 +12,7 @@ mod merchant;
 pub use charge::{
     AmountCents, Charge, ChargeRequest, ChargeStatus, Currency, Description, FieldError, OrderId,
 };
-pub use event::{ChargeEvent, EventType};
+pub use event::{ChargeEvent, EventType, EVENTS_EXCHANGE};
 pub use ids::{AcquirerReference, ChargeId, MessageId};
 pub use merchant::{
     parse_merchant_name, Merchant, MerchantSecret, SecretHash, MERCHANT_NAME_MAX,

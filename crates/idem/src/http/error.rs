@@ -36,7 +36,7 @@ pub enum ApiError {
     #[error("the request body could not be read: {0}")]
     UnreadableBody(String),
     /// 422: the key was first used for another request.
-    #[error("the Idempotency-Key was first used with different {}", .0.join(", "))]
+    #[error("{}", crate::problem::key_reused_detail(.0))]
     KeyReused(Vec<&'static str>),
     /// 409: another attempt with this key is still working.
     #[error("a request with this Idempotency-Key is still being processed")]
@@ -133,12 +133,12 @@ impl ApiError {
             }
             other => other.to_string(),
         };
-        let mut problem = Problem::new(kind, detail);
+        let mut problem = match self {
+            Self::KeyReused(fields) => Problem::key_reused(fields),
+            _ => Problem::new(kind, detail),
+        };
         if let Self::InvalidBody(e) = self {
             problem.field = e.field.as_deref();
-        }
-        if let Self::KeyReused(fields) = self {
-            problem.differing_fields = Some(fields);
         }
         (problem.status, problem.to_bytes())
     }

@@ -24,7 +24,6 @@ use crate::domain::{
     Charge, ChargeEvent, ChargeId, ChargeRequest, ChargeStatus, EventType, Merchant, MessageId,
 };
 use crate::problem::{Problem, ProblemKind};
-use crate::queue;
 use crate::store::{
     Claim, KeyRecord, KeyState, NewClaim, NewEvent, Orphan, Reschedule, Settlement, Store,
     StoreError,
@@ -365,7 +364,6 @@ impl Engine {
                 ChargeEvent::new(&message_id, event_type, &merchant.name, &settled).to_bytes();
             NewEvent {
                 message_id,
-                exchange: queue::EVENTS_EXCHANGE,
                 event_type: event_type.as_str(),
                 tenant: &merchant.name,
                 body: body.into(),

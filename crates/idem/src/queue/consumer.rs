@@ -65,8 +65,8 @@ use super::{
     DEAD_LETTER_QUEUE, REASON_CODE_HEADER, REASON_HEADER, RESULTS_EXCHANGE,
 };
 use crate::domain::Merchant;
-use crate::http::ApiError;
 use crate::idempotency::{Engine, Outcome, StoredResponse};
+use crate::problem::Problem;
 use crate::store::{MerchantCache, NewResult, ResultAnswer, StoreError};
 
 /// How many attempts a command gets when each meets a transient store error
@@ -299,10 +299,10 @@ impl Consumer {
                 (ResultAnswer::Now(response), *replayed)
             }
             Outcome::Mismatch { fields } => {
-                let (status, body) = ApiError::KeyReused(fields.clone()).problem_body();
+                let problem = Problem::key_reused(fields);
                 mismatch = StoredResponse {
-                    status,
-                    body: body.into(),
+                    status: problem.status,
+                    body: problem.to_bytes().into(),
                 };
                 (ResultAnswer::Now(&mismatch), false)
             }

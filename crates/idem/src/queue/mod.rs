@@ -24,8 +24,8 @@ pub mod relay;
 use std::future::Future;
 use std::time::Duration;
 
-use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
-use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use tokio_util::sync::CancellationToken;
 
@@ -39,7 +39,7 @@ pub const DEAD_LETTER_QUEUE: &str = "idem.charges.dead";
 /// Results of commands without `reply_to`: topic, routing key = merchant name.
 pub const RESULTS_EXCHANGE: &str = "idem.results";
 /// Charge events (`charge.captured`, `charge.declined`): topic, routing key = type.
-pub const EVENTS_EXCHANGE: &str = "idem.events";
+pub use crate::domain::EVENTS_EXCHANGE;
 
 /// The header a dead letter carries its reason in (a sentence), and its code.
 pub const REASON_HEADER: &str = "x-idem-reason";
@@ -102,26 +102,6 @@ pub async fn declare(channel: &Channel) -> lapin::Result<()> {
         )
         .await?;
     Ok(())
-}
-
-/// Binds a queue to the results of one merchant (for tools and tests that
-/// listen to `idem.results`). A name or queue over 255 bytes is an error
-/// (`InvalidInput`), not a panic.
-pub async fn bind_results(channel: &Channel, queue: &str, merchant: &str) -> lapin::Result<()> {
-    let short = |s: &str| {
-        ShortString::try_new(s).map_err(|e| {
-            lapin::Error::from(std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
-        })
-    };
-    channel
-        .queue_bind(
-            short(queue)?,
-            RESULTS_EXCHANGE.into(),
-            short(merchant)?,
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
 }
 
 /// Runs `session` (one connection's life: `Ok` on shutdown, `Err` when the

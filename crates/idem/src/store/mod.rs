@@ -336,13 +336,6 @@ impl Store {
         }
     }
 
-    pub fn backend(&self) -> Backend {
-        match self.db {
-            Db::Postgres(_) => Backend::Postgres,
-            Db::Sqlite(_) => Backend::Sqlite,
-        }
-    }
-
     /// Creates or upgrades the schema. Safe to run from several processes at
     /// once: sqlx serializes migrations (an advisory lock on PostgreSQL, the
     /// write lock on SQLite).

@@ -39,9 +39,9 @@ use crate::idempotency::{IdempotencyKey, StoredResponse};
 const SQLITE_BATCH_LEASE: Duration = Duration::from_secs(30);
 
 /// A charge event to write with the outcome that produces it.
+/// Its exchange is always [`EVENTS_EXCHANGE`](crate::domain::EVENTS_EXCHANGE).
 pub struct NewEvent<'a> {
     pub message_id: MessageId,
-    pub exchange: &'a str,
     pub event_type: &'a str,
     pub tenant: &'a str,
     pub body: Bytes,

@@ -447,7 +447,7 @@ macro_rules! bind_finalize {
             .bind($v.capture_id)
             .bind($v.decline_reason)
             .bind($v.event.map(|e| e.message_id.as_str()))
-            .bind($v.event.map(|e| e.exchange))
+            .bind($v.event.map(|_| crate::domain::EVENTS_EXCHANGE))
             .bind($v.event.map(|e| e.event_type))
             .bind($v.event.map(|e| e.tenant))
             .bind($v.event.map(|e| e.body.as_ref()))
