@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use idem::domain::{ChargeRequest, ChargeStatus, MerchantSecret};
-use idem::idempotency::{Fingerprint, IdempotencyKey, StoredResponse};
+use idem::domain::{Fingerprint, IdempotencyKey, StoredResponse};
 use idem::store::{Claim, NewClaim, Settlement, Store};
 use idem::workers::Sweeper;
 use sqlx::Connection;

@@ -29,8 +29,8 @@ use crate::store::Backend;
 
 use crate::acquirer::protocol::CaptureRequest;
 use crate::acquirer::AcquirerClient;
+use crate::domain::IdempotencyKey;
 use crate::domain::{AcquirerReference, ChargeRequest};
-use crate::idempotency::IdempotencyKey;
 
 use super::timeline::ServerStep;
 

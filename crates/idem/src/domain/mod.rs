@@ -6,18 +6,24 @@
 
 mod charge;
 mod event;
+mod fingerprint;
 mod ids;
+mod key;
 mod merchant;
+mod response;
 
 pub use charge::{
     AmountCents, Charge, ChargeRequest, ChargeStatus, Currency, Description, FieldError, OrderId,
 };
 pub use event::{ChargeEvent, EventType, EVENTS_EXCHANGE};
+pub use fingerprint::Fingerprint;
 pub use ids::{AcquirerReference, ChargeId, MessageId};
+pub use key::{IdempotencyKey, KeyError};
 pub use merchant::{
     parse_merchant_name, Merchant, MerchantSecret, SecretHash, MERCHANT_NAME_MAX,
     MERCHANT_NAME_RULE,
 };
+pub use response::StoredResponse;
 
 /// The JSON of a domain value: a stored response's body, an event, a
 /// fingerprint's canonical form. serde_json fails only on a map with

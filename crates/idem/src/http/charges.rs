@@ -18,7 +18,8 @@ use super::auth::Authenticated;
 use super::openapi::{ChargeProblem, Replayed, RetryAfter};
 use super::{ApiError, AppState, BODY_LIMIT};
 use crate::domain::{Charge, ChargeId, ChargeRequest};
-use crate::idempotency::{IdempotencyKey, KeyError, Outcome};
+use crate::domain::{IdempotencyKey, KeyError};
+use crate::idempotency::Outcome;
 use crate::problem::{Problem, PROBLEM_JSON};
 
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");

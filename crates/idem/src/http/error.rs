@@ -6,8 +6,9 @@ use std::time::Duration;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use crate::domain::KeyError;
 use crate::domain::{ChargeId, FieldError};
-use crate::idempotency::{EngineError, KeyError};
+use crate::idempotency::EngineError;
 use crate::problem::{Problem, ProblemKind, PROBLEM_JSON};
 use crate::store::StoreError;
 

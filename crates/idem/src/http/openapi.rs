@@ -235,8 +235,8 @@ mod tests {
     use regex::Regex;
 
     use super::*;
+    use crate::domain::IdempotencyKey;
     use crate::domain::{AmountCents, ChargeId, Currency, Description, OrderId};
-    use crate::idempotency::IdempotencyKey;
     use crate::problem::ProblemKind;
 
     fn doc() -> Value {

@@ -14,14 +14,13 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
-
-use super::{Fingerprint, IdempotencyKey, InFlightMemo};
+use super::InFlightMemo;
 use crate::acquirer::protocol::CaptureRequest;
 use crate::acquirer::{AcquirerClient, AcquirerError, Settled, Unknown};
 use crate::crash::{self, CrashPoint};
 use crate::domain::{
-    Charge, ChargeEvent, ChargeId, ChargeRequest, ChargeStatus, EventType, Merchant, MessageId,
+    Charge, ChargeEvent, ChargeId, ChargeRequest, ChargeStatus, EventType, Fingerprint,
+    IdempotencyKey, Merchant, MessageId, StoredResponse,
 };
 use crate::problem::{Problem, ProblemKind};
 use crate::store::{
@@ -54,13 +53,6 @@ enum Approach {
     /// acquirer has no outcome. An unknown answer waits `backoff` (or the
     /// acquirer's `Retry-After`, if longer) before the reconciler looks again.
     LookupFirst { backoff: Duration },
-}
-
-/// The first outcome of a key: status and the exact body bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredResponse {
-    pub status: u16,
-    pub body: Bytes,
 }
 
 /// What the engine decided for one attempt.

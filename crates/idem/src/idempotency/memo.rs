@@ -15,8 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{Fingerprint, IdempotencyKey};
-use crate::domain::{ChargeId, ChargeRequest};
+use crate::domain::{ChargeId, ChargeRequest, Fingerprint, IdempotencyKey};
 
 /// The longest an in-flight key is remembered: the shortest `Retry-After`.
 pub const MEMO_FOR: Duration = Duration::from_secs(1);

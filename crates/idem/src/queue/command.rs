@@ -12,7 +12,7 @@ use lapin::types::AMQPValue;
 use lapin::BasicProperties;
 
 use crate::domain::ChargeRequest;
-use crate::idempotency::IdempotencyKey;
+use crate::domain::IdempotencyKey;
 
 /// The header naming the merchant; publishers on the broker are trusted.
 pub const TENANT_HEADER: &str = "tenant";

@@ -65,7 +65,8 @@ use super::{
     DEAD_LETTER_QUEUE, REASON_CODE_HEADER, REASON_HEADER, RESULTS_EXCHANGE,
 };
 use crate::domain::Merchant;
-use crate::idempotency::{Engine, Outcome, StoredResponse};
+use crate::domain::StoredResponse;
+use crate::idempotency::{Engine, Outcome};
 use crate::problem::Problem;
 use crate::store::{MerchantCache, NewResult, ResultAnswer, StoreError};
 

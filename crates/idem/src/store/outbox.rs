@@ -31,7 +31,7 @@ use sqlx::SqlitePool;
 use super::pg::PgConn;
 use super::{millis, Db, Store, StoreError, WriteTurns};
 use crate::domain::{ChargeId, MessageId};
-use crate::idempotency::{IdempotencyKey, StoredResponse};
+use crate::domain::{IdempotencyKey, StoredResponse};
 
 /// How long a SQLite relay holds its batch before another relay may take it:
 /// well past the relay's confirm timeout (10 s), so a live relay is never

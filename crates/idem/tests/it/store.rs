@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem::domain::{ChargeRequest, ChargeStatus};
-use idem::idempotency::{Fingerprint, IdempotencyKey, StoredResponse};
+use idem::domain::{Fingerprint, IdempotencyKey, StoredResponse};
 use idem::store::{
     Backend, Claim, KeyState, NewClaim, NewResult, Reschedule, ResultAnswer, Settlement, Store,
     StoreError,

@@ -18,7 +18,7 @@ use std::time::Duration;
 use super::charges::ChargeRow;
 use super::{Db, NewEvent, Store, StoreError};
 use crate::domain::{AcquirerReference, ChargeId, ChargeRequest, ChargeStatus, Merchant};
-use crate::idempotency::{Fingerprint, IdempotencyKey, StoredResponse};
+use crate::domain::{Fingerprint, IdempotencyKey, StoredResponse};
 
 pub use postgres::{CLAIM_SQL, FINALIZE_SQL};
 

@@ -8,7 +8,7 @@ use sqlx::PgConnection;
 
 use super::{bind_claim, bind_finalize, ClaimValues, FinalizeValues, RecordRow};
 use super::{Claim, KeyRecord, NewClaim};
-use crate::idempotency::IdempotencyKey;
+use crate::domain::IdempotencyKey;
 use crate::store::charges::charge_columns;
 use crate::store::{millis, StoreError};
 

@@ -12,7 +12,7 @@ use sqlx::SqlitePool;
 
 use super::{bind_claim, bind_finalize, ClaimValues, FinalizeValues, RecordRow};
 use super::{Claim, KeyRecord, NewClaim, Reschedule};
-use crate::idempotency::IdempotencyKey;
+use crate::domain::IdempotencyKey;
 use crate::store::charges::sqlite_charge_columns;
 use crate::store::{millis, StoreError, WriteTurns};
 

@@ -6,7 +6,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::domain::ChargeRequest;
+use super::ChargeRequest;
 
 /// SHA-256 of the operation and its canonical parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
