@@ -23,9 +23,7 @@ use crate::queue::{Consumer, ConsumerConfig, Relay, RelayConfig};
 use crate::sim::{self, Fault, Faults};
 use crate::store::Store;
 use crate::workers::{Reconciler, ReconcilerConfig, Sweeper};
-
-/// The environment variable that sets the log filter, for every command.
-pub(crate) const LOG_ENV: &str = "IDEM_LOG";
+use crate::LOG_ENV;
 
 /// What a client waits beyond the acquirer timeout before it gets a 504: the
 /// claim and finalize statements, with room for a slow database.
@@ -387,7 +385,7 @@ fn parse_rate(s: &str) -> Result<f64, String> {
 /// Runs a parsed command line to its exit code.
 pub fn main(cli: Cli) -> ExitCode {
     let default_filter = match cli.command {
-        Command::Demo(_) => crate::demo::LOG_FILTER,
+        Command::Demo(_) => crate::harness::LOG_FILTER,
         _ => DEFAULT_LOG_FILTER,
     };
     init_tracing(cli.log_format, default_filter);

@@ -14,6 +14,7 @@
 //! - [`crash`]: test-only crash points (cargo feature `crash-points`);
 //! - [`demo`]: `idem demo`, the article's story under three strategies;
 //! - [`bench`]: `idem bench`, load figures against pgbench's for the same statements;
+//! - [`harness`]: real `idem serve` processes on scratch databases, for demo and bench;
 //! - [`metrics`]: the Prometheus metrics idem records;
 //! - [`cli`]: the `idem` command line, the only place that starts things.
 #![forbid(unsafe_code)]
@@ -24,6 +25,7 @@ pub mod cli;
 pub mod crash;
 pub mod demo;
 pub mod domain;
+pub mod harness;
 pub mod http;
 pub mod idempotency;
 pub mod metrics;
@@ -32,3 +34,7 @@ pub mod queue;
 pub mod sim;
 pub mod store;
 pub mod workers;
+
+/// The environment variable that sets the log filter (tracing's `EnvFilter`
+/// syntax), for `idem` and for the `idem serve` processes it starts.
+pub const LOG_ENV: &str = "IDEM_LOG";

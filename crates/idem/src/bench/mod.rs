@@ -24,7 +24,7 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::demo::{fresh_database, start_idem, Started};
+use crate::harness::{fresh_database, remove_scratch_dir, start_idem, Started};
 use crate::sim::{self, Faults};
 
 /// Keys the `replay` and `conflict` scenarios cycle through: enough to spread
@@ -107,7 +107,7 @@ impl BenchResult {
 
 pub async fn run(config: &BenchConfig) -> anyhow::Result<BenchResult> {
     let result = run_bench(config).await;
-    crate::demo::remove_scratch_dir();
+    remove_scratch_dir();
     result
 }
 
