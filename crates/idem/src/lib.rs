@@ -1,11 +1,12 @@
 //! idem — a payment charge service that charges exactly once.
 //!
 //! A client that times out and retries is never charged twice, however many
-//! instances run and whatever crashes in between. The layout names the parts:
+//! instances run and whatever crashes in between. The layout names the parts
+//! (docs/design.md draws which way they depend on each other):
 //!
 //! - [`domain`]: the values a charge is made of, each a type that is always valid;
 //! - [`idempotency`]: the engine (claim, call, finalize; replay, 409, 422, take-over);
-//! - [`store`]: PostgreSQL, one function per statement, beside the table it owns;
+//! - [`store`]: PostgreSQL and SQLite, one function per operation, beside the table it owns;
 //! - [`acquirer`]: the external processor's protocol and idem's client for it;
 //! - [`http`]: the API (axum), errors as problem+json;
 //! - [`sim`]: the acquirer simulator with fault injection and a ledger;

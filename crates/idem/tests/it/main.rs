@@ -1,4 +1,5 @@
-//! Integration tests: real PostgreSQL (a fresh database per test), the real
+//! Integration tests: real PostgreSQL or, with `IDEM_TEST_STORE=sqlite`, real
+//! SQLite (a fresh database per test, either way), the real
 //! acquirer simulator over loopback, and real `idem serve` processes where
 //! processes matter (several instances, kill -9).
 
