@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use tracing::Instrument;
 
 use super::auth::Authenticated;
-use super::openapi::{ChargeProblem, Replayed, RetryAfter};
+use super::schemas::{ChargeProblem, Replayed, RetryAfter};
 use super::{ApiError, AppState, BODY_LIMIT};
 use crate::domain::{Charge, ChargeId, ChargeRequest};
 use crate::domain::{IdempotencyKey, KeyError};

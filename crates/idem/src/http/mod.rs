@@ -11,6 +11,7 @@ mod charges;
 mod error;
 mod openapi;
 mod ops;
+mod schemas;
 mod server;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -12,8 +12,8 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::{AllOfBuilder, HeaderBuilder, ObjectBuilder, Ref, RefOr, Schema, Type};
-use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
+use utoipa::openapi::{HeaderBuilder, ObjectBuilder, RefOr, Type};
+use utoipa::{Modify, OpenApi};
 
 use super::{charges, ops};
 use crate::domain::{Charge, ChargeRequest};
@@ -182,50 +182,6 @@ impl Modify for Finish {
                 }
             }
         }
-    }
-}
-
-/// The `Retry-After` header: whole seconds, at least one (`error::retry_after_value`).
-pub struct RetryAfter;
-
-impl PartialSchema for RetryAfter {
-    fn schema() -> RefOr<Schema> {
-        ObjectBuilder::new()
-            .schema_type(Type::Integer)
-            .minimum(Some(1))
-            .into()
-    }
-}
-impl ToSchema for RetryAfter {}
-
-/// The `Idempotent-Replayed` header: only ever `true`, and only on replays.
-pub struct Replayed;
-
-impl PartialSchema for Replayed {
-    fn schema() -> RefOr<Schema> {
-        ObjectBuilder::new()
-            .schema_type(Type::String)
-            .enum_values(Some(["true"]))
-            .into()
-    }
-}
-impl ToSchema for Replayed {}
-
-/// A problem that always carries its charge: the stored `402` and `502`.
-pub struct ChargeProblem;
-
-impl PartialSchema for ChargeProblem {
-    fn schema() -> RefOr<Schema> {
-        AllOfBuilder::new()
-            .item(Ref::from_schema_name(Problem::name()))
-            .item(ObjectBuilder::new().required("charge"))
-            .into()
-    }
-}
-impl ToSchema for ChargeProblem {
-    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
-        schemas.push((Problem::name().into(), Problem::schema()));
-        Problem::schemas(schemas);
     }
 }
 

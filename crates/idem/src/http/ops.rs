@@ -9,7 +9,7 @@ use axum::Json;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::openapi::RetryAfter;
+use super::schemas::RetryAfter;
 use super::{ApiError, AppState};
 use crate::problem::{Problem, PROBLEM_JSON};
 
