@@ -15,15 +15,17 @@ use tokio_util::sync::CancellationToken;
 use crate::domain::MerchantSecret;
 use crate::store::{Backend, Store};
 
-/// The demo's log filter when `IDEM_LOG` is not set, for this process and the
-/// `idem serve` instances it starts. The teaching strategies are slow on
+/// The log filter of `idem demo` and `idem bench` when `IDEM_LOG` is not set,
+/// for that process and the `idem serve` instances it starts. The demo's
+/// teaching strategies are slow on
 /// purpose: under hold-transaction every pool waits seconds for a connection,
 /// and sqlx warns about each such acquire (thousands of lines in one run) in
 /// words that read like idem failing. The demo's own figures say what happened;
 /// any other warning still shows. `IDEM_LOG=warn` brings those lines back.
 pub const LOG_FILTER: &str = "warn,sqlx::pool::acquire=error";
 
-/// Things started for one run (a demo strategy, a bench scenario), stopped on drop (also on Ctrl-C).
+/// Things started for one run (a demo strategy, a bench scenario), stopped
+/// on drop (also on Ctrl-C).
 pub(crate) struct Started {
     pub(crate) children: Vec<Child>,
     pub(crate) stop: CancellationToken,
