@@ -17,11 +17,11 @@ use crate::store::{Backend, Store};
 
 /// The log filter of `idem demo` and `idem bench` when `IDEM_LOG` is not set,
 /// for that process and the `idem serve` instances it starts. The demo's
-/// teaching strategies are slow on
-/// purpose: under hold-transaction every pool waits seconds for a connection,
-/// and sqlx warns about each such acquire (thousands of lines in one run) in
-/// words that read like idem failing. The demo's own figures say what happened;
-/// any other warning still shows. `IDEM_LOG=warn` brings those lines back.
+/// teaching strategies are slow on purpose: under hold-transaction every pool
+/// waits seconds for a connection, and sqlx warns about each such acquire
+/// (thousands of lines in one run) in words that read like idem failing. The
+/// demo's own figures say what happened; any other warning still shows.
+/// `IDEM_LOG=warn` brings those lines back.
 pub const LOG_FILTER: &str = "warn,sqlx::pool::acquire=error";
 
 /// Things started for one run (a demo strategy, a bench scenario), stopped
