@@ -126,16 +126,7 @@ async fn a_command_delivered_three_times_captures_once_and_answers_each_delivery
         "idem_outbox_published_total 4",
         "idem_outbox_pending 0",
     ];
-    wait_for(|| async {
-        let scraped = reqwest::get(format!("http://{metrics}/metrics"))
-            .await
-            .expect("scrape the consumer")
-            .text()
-            .await
-            .unwrap();
-        lines.iter().all(|l| scraped.contains(l))
-    })
-    .await;
+    wait_for_metrics(&metrics, &lines).await;
 }
 
 #[tokio::test]
@@ -462,14 +453,28 @@ async fn consumer_with_metrics(
     (consumer, metrics)
 }
 
-/// The value of `idem_queue_commands_total{result="..."}` (0 when not yet counted).
-async fn commands_counted(metrics: &str, result: &str) -> u64 {
-    let scraped = reqwest::get(format!("http://{metrics}/metrics"))
+/// The consumer's metrics, as Prometheus text.
+async fn scrape(metrics: &str) -> String {
+    reqwest::get(format!("http://{metrics}/metrics"))
         .await
         .expect("scrape the consumer")
         .text()
         .await
-        .expect("metrics text");
+        .expect("metrics text")
+}
+
+/// Scrapes until every one of `lines` is in the consumer's metrics.
+async fn wait_for_metrics(metrics: &str, lines: &[&str]) {
+    wait_for(|| async {
+        let scraped = scrape(metrics).await;
+        lines.iter().all(|l| scraped.contains(l))
+    })
+    .await;
+}
+
+/// The value of `idem_queue_commands_total{result="..."}` (0 when not yet counted).
+async fn commands_counted(metrics: &str, result: &str) -> u64 {
+    let scraped = scrape(metrics).await;
     let prefix = format!("idem_queue_commands_total{{result=\"{result}\"}} ");
     scraped
         .lines()
@@ -811,16 +816,7 @@ async fn an_outbox_row_the_broker_cannot_take_is_set_aside_and_the_rows_behind_i
         "idem_outbox_published_total 5",
         "idem_outbox_pending 0",
     ];
-    wait_for(|| async {
-        let scraped = reqwest::get(format!("http://{metrics}/metrics"))
-            .await
-            .expect("scrape the consumer")
-            .text()
-            .await
-            .unwrap();
-        lines.iter().all(|l| scraped.contains(l))
-    })
-    .await;
+    wait_for_metrics(&metrics, &lines).await;
     assert_eq!(env.sim.ledger().await.captures.len(), 3);
 }
 
