@@ -11,47 +11,45 @@ use std::time::Duration;
 use anyhow::Context;
 
 use super::Scenario;
-use crate::store::{CLAIM_SQL, FINALIZE_SQL};
+use crate::store::{claim_param_names, finalize_param_names, CLAIM_SQL, FINALIZE_SQL};
 
-/// The claim's parameters as pgbench expressions, `$1` first.
-const CLAIM_ARGS: [&str; 11] = [
-    ":merchant",
-    "KEY",
-    "sha256(convert_to(:n::text, 'UTF8'))",
-    "('ch_pgb' || :client_id || '_' || :n)",
-    "30000",
-    "86400000",
-    ":n",
-    "25000",
-    "'BRL'",
-    "null::text",
-    "('ref_pgb' || :client_id || '_' || :n)",
-];
+/// A claim's or a finalize's parameter, by the name the store gives it, as a
+/// pgbench expression; the order comes from the store
+/// ([`claim_param_names`], [`finalize_param_names`]). The finalize writes a
+/// charge event of about the size the engine writes.
+fn expression(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "merchant_id" => ":merchant",
+        "key" => "KEY",
+        "fingerprint" => "sha256(convert_to(:n::text, 'UTF8'))",
+        "charge_id" => "('ch_pgb' || :client_id || '_' || :n)",
+        "lease_ms" => "30000",
+        "key_ttl_ms" => "86400000",
+        "order_id" => ":n",
+        "amount_cents" => "25000",
+        "currency" => "'BRL'",
+        "description" | "decline_reason" => "null::text",
+        "reference" => "('ref_pgb' || :client_id || '_' || :n)",
+        "attempt" => "1",
+        "response_status" => "201",
+        "response_body" => "convert_to(repeat('x', 220), 'UTF8')",
+        "charge_status" => "'captured'",
+        "capture_id" => "'cap'",
+        "event_id" => "('evt_pgb' || :client_id || '_' || :n)",
+        "event_exchange" => "'idem.events'",
+        "event_type" => "'charge.captured'",
+        "event_tenant" => "'bench'",
+        "event_body" => "convert_to(repeat('x', 330), 'UTF8')",
+        _ => return None,
+    })
+}
 
-/// The finalize's parameters, `$1` first (`$2` and `$3` as in the claim),
-/// with a charge event of about the size the engine writes.
-const FINALIZE_ARGS: [&str; 15] = [
-    ":merchant",
-    "KEY",
-    "('ch_pgb' || :client_id || '_' || :n)",
-    "1",
-    "201",
-    "convert_to(repeat('x', 220), 'UTF8')",
-    "86400000",
-    "'captured'",
-    "'cap'",
-    "null::text",
-    "('evt_pgb' || :client_id || '_' || :n)",
-    "'idem.events'",
-    "'charge.captured'",
-    "'bench'",
-    "convert_to(repeat('x', 330), 'UTF8')",
-];
-
-/// Replaces `$N` by `args[N-1]`, longest numbers first so `$1` never eats `$11`.
-fn substitute(sql: &str, args: &[&str], key: &str) -> String {
+/// Replaces each `$N` by the expression for the `N`th of `names`, longest
+/// numbers first so `$1` never eats `$11`, and `KEY` by `key`.
+fn substitute(sql: &str, names: &[&str], key: &str) -> String {
     let mut out = sql.to_owned();
-    for (i, arg) in args.iter().enumerate().rev() {
+    for (i, name) in names.iter().enumerate().rev() {
+        let arg = expression(name).unwrap_or_else(|| panic!("no pgbench expression for {name}"));
         out = out.replace(&format!("${}", i + 1), &arg.replace("KEY", key));
     }
     // pgbench reads one statement per line unless told otherwise.
@@ -65,8 +63,8 @@ fn script(scenario: Scenario) -> String {
             let key = "('pgb-' || :client_id || '-' || :n)";
             format!(
                 "\\set n random(1, 2000000000)\n{};\n{};\n",
-                substitute(CLAIM_SQL, &CLAIM_ARGS, key),
-                substitute(FINALIZE_SQL, &FINALIZE_ARGS, key)
+                substitute(CLAIM_SQL, &claim_param_names(), key),
+                substitute(FINALIZE_SQL, &finalize_param_names(), key)
             )
         }
         // The stored keys idem's run created: the claim conflicts and reads.
@@ -75,7 +73,7 @@ fn script(scenario: Scenario) -> String {
             format!(
                 "\\set n random(1, 2000000000)\n\\set h random(0, {})\n{};\n",
                 super::HOT_KEYS - 1,
-                substitute(CLAIM_SQL, &CLAIM_ARGS, key)
+                substitute(CLAIM_SQL, &claim_param_names(), key)
             )
         }
     }
@@ -129,6 +127,13 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_parameter_has_an_expression() {
+        for name in claim_param_names().iter().chain(&finalize_param_names()) {
+            assert!(expression(name).is_some(), "{name}");
+        }
+    }
 
     #[test]
     fn every_parameter_is_replaced() {

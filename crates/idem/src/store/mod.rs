@@ -1,5 +1,5 @@
-//! The store: every SQL statement idem runs, one function per domain
-//! operation, beside the table it owns, for two backends chosen by the URL:
+//! The store: every SQL statement idem runs, one method per domain
+//! operation, for two backends chosen by the URL:
 //! PostgreSQL (`postgres://...`, the deployment for many hosts) and SQLite
 //! (`sqlite://path`, the embedded default: nothing to install, several
 //! processes on one host sharing one file).
@@ -12,223 +12,50 @@
 //! - no transaction here is ever left open across a call to the acquirer: each
 //!   function is one short transaction (one statement on PostgreSQL; on SQLite,
 //!   which cannot write from a CTE, a few statements under `begin immediate`).
+//!
+//! [`Store`] is an enum of the two backends, [`postgres`] and [`sqlite`], each
+//! a concrete type with one method per operation and its own statements; the
+//! methods here only pick the backend. What both share: the records they take
+//! and give ([`model`]), the rows they read ([`rows`]), the parameters of the
+//! claim and the finalize in their order ([`params`]).
 
-/// Runs `$body` on one connection of a [`pg::PgPool`], bound to `$db`; the
-/// body evaluates to a `Result`. The connection goes back to the pool if the
-/// body succeeds; on an error, or if the future is dropped before the body
-/// ends, it is closed (see [`pg`] for why).
-macro_rules! on_pg {
-    ($pool:expr, |$db:ident| $body:expr) => {
-        match $pool.get().await {
-            Ok(mut conn) => {
-                let result = {
-                    let $db = conn.raw();
-                    $body
-                };
-                if result.is_ok() {
-                    conn.release();
-                }
-                result
-            }
-            Err(e) => Err(e.into()),
-        }
-    };
-}
-
-/// Runs `$body` once per backend, with `$db` bound to that backend's executor
-/// (a pooled PostgreSQL connection, or the SQLite pool) and `$sql` to its
-/// statement text (`$pg` or `$sqlite`); the body is type-checked against each
-/// backend in turn, so one chain of binds serves both. The body evaluates to a
-/// `Result<_, sqlx::Error>`.
-///
-/// `on_backend!(write store, ...)` marks a statement that writes: on SQLite it
-/// first waits for this process's turn to write (see [`WriteTurns`]).
-macro_rules! on_backend {
-    (write $store:expr, $pg:expr, $sqlite:expr, |$sql:ident, $db:ident| $body:expr) => {{
-        let _turn = match &$store.db {
-            $crate::store::Db::Sqlite(_) => Some($store.writer.take().await?),
-            $crate::store::Db::Postgres(_) => None,
-        };
-        on_backend!($store, $pg, $sqlite, |$sql, $db| $body)
-    }};
-    ($store:expr, $pg:expr, $sqlite:expr, |$sql:ident, $db:ident| $body:expr) => {
-        match &$store.db {
-            $crate::store::Db::Postgres(pool) => {
-                let $sql: &str = $pg;
-                let result: Result<_, sqlx::Error> = on_pg!(pool, |$db| $body);
-                result
-            }
-            $crate::store::Db::Sqlite($db) => {
-                let $sql: &str = $sqlite;
-                $body
-            }
-        }
-    };
-}
-
-/// SQLite's "now", in the integer milliseconds its schema stores: the host's
-/// clock, fixed for the length of one statement.
-macro_rules! sqlite_now {
-    () => {
-        "cast(unixepoch('subsec') * 1000 as integer)"
-    };
-}
-
-/// A SQLite time column (integer milliseconds) as the RFC 3339 text the
-/// domain's timestamps decode from.
-macro_rules! sqlite_time {
-    ($column:literal) => {
-        concat!(
-            "strftime('%Y-%m-%dT%H:%M:%fZ', ",
-            $column,
-            " / 1000.0, 'unixepoch')"
-        )
-    };
-}
-
-mod charges;
-mod idempotency;
-mod merchants;
+mod error;
+mod merchant_cache;
+mod model;
 mod outbox;
-mod pg;
+mod params;
+mod postgres;
+mod rows;
+mod sqlite;
 
-use std::str::FromStr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::PgConnectOptions;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::SqlitePool;
+use crate::domain::{Charge, ChargeId, IdempotencyKey, Merchant, SecretHash};
+use outbox::BatchHold;
+use params::FinalizeValues;
+use postgres::PgStore;
+use sqlite::SqliteStore;
 
-use pg::PgPool;
-
-pub use charges::{ProcessingStats, StuckCharge};
-pub use idempotency::{
-    Claim, KeyRecord, KeyState, NewClaim, Orphan, Reschedule, Settlement, CLAIM_SQL, FINALIZE_SQL,
+pub use error::StoreError;
+pub use merchant_cache::MerchantCache;
+pub use model::{
+    Claim, KeyRecord, KeyState, MerchantError, NewClaim, NewEvent, NewResult, Orphan,
+    OutboxMessage, PoolStats, ProcessingStats, Reschedule, ResultAnswer, Settlement, StuckCharge,
 };
-pub use merchants::{MerchantCache, MerchantError};
-pub use outbox::{NewEvent, NewResult, OutboxBatch, OutboxMessage, ResultAnswer};
+pub use outbox::OutboxBatch;
+pub use params::{claim_param_names, finalize_param_names};
+pub use postgres::{CLAIM_SQL, FINALIZE_SQL};
 
 /// How long a request waits for a pooled connection before answering 503:
 /// long enough to ride out a burst, short enough that a client retries on a
 /// healthy instance instead of hanging on a sick one.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// PostgreSQL's `statement_timeout` on idem's connections. Every statement
-/// idem runs is short (a claim, a finalize, a batch of at most 1 000 rows), so
-/// one still running after 2 s is stuck behind a lock or on a sick server. It
-/// then ends as a transient error (SQLSTATE 57014: a 503, or another attempt
-/// for a queue command) instead of holding its connection. 2 s keeps a request
-/// inside its own bound, the acquirer timeout + 5 s, even when both of its
-/// statements (claim and finalize) run out. Migrations lift it.
-const PG_STATEMENT_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// TCP keepalives, as PostgreSQL's own settings for the server's end of each
-/// connection: probes start after 30 s idle, every 10 s, and 3 unanswered
-/// ones end it, so a connection whose client vanished (a host lost, a
-/// partition) is gone within about a minute, with its transaction and locks
-/// (a relay's batch, say). sqlx 0.8 sets no keepalive on its own end (it
-/// opens the socket itself and sets only `TCP_NODELAY`, and ignores libpq's
-/// `keepalives*` URL parameters): see docs/operations.md.
-const PG_TCP_KEEPALIVES: [(&str, &str); 3] = [
-    ("tcp_keepalives_idle", "30"),
-    ("tcp_keepalives_interval", "10"),
-    ("tcp_keepalives_count", "3"),
-];
-
-/// How long a SQLite statement waits for another process's write transaction
-/// to end. Every write transaction idem opens is a few statements long (never
-/// across the acquirer), so a wait this long means the file is stuck, and the
-/// request answers 503 like any other database outage.
-const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// The URL used when none is given: an embedded SQLite file in the working
 /// directory, so that idem runs with nothing installed.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://idem.db";
 
-/// Errors in the store's words.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// Weather: the same operation may well work if tried again later. The
-    /// database cannot be reached (I/O, TLS, the pool timed out or closed), or
-    /// it said so itself: see [`is_pg_transient`] and [`is_sqlite_busy`].
-    /// The API answers 503; the queue consumer retries, a bounded number of times.
-    #[error("database unavailable: {0}")]
-    Unavailable(#[source] sqlx::Error),
-    /// Anything else the database refused (a constraint, text it cannot store
-    /// such as a NUL byte): trying again gives the same answer. A bug or bad
-    /// data, not weather.
-    #[error("database error: {0}")]
-    Database(#[source] sqlx::Error),
-    /// A row that the schema's checks should have made impossible.
-    #[error("stored data is inconsistent: {0}")]
-    Corrupt(String),
-    /// The database URL names no backend idem has.
-    #[error("unsupported database URL (use postgres://... or sqlite://path): {0}")]
-    UnsupportedUrl(String),
-}
-
-impl StoreError {
-    /// Whether trying the same operation again later may succeed.
-    pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Unavailable(_))
-    }
-}
-
-/// PostgreSQL's SQLSTATEs that mean "try again": the server is going away,
-/// starting or overloaded, the statement ran past `statement_timeout`, or
-/// the transaction lost a race it can win next time. Class 08 (connection exception), class 53 (insufficient resources:
-/// too many connections, out of memory, disk full), `40001`
-/// serialization_failure, `40P01` deadlock_detected, `40003`
-/// statement_completion_unknown, `55P03` lock_not_available, `57014`
-/// query_canceled, `57P01` admin_shutdown, `57P02` crash_shutdown, `57P03`
-/// cannot_connect_now, and `25006` read_only_sql_transaction (a connection
-/// left on a primary that became a standby; it is closed on the error, and the
-/// next one finds the new primary). Everything else (`22021`, the NUL byte in
-/// text, among them) is an answer that will not change.
-fn is_pg_transient(code: &str) -> bool {
-    code.starts_with("08")
-        || code.starts_with("53")
-        || matches!(
-            code,
-            "40001" | "40P01" | "40003" | "55P03" | "57014" | "57P01" | "57P02" | "57P03" | "25006"
-        )
-}
-
-/// SQLite's primary result codes for "another connection holds the lock":
-/// `SQLITE_BUSY` (5) and `SQLITE_LOCKED` (6); extended codes keep them in the low byte.
-fn is_sqlite_busy(code: &str) -> bool {
-    code.parse::<i32>().is_ok_and(|c| matches!(c & 0xff, 5 | 6))
-}
-
-impl From<sqlx::Error> for StoreError {
-    fn from(e: sqlx::Error) -> Self {
-        match &e {
-            sqlx::Error::Io(_)
-            | sqlx::Error::Tls(_)
-            | sqlx::Error::PoolTimedOut
-            | sqlx::Error::PoolClosed
-            | sqlx::Error::Protocol(_) => Self::Unavailable(e),
-            sqlx::Error::Database(db)
-                if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
-                    && db.code().is_some_and(|c| is_sqlite_busy(&c)) =>
-            {
-                Self::Unavailable(e)
-            }
-            sqlx::Error::Database(db)
-                if db
-                    .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
-                    .is_some()
-                    && db.code().is_some_and(|c| is_pg_transient(&c)) =>
-            {
-                Self::Unavailable(e)
-            }
-            _ => Self::Database(e),
-        }
-    }
-}
-
-/// Which database a [`Store`] talks to.
+/// Which database a URL names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     Postgres,
@@ -248,198 +75,322 @@ impl Backend {
     }
 }
 
-/// The pool of one backend (PostgreSQL's is idem's own, see [`pg`]). Each
-/// store operation matches on it and runs its backend's statements; the SQL of
-/// both sits side by side in the module that owns the table, so the two cannot
-/// drift apart unnoticed.
+/// A handle on the database, one of the two backends; cheap to clone.
 #[derive(Clone)]
-enum Db {
-    Postgres(PgPool),
-    Sqlite(SqlitePool),
-}
-
-/// A handle on the database; cheap to clone.
-#[derive(Clone)]
-pub struct Store {
-    db: Db,
-    /// SQLite's writers of this process take turns here (see [`WriteTurns`]).
-    writer: WriteTurns,
-}
-
-/// SQLite lets one connection write to a file at a time, and a writer that
-/// finds the lock taken sleeps in steps of up to 100 ms before it looks again.
-/// So the writers of one process take turns here first: in order, without
-/// sleeping, and without holding a pooled connection while they wait (reads,
-/// such as a replay, keep getting one). SQLite's busy timeout is then left to
-/// settle turns between processes only. Unused on PostgreSQL, whose row locks
-/// need no such help. A tokio mutex, because a turn is held across the awaits
-/// of a transaction.
-#[derive(Clone, Default)]
-struct WriteTurns(Arc<tokio::sync::Mutex<()>>);
-
-impl WriteTurns {
-    /// Waits for this process's turn to write, but no longer than SQLite's own
-    /// busy timeout: a turn that slow in coming means another process holds
-    /// the file's lock, and the writer answers 503 like any database outage,
-    /// instead of queueing through one busy timeout after another.
-    async fn take(&self) -> Result<tokio::sync::MutexGuard<'_, ()>, StoreError> {
-        tokio::time::timeout(SQLITE_BUSY_TIMEOUT, self.0.lock())
-            .await
-            .map_err(|_| StoreError::Unavailable(sqlx::Error::PoolTimedOut))
-    }
-}
-
-/// How many connections a pool holds now, and how many of them are idle.
-#[derive(Debug, Clone, Copy)]
-pub struct PoolStats {
-    pub size: u32,
-    pub idle: usize,
+pub enum Store {
+    Postgres(PgStore),
+    Sqlite(SqliteStore),
 }
 
 impl Store {
-    /// Connects a pool. No connection ping before each use: a dead connection
-    /// shows up as an I/O error on the statement itself, which is a 503 anyway,
-    /// and a ping would add a round trip to every request.
+    /// Connects a pool, and proves the database answers. No connection ping
+    /// before each use: a dead connection shows up as an I/O error on the
+    /// statement itself, which is a 503 anyway, and a ping would add a round
+    /// trip to every request.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let db = match Backend::of_url(url)? {
-            Backend::Postgres => {
-                let pool = pg_pool(url, max_connections)?;
-                pool.get().await?.release();
-                Db::Postgres(pool)
-            }
-            Backend::Sqlite => {
-                let (pool, options) = sqlite_options(url, max_connections)?;
-                Db::Sqlite(pool.connect_with(options).await?)
-            }
-        };
-        Ok(Self::on(db))
+        Ok(match Backend::of_url(url)? {
+            Backend::Postgres => Self::Postgres(PgStore::connect(url, max_connections).await?),
+            Backend::Sqlite => Self::Sqlite(SqliteStore::connect(url, max_connections).await?),
+        })
     }
 
     /// Like [`Store::connect`], but connects on first use: a server started
     /// while the database is down comes up, answers 503 (readiness red), and
     /// starts working when the database does, with no restart.
     pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let db = match Backend::of_url(url)? {
-            Backend::Postgres => Db::Postgres(pg_pool(url, max_connections)?),
-            Backend::Sqlite => {
-                let (pool, options) = sqlite_options(url, max_connections)?;
-                Db::Sqlite(pool.connect_lazy_with(options))
-            }
-        };
-        Ok(Self::on(db))
-    }
-
-    fn on(db: Db) -> Self {
-        Self {
-            db,
-            writer: WriteTurns::default(),
-        }
+        Ok(match Backend::of_url(url)? {
+            Backend::Postgres => Self::Postgres(PgStore::lazy(url, max_connections)?),
+            Backend::Sqlite => Self::Sqlite(SqliteStore::lazy(url, max_connections)?),
+        })
     }
 
     /// Creates or upgrades the schema. Safe to run from several processes at
     /// once: sqlx serializes migrations (an advisory lock on PostgreSQL, the
     /// write lock on SQLite).
     pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
-        match &self.db {
-            // A migration may build an index on a big table: no statement
-            // timeout for it; the connection gets the usual one back after.
-            Db::Postgres(pool) => on_pg!(pool, |db| {
-                async {
-                    sqlx::query("set statement_timeout = 0")
-                        .execute(&mut *db)
-                        .await?;
-                    sqlx::migrate!("./migrations/postgres")
-                        .run(&mut *db)
-                        .await?;
-                    sqlx::query("reset statement_timeout")
-                        .execute(&mut *db)
-                        .await?;
-                    Ok(())
-                }
-                .await
-            }),
-            Db::Sqlite(pool) => sqlx::migrate!("./migrations/sqlite").run(pool).await,
+        match self {
+            Self::Postgres(s) => s.migrate().await,
+            Self::Sqlite(s) => s.migrate().await,
         }
     }
 
     /// One trivial round trip: is the database answering?
     pub async fn ping(&self) -> Result<(), StoreError> {
-        on_backend!(self, "select 1", "select 1", |sql, db| {
-            sqlx::query(sql).execute(db).await.map(drop)
-        })?;
-        Ok(())
+        match self {
+            Self::Postgres(s) => s.ping().await,
+            Self::Sqlite(s) => s.ping().await,
+        }
     }
 
     pub fn pool_stats(&self) -> PoolStats {
-        match &self.db {
-            Db::Postgres(pool) => {
-                let (size, idle) = pool.stats();
-                PoolStats { size, idle }
-            }
-            Db::Sqlite(pool) => PoolStats {
-                size: pool.size(),
-                idle: pool.num_idle(),
-            },
+        match self {
+            Self::Postgres(s) => s.pool_stats(),
+            Self::Sqlite(s) => s.pool_stats(),
         }
     }
 
     /// Closes the pool; for SQLite this also checkpoints the write-ahead log.
     pub async fn close(&self) {
-        match &self.db {
-            Db::Postgres(pool) => pool.close().await,
-            Db::Sqlite(pool) => pool.close().await,
+        match self {
+            Self::Postgres(s) => s.close().await,
+            Self::Sqlite(s) => s.close().await,
         }
     }
-}
 
-/// The PostgreSQL pool: idem's name in `pg_stat_activity`, the statement
-/// timeout and the server's keepalives, sent as startup options (`-c`), so
-/// they hold from the connection's first statement with no round trip. A
-/// `statement_timeout` or `options` given in the URL comes first and is
-/// overridden.
-fn pg_pool(url: &str, max_connections: u32) -> Result<PgPool, StoreError> {
-    let options: PgConnectOptions = url.parse()?;
-    let statement_timeout = format!("{}ms", millis(PG_STATEMENT_TIMEOUT));
-    let options = options
-        .application_name("idem")
-        .options([("statement_timeout", statement_timeout.as_str())])
-        .options(PG_TCP_KEEPALIVES);
-    Ok(PgPool::new(options, max_connections, ACQUIRE_TIMEOUT)?)
-}
+    // The idempotency keys: the article's order. `claim` inserts first (`on
+    // conflict do nothing`) and commits at once, creating the charge in the
+    // same transaction; the acquirer is called with no transaction open; then
+    // `finalize` stores the outcome and settles the charge in one transaction
+    // that only succeeds for the current holder of the fencing token.
 
-/// SQLite as a store several processes share: the write-ahead log (readers
-/// never block the writer), a busy timeout (a writer waits its turn instead of
-/// failing), foreign keys on, and `synchronous = full`, because a claim whose
-/// commit a power cut could undo would let a retry charge again under a new
-/// reference.
-fn sqlite_options(
-    url: &str,
-    max_connections: u32,
-) -> Result<(SqlitePoolOptions, SqliteConnectOptions), StoreError> {
-    let options = SqliteConnectOptions::from_str(url)?
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Full)
-        .busy_timeout(SQLITE_BUSY_TIMEOUT)
-        .foreign_keys(true);
-    let pool = SqlitePoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(ACQUIRE_TIMEOUT)
-        .test_before_acquire(false);
-    Ok((pool, options))
+    /// Insert first: claims the key and creates its charge as `processing` in
+    /// one transaction, committed on return, or reports the record that won.
+    ///
+    /// A record that expired is reclaimed for the new intent the same way, by a
+    /// conditional update that only one attempt can win.
+    pub async fn claim(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
+        match self {
+            Self::Postgres(s) => s.claim(new).await,
+            Self::Sqlite(s) => s.claim(new).await,
+        }
+    }
+
+    /// The record under a key, with its charge.
+    pub async fn key_record(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+    ) -> Result<Option<KeyRecord>, StoreError> {
+        match self {
+            Self::Postgres(s) => s.key_record(merchant_id, key).await,
+            Self::Sqlite(s) => s.key_record(merchant_id, key).await,
+        }
+    }
+
+    /// Takes over an in-flight record whose lease has run out (its holder crashed
+    /// or hung), bumping the fencing token. Only the attempt that saw `attempt`
+    /// can win; `None` means someone else moved first.
+    pub async fn take_over(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        attempt: i64,
+        lease: Duration,
+    ) -> Result<Option<KeyRecord>, StoreError> {
+        match self {
+            Self::Postgres(s) => s.take_over(merchant_id, key, attempt, lease).await,
+            Self::Sqlite(s) => s.take_over(merchant_id, key, attempt, lease).await,
+        }
+    }
+
+    /// Ends the lease early after an unknown outcome, so the next retry
+    /// re-drives at once instead of waiting it out, and tells the reconciler
+    /// when to look again, in one transaction: no reconciler can find the
+    /// record free before its wait is written. A no-op for a fenced-out holder.
+    pub async fn release(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        attempt: i64,
+        reschedule: &Reschedule,
+    ) -> Result<(), StoreError> {
+        match self {
+            Self::Postgres(s) => s.release(merchant_id, key, attempt, reschedule).await,
+            Self::Sqlite(s) => s.release(merchant_id, key, attempt, reschedule).await,
+        }
+    }
+
+    /// Extends the lease of the attempt that holds it, before a second call to
+    /// the acquirer in one attempt (the reconciler's lookup, then capture), so
+    /// that no take-over can start a POST of the same reference meanwhile.
+    /// `false`: the attempt no longer holds the record.
+    pub async fn renew(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        attempt: i64,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        match self {
+            Self::Postgres(s) => s.renew(merchant_id, key, attempt, lease).await,
+            Self::Sqlite(s) => s.renew(merchant_id, key, attempt, lease).await,
+        }
+    }
+
+    /// Stores the outcome and settles the charge, with its event in the outbox,
+    /// in one transaction, if `record.attempt` still holds the record.
+    /// `false`: another attempt took over (this one is stale) or already
+    /// finished; nothing was written.
+    pub async fn finalize(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        record: &KeyRecord,
+        settlement: &Settlement<'_>,
+        key_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let values = FinalizeValues {
+            merchant_id,
+            key: key.as_str(),
+            charge_id: record.charge.id.as_str(),
+            attempt: record.attempt,
+            status: i16::try_from(settlement.response.status).unwrap_or(i16::MAX),
+            body: settlement.response.body.as_ref(),
+            key_ttl_ms: millis(key_ttl),
+            charge_status: settlement.status.as_str(),
+            capture_id: settlement.capture_id,
+            decline_reason: settlement.decline_reason,
+            event: settlement.event,
+        };
+        match self {
+            Self::Postgres(s) => s.finalize(&values).await,
+            Self::Sqlite(s) => s.finalize(&values).await,
+        }
+    }
+
+    /// Up to `limit` orphans due for the reconciler, oldest lease first. Reading
+    /// them takes nothing: each is then taken with the fenced [`Store::take_over`],
+    /// so several reconcilers and servers never work one charge at once.
+    pub async fn orphans(
+        &self,
+        limit: i64,
+        settle_deadline: Duration,
+    ) -> Result<Vec<Orphan>, StoreError> {
+        match self {
+            Self::Postgres(s) => s.orphans(limit, settle_deadline).await,
+            Self::Sqlite(s) => s.orphans(limit, settle_deadline).await,
+        }
+    }
+
+    /// Deletes up to `limit` expired, completed key records; returns how many.
+    /// Small bounded batches, so no long lock (PostgreSQL also skips rows a
+    /// request is reclaiming). Charges are never deleted, and an in-flight
+    /// record never expires.
+    pub async fn sweep_expired_keys(&self, limit: i64) -> Result<u64, StoreError> {
+        match self {
+            Self::Postgres(s) => s.sweep_expired_keys(limit).await,
+            Self::Sqlite(s) => s.sweep_expired_keys(limit).await,
+        }
+    }
+
+    // Charges.
+
+    /// A merchant's charge as it is now; `None` when absent or another merchant's.
+    pub async fn charge(
+        &self,
+        merchant_id: i64,
+        id: &ChargeId,
+    ) -> Result<Option<Charge>, StoreError> {
+        match self {
+            Self::Postgres(s) => s.charge(merchant_id, id).await,
+            Self::Sqlite(s) => s.charge(merchant_id, id).await,
+        }
+    }
+
+    /// Stops the reconciler trying this charge; it stays `processing`, because
+    /// only the acquirer's word may make it captured or failed.
+    pub async fn mark_for_review(&self, id: &ChargeId, reason: &str) -> Result<(), StoreError> {
+        match self {
+            Self::Postgres(s) => s.mark_for_review(id, reason).await,
+            Self::Sqlite(s) => s.mark_for_review(id, reason).await,
+        }
+    }
+
+    /// Charges awaiting review, oldest first.
+    pub async fn stuck_charges(&self) -> Result<Vec<StuckCharge>, StoreError> {
+        match self {
+            Self::Postgres(s) => s.stuck_charges().await,
+            Self::Sqlite(s) => s.stuck_charges().await,
+        }
+    }
+
+    /// What the `/metrics` gauges show about unsettled charges.
+    pub async fn processing_stats(&self) -> Result<ProcessingStats, StoreError> {
+        match self {
+            Self::Postgres(s) => s.processing_stats().await,
+            Self::Sqlite(s) => s.processing_stats().await,
+        }
+    }
+
+    // Merchants.
+
+    pub async fn create_merchant(
+        &self,
+        name: &str,
+        secret_hash: &SecretHash,
+    ) -> Result<Merchant, MerchantError> {
+        match self {
+            Self::Postgres(s) => s.create_merchant(name, secret_hash).await,
+            Self::Sqlite(s) => s.create_merchant(name, secret_hash).await,
+        }
+    }
+
+    pub async fn merchant_by_secret(
+        &self,
+        secret_hash: &SecretHash,
+    ) -> Result<Option<Merchant>, StoreError> {
+        match self {
+            Self::Postgres(s) => s.merchant_by_secret(secret_hash).await,
+            Self::Sqlite(s) => s.merchant_by_secret(secret_hash).await,
+        }
+    }
+
+    /// The merchant a queue command names in its `tenant` header.
+    pub async fn merchant_by_name(&self, name: &str) -> Result<Option<Merchant>, StoreError> {
+        match self {
+            Self::Postgres(s) => s.merchant_by_name(name).await,
+            Self::Sqlite(s) => s.merchant_by_name(name).await,
+        }
+    }
+
+    // The outbox (see [`outbox`]).
+
+    /// Writes the result of one delivery of a queue command.
+    pub async fn enqueue_result(&self, new: &NewResult<'_>) -> Result<(), StoreError> {
+        match self {
+            Self::Postgres(s) => s.enqueue_result(new).await,
+            Self::Sqlite(s) => s.enqueue_result(new).await,
+        }
+    }
+
+    /// Takes up to `limit` messages ready to publish, oldest first, skipping
+    /// rows another relay holds. A waiting result is ready once its key's
+    /// outcome is stored, and takes that outcome's status and body.
+    pub async fn outbox_batch(&self, limit: i64) -> Result<OutboxBatch, StoreError> {
+        Ok(match self {
+            Self::Postgres(s) => {
+                let (batch, messages) = s.outbox_batch(limit).await?;
+                OutboxBatch {
+                    hold: BatchHold::Postgres(batch),
+                    messages,
+                }
+            }
+            Self::Sqlite(s) => OutboxBatch {
+                messages: s.outbox_batch(limit).await?,
+                hold: BatchHold::Sqlite(s.clone()),
+            },
+        })
+    }
+
+    /// Deletes up to `limit` messages published longer than `retention` ago.
+    pub async fn prune_outbox(&self, retention: Duration, limit: i64) -> Result<u64, StoreError> {
+        match self {
+            Self::Postgres(s) => s.prune_outbox(retention, limit).await,
+            Self::Sqlite(s) => s.prune_outbox(retention, limit).await,
+        }
+    }
+
+    /// Messages not yet published, and the age of the oldest, in seconds; rows
+    /// set aside are not waiting to be published, and are not counted.
+    pub async fn outbox_backlog(&self) -> Result<(i64, f64), StoreError> {
+        match self {
+            Self::Postgres(s) => s.outbox_backlog().await,
+            Self::Sqlite(s) => s.outbox_backlog().await,
+        }
+    }
 }
 
 /// Milliseconds as `i64` for interval arithmetic in SQL.
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// Whether `e` is a unique violation of the named constraint (PostgreSQL) or
-/// of the named `table.column` (SQLite, which reports columns, not names).
-fn violates_unique(e: &sqlx::Error, pg_constraint: &str, sqlite_column: &str) -> bool {
-    let sqlx::Error::Database(db) = e else {
-        return false;
-    };
-    db.is_unique_violation()
-        && (db.constraint() == Some(pg_constraint) || db.message().contains(sqlite_column))
 }

@@ -1,31 +1,31 @@
-//! The idempotency statements for PostgreSQL: each operation is one statement,
-//! so each is its own short transaction, and the claim that decides a race is
-//! the same statement that reads the winner.
+//! The `idempotency_keys` table on PostgreSQL: claim, read, take over,
+//! release, renew, finalize, find orphans, sweep. Each operation is one
+//! statement, so the claim that decides a race is the same statement that
+//! reads the winner. The lease and expiry are judged by the database's clock,
+//! the one clock all instances share.
 
 use std::time::Duration;
 
+use const_format::concatcp;
+use sqlx::postgres::PgArguments;
 use sqlx::PgConnection;
 
-use super::{bind_claim, bind_finalize, ClaimValues, FinalizeValues, RecordRow};
-use super::{Claim, KeyRecord, NewClaim};
+use super::charges::CHARGE_COLUMNS;
+use super::PgStore;
 use crate::domain::IdempotencyKey;
-use crate::store::charges::charge_columns;
+use crate::store::model::{Claim, KeyRecord, NewClaim, Orphan, Reschedule};
+use crate::store::params::{arguments, ClaimValues, FinalizeValues};
+use crate::store::rows::{OrphanRow, RecordRow};
 use crate::store::{millis, StoreError};
 
 /// Columns of a key record joined with its charge (aliases `k` and `c`).
-/// The lease and expiry are judged by the database's clock, the one clock all
-/// instances share.
-macro_rules! record_columns {
-    () => {
-        concat!(
-            charge_columns!(),
-            ", k.fingerprint, k.state, k.attempt, k.response_status, k.response_body, \
-             greatest(0, ceil(extract(epoch from (k.locked_until - now())) * 1000))::bigint \
-               as lease_remaining_ms, \
-             (k.state = 'completed' and k.expires_at <= now()) as expired"
-        )
-    };
-}
+const RECORD_COLUMNS: &str = concatcp!(
+    CHARGE_COLUMNS,
+    ", k.fingerprint, k.state, k.attempt, k.response_status, k.response_body, \
+     greatest(0, ceil(extract(epoch from (k.locked_until - now())) * 1000))::bigint \
+       as lease_remaining_ms, \
+     (k.state = 'completed' and k.expires_at <= now()) as expired"
+);
 
 /// Rounds of insert-or-read a claim may need: each extra one means the sweeper
 /// deleted the record between two statements, which takes the key's expiry and
@@ -33,22 +33,18 @@ macro_rules! record_columns {
 const CLAIM_ROUNDS: usize = 3;
 
 /// A CTE `c`: the new charge of a claim `k` that was just made, if any.
-/// Parameters as bound by [`bind_claim`].
-macro_rules! create_charge_of_k {
-    () => {
-        "c as (
+/// Parameters as [`ClaimValues::params`] names them.
+const CREATE_CHARGE_OF_K: &str = "c as (
             insert into charges
                 (id, merchant_id, order_id, amount_cents, currency, description, acquirer_reference)
             select k.charge_id, $1, $7, $8, $9, $10, $11 from k
             returning *
-        )"
-    };
-}
+        )";
 
 /// Insert first, in one statement: claim the key and create its charge, or
-/// read the record that won. Parameters as bound by [`bind_claim`]; public
+/// read the record that won. Parameters as [`ClaimValues::params`] names them; public
 /// so that `idem bench --vs-pgbench` runs the very same statement.
-pub const CLAIM_SQL: &str = concat!(
+pub const CLAIM_SQL: &str = concatcp!(
     "with k as (
                 insert into idempotency_keys
                     (merchant_id, idempotency_key, fingerprint, charge_id, locked_until, expires_at)
@@ -57,14 +53,14 @@ pub const CLAIM_SQL: &str = concat!(
                 on conflict (merchant_id, idempotency_key) do nothing
                 returning *
             ), ",
-    create_charge_of_k!(),
+    CREATE_CHARGE_OF_K,
     "
             select true as won, ",
-    record_columns!(),
+    RECORD_COLUMNS,
     " from c cross join k
             union all
             select false as won, ",
-    record_columns!(),
+    RECORD_COLUMNS,
     " from idempotency_keys k join charges c on c.id = k.charge_id
             where k.merchant_id = $1 and k.idempotency_key = $2
               and not exists (select 1 from k)"
@@ -72,7 +68,7 @@ pub const CLAIM_SQL: &str = concat!(
 
 /// Turns an expired, completed record into a fresh claim for a new intent
 /// with a new charge; the old charge stays as it was.
-const RECLAIM_SQL: &str = concat!(
+const RECLAIM_SQL: &str = concatcp!(
     "with k as (
         update idempotency_keys
            set fingerprint = $3, charge_id = $4, state = 'in_flight',
@@ -83,20 +79,17 @@ const RECLAIM_SQL: &str = concat!(
            and state = 'completed' and expires_at <= now()
         returning *
     ), ",
-    create_charge_of_k!(),
+    CREATE_CHARGE_OF_K,
     "
     select ",
-    record_columns!(),
+    RECORD_COLUMNS,
     " from c cross join k"
 );
 
 /// Store the outcome, settle the charge and write its event to the outbox, in
-/// one statement (one transaction), fenced by `attempt`:
-/// `$1` merchant, `$2` key, `$3` charge id, `$4` attempt, `$5` response status,
-/// `$6` response body, `$7` key TTL in ms, `$8` charge status, `$9` capture id,
-/// `$10` decline reason; the event: `$11` message id (null: no event), `$12`
-/// exchange, `$13` type (also its routing key), `$14` tenant, `$15` body.
-/// Public for `idem bench --vs-pgbench`.
+/// one statement (one transaction), fenced by `attempt`. Parameters as
+/// [`FinalizeValues::params`] names them (the event's type is also its
+/// routing key). Public for `idem bench --vs-pgbench`.
 pub const FINALIZE_SQL: &str = "with k as (
                 update idempotency_keys
                    set state = 'completed', locked_until = null,
@@ -116,15 +109,15 @@ pub const FINALIZE_SQL: &str = "with k as (
             returning c.id";
 
 /// `$1` merchant, `$2` key.
-const KEY_RECORD_SQL: &str = concat!(
+const KEY_RECORD_SQL: &str = concatcp!(
     "select ",
-    record_columns!(),
+    RECORD_COLUMNS,
     " from idempotency_keys k join charges c on c.id = k.charge_id
      where k.merchant_id = $1 and k.idempotency_key = $2"
 );
 
 /// `$1` merchant, `$2` key, `$3` attempt seen, `$4` lease in ms.
-const TAKE_OVER_SQL: &str = concat!(
+const TAKE_OVER_SQL: &str = concatcp!(
     "with k as (
         update idempotency_keys
            set attempt = attempt + 1, locked_until = now() + $4 * interval '1 millisecond'
@@ -133,7 +126,7 @@ const TAKE_OVER_SQL: &str = concat!(
         returning *
     )
     select ",
-    record_columns!(),
+    RECORD_COLUMNS,
     " from k join charges c on c.id = k.charge_id"
 );
 
@@ -142,7 +135,7 @@ const TAKE_OVER_SQL: &str = concat!(
 /// `$1` merchant, `$2` key, `$3` attempt, `$4` reconciler tries to add (0 or
 /// 1), `$5` the reconciler's wait in ms (null: leave the schedule as it is;
 /// an existing later schedule is kept).
-pub(super) const RELEASE_SQL: &str = "with k as (
+const RELEASE_SQL: &str = "with k as (
         update idempotency_keys set locked_until = now()
          where merchant_id = $1 and idempotency_key = $2 and attempt = $3
            and state = 'in_flight'
@@ -158,13 +151,13 @@ pub(super) const RELEASE_SQL: &str = "with k as (
 
 /// Extends the lease of the attempt that holds it (fenced by `attempt`).
 /// `$1` merchant, `$2` key, `$3` attempt, `$4` lease in ms.
-pub(super) const RENEW_SQL: &str = "update idempotency_keys
+const RENEW_SQL: &str = "update idempotency_keys
         set locked_until = now() + $4 * interval '1 millisecond'
       where merchant_id = $1 and idempotency_key = $2 and attempt = $3
         and state = 'in_flight'";
 
 /// `$1` limit, `$2` settle deadline in ms.
-pub(super) const ORPHANS_SQL: &str =
+const ORPHANS_SQL: &str =
     "select k.merchant_id, m.name as merchant_name, k.idempotency_key, k.charge_id,
             k.attempt, c.reconcile_attempts,
             c.created_at + $2 * interval '1 millisecond' <= now() as past_deadline
@@ -178,7 +171,7 @@ pub(super) const ORPHANS_SQL: &str =
       limit $1";
 
 /// `$1` limit. `skip locked`: never waits on a row a request is reclaiming.
-pub(super) const SWEEP_SQL: &str = "delete from idempotency_keys
+const SWEEP_SQL: &str = "delete from idempotency_keys
       where ctid = any(array(
             select ctid from idempotency_keys
              where state = 'completed' and expires_at <= now()
@@ -192,25 +185,142 @@ struct ClaimRow {
     record: RecordRow,
 }
 
-pub(super) async fn claim(db: &mut PgConnection, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
-    for _ in 0..CLAIM_ROUNDS {
-        if let Some(claim) = try_claim(db, new).await? {
-            return Ok(claim);
-        }
+impl PgStore {
+    pub(in crate::store) async fn claim(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
+        self.on_conn(async |db| {
+            for _ in 0..CLAIM_ROUNDS {
+                if let Some(claim) = try_claim(db, new).await? {
+                    return Ok(claim);
+                }
+            }
+            Err(StoreError::Corrupt(format!(
+                "key {} kept vanishing between statements",
+                new.key
+            )))
+        })
+        .await
     }
-    Err(StoreError::Corrupt(format!(
-        "key {} kept vanishing between statements",
-        new.key
-    )))
+
+    pub(in crate::store) async fn key_record(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+    ) -> Result<Option<KeyRecord>, StoreError> {
+        self.on_conn(async |db| key_record(db, merchant_id, key).await)
+            .await
+    }
+
+    pub(in crate::store) async fn take_over(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        attempt: i64,
+        lease: Duration,
+    ) -> Result<Option<KeyRecord>, StoreError> {
+        let row: Option<RecordRow> = self
+            .on_conn(async |db| {
+                sqlx::query_as(TAKE_OVER_SQL)
+                    .bind(merchant_id)
+                    .bind(key.as_str())
+                    .bind(attempt)
+                    .bind(millis(lease))
+                    .fetch_optional(db)
+                    .await
+            })
+            .await?;
+        row.map(KeyRecord::try_from).transpose()
+    }
+
+    pub(in crate::store) async fn release(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        attempt: i64,
+        reschedule: &Reschedule,
+    ) -> Result<(), StoreError> {
+        self.on_conn(async |db| {
+            sqlx::query(RELEASE_SQL)
+                .bind(merchant_id)
+                .bind(key.as_str())
+                .bind(attempt)
+                .bind(i32::from(reschedule.reconciler_try))
+                .bind(reschedule.not_before.map(millis))
+                .execute(db)
+                .await
+        })
+        .await?;
+        Ok(())
+    }
+
+    pub(in crate::store) async fn renew(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        attempt: i64,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let done = self
+            .on_conn(async |db| {
+                sqlx::query(RENEW_SQL)
+                    .bind(merchant_id)
+                    .bind(key.as_str())
+                    .bind(attempt)
+                    .bind(millis(lease))
+                    .execute(db)
+                    .await
+            })
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    pub(in crate::store) async fn finalize(
+        &self,
+        values: &FinalizeValues<'_>,
+    ) -> Result<bool, StoreError> {
+        let args: PgArguments = arguments(&values.params())?;
+        let settled: Option<(String,)> = self
+            .on_conn(async |db| {
+                sqlx::query_as_with(FINALIZE_SQL, args)
+                    .fetch_optional(db)
+                    .await
+            })
+            .await?;
+        Ok(settled.is_some())
+    }
+
+    pub(in crate::store) async fn orphans(
+        &self,
+        limit: i64,
+        settle_deadline: Duration,
+    ) -> Result<Vec<Orphan>, StoreError> {
+        let rows: Vec<OrphanRow> = self
+            .on_conn(async |db| {
+                sqlx::query_as(ORPHANS_SQL)
+                    .bind(limit)
+                    .bind(millis(settle_deadline))
+                    .fetch_all(db)
+                    .await
+            })
+            .await?;
+        rows.into_iter().map(Orphan::try_from).collect()
+    }
+
+    pub(in crate::store) async fn sweep_expired_keys(&self, limit: i64) -> Result<u64, StoreError> {
+        let done = self
+            .on_conn(async |db| sqlx::query(SWEEP_SQL).bind(limit).execute(db).await)
+            .await?;
+        Ok(done.rows_affected())
+    }
 }
 
-/// One round of [`claim`]; `None` when the record this round saw was deleted
+/// One round of a claim; `None` when the record this round saw was deleted
 /// (swept) before the round could use it.
 async fn try_claim(db: &mut PgConnection, new: &NewClaim<'_>) -> Result<Option<Claim>, StoreError> {
     let values = ClaimValues::new(new);
-    let row: Option<ClaimRow> = bind_claim!(sqlx::query_as(CLAIM_SQL), values)
-        .fetch_optional(&mut *db)
-        .await?;
+    let row: Option<ClaimRow> =
+        sqlx::query_as_with(CLAIM_SQL, arguments::<PgArguments, 11>(&values.params())?)
+            .fetch_optional(&mut *db)
+            .await?;
     let record = match row {
         Some(ClaimRow { won: true, record }) => return Ok(Some(Claim::Won(record.try_into()?))),
         Some(ClaimRow { won: false, record }) => KeyRecord::try_from(record)?,
@@ -233,9 +343,10 @@ async fn reclaim_expired(
     new: &NewClaim<'_>,
 ) -> Result<Option<Claim>, StoreError> {
     let values = ClaimValues::new(new);
-    let row: Option<RecordRow> = bind_claim!(sqlx::query_as(RECLAIM_SQL), values)
-        .fetch_optional(&mut *db)
-        .await?;
+    let row: Option<RecordRow> =
+        sqlx::query_as_with(RECLAIM_SQL, arguments::<PgArguments, 11>(&values.params())?)
+            .fetch_optional(&mut *db)
+            .await?;
     match row {
         Some(record) => Ok(Some(Claim::Won(record.try_into()?))),
         // Another attempt reclaimed it first (that one is now the intent),
@@ -246,7 +357,7 @@ async fn reclaim_expired(
     }
 }
 
-pub(super) async fn key_record(
+async fn key_record(
     db: &mut PgConnection,
     merchant_id: i64,
     key: &IdempotencyKey,
@@ -257,31 +368,4 @@ pub(super) async fn key_record(
         .fetch_optional(&mut *db)
         .await?;
     row.map(KeyRecord::try_from).transpose()
-}
-
-pub(super) async fn take_over(
-    db: &mut PgConnection,
-    merchant_id: i64,
-    key: &IdempotencyKey,
-    attempt: i64,
-    lease: Duration,
-) -> Result<Option<KeyRecord>, StoreError> {
-    let row: Option<RecordRow> = sqlx::query_as(TAKE_OVER_SQL)
-        .bind(merchant_id)
-        .bind(key.as_str())
-        .bind(attempt)
-        .bind(millis(lease))
-        .fetch_optional(&mut *db)
-        .await?;
-    row.map(KeyRecord::try_from).transpose()
-}
-
-pub(super) async fn finalize(
-    db: &mut PgConnection,
-    v: &FinalizeValues<'_>,
-) -> Result<bool, StoreError> {
-    let settled: Option<(String,)> = bind_finalize!(sqlx::query_as(FINALIZE_SQL), v)
-        .fetch_optional(&mut *db)
-        .await?;
-    Ok(settled.is_some())
 }

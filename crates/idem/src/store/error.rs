@@ -1,0 +1,84 @@
+//! The store's errors: weather (try again later) or an answer that will not
+//! change, told apart by each backend's own codes.
+
+/// Errors in the store's words.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Weather: the same operation may well work if tried again later. The
+    /// database cannot be reached (I/O, TLS, the pool timed out or closed), or
+    /// it said so itself: see [`is_pg_transient`] and [`is_sqlite_busy`].
+    /// The API answers 503; the queue consumer retries, a bounded number of times.
+    #[error("database unavailable: {0}")]
+    Unavailable(#[source] sqlx::Error),
+    /// Anything else the database refused (a constraint, text it cannot store
+    /// such as a NUL byte): trying again gives the same answer. A bug or bad
+    /// data, not weather.
+    #[error("database error: {0}")]
+    Database(#[source] sqlx::Error),
+    /// A row that the schema's checks should have made impossible.
+    #[error("stored data is inconsistent: {0}")]
+    Corrupt(String),
+    /// The database URL names no backend idem has.
+    #[error("unsupported database URL (use postgres://... or sqlite://path): {0}")]
+    UnsupportedUrl(String),
+}
+
+impl StoreError {
+    /// Whether trying the same operation again later may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
+}
+
+/// PostgreSQL's SQLSTATEs that mean "try again": the server is going away,
+/// starting or overloaded, the statement ran past `statement_timeout`, or
+/// the transaction lost a race it can win next time. Class 08 (connection exception), class 53 (insufficient resources:
+/// too many connections, out of memory, disk full), `40001`
+/// serialization_failure, `40P01` deadlock_detected, `40003`
+/// statement_completion_unknown, `55P03` lock_not_available, `57014`
+/// query_canceled, `57P01` admin_shutdown, `57P02` crash_shutdown, `57P03`
+/// cannot_connect_now, and `25006` read_only_sql_transaction (a connection
+/// left on a primary that became a standby; it is closed on the error, and the
+/// next one finds the new primary). Everything else (`22021`, the NUL byte in
+/// text, among them) is an answer that will not change.
+fn is_pg_transient(code: &str) -> bool {
+    code.starts_with("08")
+        || code.starts_with("53")
+        || matches!(
+            code,
+            "40001" | "40P01" | "40003" | "55P03" | "57014" | "57P01" | "57P02" | "57P03" | "25006"
+        )
+}
+
+/// SQLite's primary result codes for "another connection holds the lock":
+/// `SQLITE_BUSY` (5) and `SQLITE_LOCKED` (6); extended codes keep them in the low byte.
+fn is_sqlite_busy(code: &str) -> bool {
+    code.parse::<i32>().is_ok_and(|c| matches!(c & 0xff, 5 | 6))
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        match &e {
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Protocol(_) => Self::Unavailable(e),
+            sqlx::Error::Database(db)
+                if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
+                    && db.code().is_some_and(|c| is_sqlite_busy(&c)) =>
+            {
+                Self::Unavailable(e)
+            }
+            sqlx::Error::Database(db)
+                if db
+                    .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                    .is_some()
+                    && db.code().is_some_and(|c| is_pg_transient(&c)) =>
+            {
+                Self::Unavailable(e)
+            }
+            _ => Self::Database(e),
+        }
+    }
+}

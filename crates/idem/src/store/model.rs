@@ -1,0 +1,174 @@
+//! What the store takes and gives, in the engine's words: the records of
+//! each operation, the same for both backends.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+
+use super::StoreError;
+use crate::domain::{Charge, ChargeId, ChargeRequest, ChargeStatus, Merchant, MessageId};
+use crate::domain::{Fingerprint, IdempotencyKey, StoredResponse};
+
+/// What a new attempt asks to claim.
+pub struct NewClaim<'a> {
+    pub merchant_id: i64,
+    pub key: &'a IdempotencyKey,
+    pub fingerprint: Fingerprint,
+    pub request: &'a ChargeRequest,
+    /// How long the winner may work before another attempt may take over.
+    pub lease: Duration,
+    /// How long a completed outcome is honoured.
+    pub key_ttl: Duration,
+}
+
+/// The state of a key record.
+#[derive(Debug, Clone)]
+pub enum KeyState {
+    /// An attempt holds (or held) the lease; no outcome yet.
+    InFlight { lease_remaining: Duration },
+    /// The first outcome, to replay.
+    Completed(StoredResponse),
+}
+
+/// A key record with its charge, as some attempt found or made it.
+#[derive(Debug, Clone)]
+pub struct KeyRecord {
+    pub charge: Charge,
+    pub fingerprint: Fingerprint,
+    pub state: KeyState,
+    /// The fencing token the holder of the lease must present to finalize.
+    pub attempt: i64,
+    /// Completed and past its time to live: the key may start a new intent.
+    pub expired: bool,
+}
+
+/// The answer to an insert-first claim.
+#[derive(Debug)]
+pub enum Claim {
+    /// This attempt inserted the record: it owns the lease and must call the acquirer.
+    Won(KeyRecord),
+    /// Another attempt got there first; here is what it left.
+    Lost(KeyRecord),
+}
+
+/// The final outcome to store for a charge.
+pub struct Settlement<'a> {
+    pub status: ChargeStatus,
+    pub capture_id: Option<&'a str>,
+    pub decline_reason: Option<&'a str>,
+    pub response: &'a StoredResponse,
+    /// The charge event the outcome produces, if any.
+    pub event: Option<&'a NewEvent<'a>>,
+}
+
+/// What releasing a record after an unknown outcome tells the reconciler.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reschedule {
+    /// The reconciler leaves the charge alone at least this long from now (its
+    /// backoff, or the acquirer's own `Retry-After`); `None` leaves the
+    /// charge's schedule as it was. A later schedule already set is kept.
+    pub not_before: Option<Duration>,
+    /// Counts as one of the reconciler's tries, whose backoff doubles with each.
+    pub reconciler_try: bool,
+}
+
+/// An in-flight record whose lease is over and that no attempt is working:
+/// the reconciler's unit of work.
+#[derive(Debug, Clone)]
+pub struct Orphan {
+    pub merchant: Merchant,
+    pub key: IdempotencyKey,
+    pub charge_id: ChargeId,
+    /// The fencing token seen; taking over succeeds only if it is still current.
+    pub attempt: i64,
+    /// Unknown outcomes the reconciler met so far, for its backoff.
+    pub reconcile_attempts: i32,
+    /// Older than the settle deadline: stop trying, mark for review.
+    pub past_deadline: bool,
+}
+
+/// A charge the reconciler gave up on: past the settle deadline without the
+/// acquirer's word. A person decides, with the acquirer's records.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct StuckCharge {
+    pub id: String,
+    pub merchant: String,
+    pub order_id: i64,
+    pub amount_cents: i64,
+    pub currency: String,
+    pub acquirer_reference: String,
+    pub created_at: DateTime<Utc>,
+    pub review_since: DateTime<Utc>,
+    pub review_reason: Option<String>,
+}
+
+/// What the `/metrics` gauges show about unsettled charges.
+#[derive(Debug, Clone, Copy, sqlx::FromRow)]
+pub struct ProcessingStats {
+    pub oldest_processing_seconds: f64,
+    pub awaiting_review: i64,
+}
+
+/// How many connections a pool holds now, and how many of them are idle.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolStats {
+    pub size: u32,
+    pub idle: usize,
+}
+
+/// A charge event to write with the outcome that produces it.
+/// Its exchange is always [`EVENTS_EXCHANGE`](crate::domain::EVENTS_EXCHANGE).
+pub struct NewEvent<'a> {
+    pub message_id: MessageId,
+    pub event_type: &'a str,
+    pub tenant: &'a str,
+    pub body: Bytes,
+}
+
+/// Where a command's result goes, and what it answers.
+pub struct NewResult<'a> {
+    pub exchange: &'a str,
+    pub routing_key: &'a str,
+    pub tenant: &'a str,
+    pub correlation_id: Option<&'a str>,
+    pub key: &'a IdempotencyKey,
+    pub replayed: bool,
+    pub answer: ResultAnswer<'a>,
+}
+
+/// A result's status and body: known now, or the key's outcome once stored.
+pub enum ResultAnswer<'a> {
+    Now(&'a StoredResponse),
+    /// The outcome of the key's record for this charge, whenever it is stored.
+    WhenSettled {
+        merchant_id: i64,
+        charge_id: &'a ChargeId,
+    },
+}
+
+/// What one outbox row publishes.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct OutboxMessage {
+    pub id: i64,
+    pub kind: String,
+    pub message_id: String,
+    pub exchange: String,
+    pub routing_key: String,
+    pub tenant: String,
+    pub event_type: Option<String>,
+    pub correlation_id: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub replayed: Option<bool>,
+    /// Results only.
+    pub status: Option<i16>,
+    pub body: Vec<u8>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MerchantError {
+    #[error("a merchant named {0:?} already exists")]
+    NameTaken(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}

@@ -1,0 +1,168 @@
+//! The parameters of the two statements on every charge's path, the claim and
+//! the finalize, named and in their `$N` order, in one place: both backends
+//! bind them from here (SQLite's claim runs three statements on one set of
+//! values), and `idem bench --vs-pgbench` writes its pgbench script from the
+//! same list, so the order exists once.
+
+use sqlx::{Arguments, Encode, Type};
+
+use super::model::{NewClaim, NewEvent};
+use crate::domain::{AcquirerReference, ChargeId, EVENTS_EXCHANGE};
+
+/// One parameter's value, in the few types these statements bind.
+#[derive(Debug, Clone, Copy)]
+pub enum Param<'a> {
+    Int(i64),
+    SmallInt(i16),
+    Text(&'a str),
+    OptText(Option<&'a str>),
+    Bytes(&'a [u8]),
+    OptBytes(Option<&'a [u8]>),
+}
+
+/// A statement's parameters: `$1` is the first, each with its name.
+pub type Params<'a, const N: usize> = [(&'static str, Param<'a>); N];
+
+/// The statement arguments of `params`, for either backend.
+pub(super) fn arguments<'a, A, const N: usize>(params: &Params<'a, N>) -> Result<A, sqlx::Error>
+where
+    A: Arguments<'a>,
+    i64: Encode<'a, A::Database> + Type<A::Database>,
+    i16: Encode<'a, A::Database> + Type<A::Database>,
+    &'a str: Encode<'a, A::Database> + Type<A::Database>,
+    Option<&'a str>: Encode<'a, A::Database> + Type<A::Database>,
+    &'a [u8]: Encode<'a, A::Database> + Type<A::Database>,
+    Option<&'a [u8]>: Encode<'a, A::Database> + Type<A::Database>,
+{
+    let mut args = A::default();
+    for (_, param) in params {
+        match *param {
+            Param::Int(v) => args.add(v),
+            Param::SmallInt(v) => args.add(v),
+            Param::Text(v) => args.add(v),
+            Param::OptText(v) => args.add(v),
+            Param::Bytes(v) => args.add(v),
+            Param::OptBytes(v) => args.add(v),
+        }
+        .map_err(sqlx::Error::Encode)?;
+    }
+    Ok(args)
+}
+
+/// The values a claim binds, made once so that every statement of one claim
+/// (SQLite runs several) names the same new charge.
+#[derive(Debug, Default)]
+pub struct ClaimValues {
+    merchant_id: i64,
+    key: String,
+    fingerprint: Vec<u8>,
+    charge_id: String,
+    lease_ms: i64,
+    key_ttl_ms: i64,
+    order_id: i64,
+    amount_cents: i64,
+    currency: String,
+    description: Option<String>,
+    reference: String,
+}
+
+impl ClaimValues {
+    /// A claim's values, with a fresh charge id and reference.
+    pub(super) fn new(new: &NewClaim<'_>) -> Self {
+        Self {
+            merchant_id: new.merchant_id,
+            key: new.key.as_str().to_owned(),
+            fingerprint: new.fingerprint.as_bytes().to_vec(),
+            charge_id: ChargeId::generate().as_str().to_owned(),
+            lease_ms: super::millis(new.lease),
+            key_ttl_ms: super::millis(new.key_ttl),
+            order_id: new.request.order_id.get(),
+            amount_cents: new.request.amount_cents.get(),
+            currency: new.request.currency.as_str().to_owned(),
+            description: new
+                .request
+                .description
+                .as_ref()
+                .map(|d| d.as_str().to_owned()),
+            reference: AcquirerReference::generate().as_str().to_owned(),
+        }
+    }
+
+    /// `$1..$11`: the key record's columns, then the new charge's. A statement
+    /// that uses fewer of them ignores the rest (SQLite's).
+    pub fn params(&self) -> Params<'_, 11> {
+        [
+            ("merchant_id", Param::Int(self.merchant_id)),
+            ("key", Param::Text(&self.key)),
+            ("fingerprint", Param::Bytes(&self.fingerprint)),
+            ("charge_id", Param::Text(&self.charge_id)),
+            ("lease_ms", Param::Int(self.lease_ms)),
+            ("key_ttl_ms", Param::Int(self.key_ttl_ms)),
+            ("order_id", Param::Int(self.order_id)),
+            ("amount_cents", Param::Int(self.amount_cents)),
+            ("currency", Param::Text(&self.currency)),
+            ("description", Param::OptText(self.description.as_deref())),
+            ("reference", Param::Text(&self.reference)),
+        ]
+    }
+}
+
+/// What a finalize writes, as both backends bind it.
+#[derive(Default)]
+pub struct FinalizeValues<'a> {
+    pub(super) merchant_id: i64,
+    pub(super) key: &'a str,
+    pub(super) charge_id: &'a str,
+    pub(super) attempt: i64,
+    pub(super) status: i16,
+    pub(super) body: &'a [u8],
+    pub(super) key_ttl_ms: i64,
+    pub(super) charge_status: &'a str,
+    pub(super) capture_id: Option<&'a str>,
+    pub(super) decline_reason: Option<&'a str>,
+    pub(super) event: Option<&'a NewEvent<'a>>,
+}
+
+impl FinalizeValues<'_> {
+    /// `$1..$15`: the record (fenced by `attempt`) and its stored response,
+    /// the charge's settlement, then the charge event (`event_id` null: none).
+    pub fn params(&self) -> Params<'_, 15> {
+        let event = self.event;
+        [
+            ("merchant_id", Param::Int(self.merchant_id)),
+            ("key", Param::Text(self.key)),
+            ("charge_id", Param::Text(self.charge_id)),
+            ("attempt", Param::Int(self.attempt)),
+            ("response_status", Param::SmallInt(self.status)),
+            ("response_body", Param::Bytes(self.body)),
+            ("key_ttl_ms", Param::Int(self.key_ttl_ms)),
+            ("charge_status", Param::Text(self.charge_status)),
+            ("capture_id", Param::OptText(self.capture_id)),
+            ("decline_reason", Param::OptText(self.decline_reason)),
+            (
+                "event_id",
+                Param::OptText(event.map(|e| e.message_id.as_str())),
+            ),
+            (
+                "event_exchange",
+                Param::OptText(event.map(|_| EVENTS_EXCHANGE)),
+            ),
+            ("event_type", Param::OptText(event.map(|e| e.event_type))),
+            ("event_tenant", Param::OptText(event.map(|e| e.tenant))),
+            (
+                "event_body",
+                Param::OptBytes(event.map(|e| e.body.as_ref())),
+            ),
+        ]
+    }
+}
+
+/// The names of a claim's parameters, `$1` first.
+pub fn claim_param_names() -> [&'static str; 11] {
+    ClaimValues::default().params().map(|(name, _)| name)
+}
+
+/// The names of a finalize's parameters, `$1` first.
+pub fn finalize_param_names() -> [&'static str; 15] {
+    FinalizeValues::default().params().map(|(name, _)| name)
+}

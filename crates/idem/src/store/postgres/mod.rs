@@ -1,0 +1,129 @@
+//! The PostgreSQL backend, the deployment for many hosts: every operation is
+//! one statement (data-modifying CTEs where it writes several tables), so each
+//! is its own short transaction and one round trip, on a connection from
+//! idem's own pool ([`pool`]).
+
+mod charges;
+mod keys;
+mod merchants;
+mod outbox;
+mod pool;
+
+use std::time::Duration;
+
+use sqlx::postgres::PgConnectOptions;
+use sqlx::PgConnection;
+
+use super::{millis, PoolStats, StoreError, ACQUIRE_TIMEOUT};
+use pool::PgPool;
+
+pub use keys::{CLAIM_SQL, FINALIZE_SQL};
+pub(super) use outbox::PgBatch;
+
+/// PostgreSQL's `statement_timeout` on idem's connections. Every statement
+/// idem runs is short (a claim, a finalize, a batch of at most 1 000 rows), so
+/// one still running after 2 s is stuck behind a lock or on a sick server. It
+/// then ends as a transient error (SQLSTATE 57014: a 503, or another attempt
+/// for a queue command) instead of holding its connection. 2 s keeps a request
+/// inside its own bound, the acquirer timeout + 5 s, even when both of its
+/// statements (claim and finalize) run out. Migrations lift it.
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// TCP keepalives, as PostgreSQL's own settings for the server's end of each
+/// connection: probes start after 30 s idle, every 10 s, and 3 unanswered
+/// ones end it, so a connection whose client vanished (a host lost, a
+/// partition) is gone within about a minute, with its transaction and locks
+/// (a relay's batch, say). sqlx 0.8 sets no keepalive on its own end (it
+/// opens the socket itself and sets only `TCP_NODELAY`, and ignores libpq's
+/// `keepalives*` URL parameters): see docs/operations.md.
+const TCP_KEEPALIVES: [(&str, &str); 3] = [
+    ("tcp_keepalives_idle", "30"),
+    ("tcp_keepalives_interval", "10"),
+    ("tcp_keepalives_count", "3"),
+];
+
+/// A PostgreSQL store; cheap to clone.
+#[derive(Clone)]
+pub struct PgStore {
+    pool: PgPool,
+}
+
+impl PgStore {
+    /// The pool, connecting on first use: idem's name in `pg_stat_activity`,
+    /// the statement timeout and the server's keepalives, sent as startup
+    /// options (`-c`), so they hold from the connection's first statement with
+    /// no round trip. A `statement_timeout` or `options` given in the URL comes
+    /// first and is overridden.
+    pub(super) fn lazy(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let options: PgConnectOptions = url.parse()?;
+        let statement_timeout = format!("{}ms", millis(STATEMENT_TIMEOUT));
+        let options = options
+            .application_name("idem")
+            .options([("statement_timeout", statement_timeout.as_str())])
+            .options(TCP_KEEPALIVES);
+        let pool = PgPool::new(options, max_connections, ACQUIRE_TIMEOUT)?;
+        Ok(Self { pool })
+    }
+
+    /// Like [`PgStore::lazy`], then opens one connection to prove the database answers.
+    pub(super) async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let store = Self::lazy(url, max_connections)?;
+        store.pool.get().await?.release();
+        Ok(store)
+    }
+
+    /// Runs `op` on one connection of the pool. The connection goes back to
+    /// the pool only if `op` succeeds; on an error, or if the future is
+    /// dropped before `op` ends, it is closed (see [`pool`] for why). Every
+    /// operation of this backend runs through here.
+    async fn on_conn<T, E>(
+        &self,
+        op: impl AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: From<sqlx::Error>,
+    {
+        let mut conn = self.pool.get().await?;
+        let result = op(conn.raw()).await;
+        if result.is_ok() {
+            conn.release();
+        }
+        result
+    }
+
+    /// Creates or upgrades the schema; sqlx serializes concurrent runs with an
+    /// advisory lock. A migration may build an index on a big table: no
+    /// statement timeout for it; the connection gets the usual one back after.
+    pub(super) async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
+        self.on_conn(async |db| {
+            sqlx::query("set statement_timeout = 0")
+                .execute(&mut *db)
+                .await?;
+            sqlx::migrate!("./migrations/postgres")
+                .run(&mut *db)
+                .await?;
+            sqlx::query("reset statement_timeout")
+                .execute(&mut *db)
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub(super) async fn ping(&self) -> Result<(), StoreError> {
+        self.on_conn(async |db| {
+            sqlx::query("select 1").execute(db).await?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub(super) fn pool_stats(&self) -> PoolStats {
+        let (size, idle) = self.pool.stats();
+        PoolStats { size, idle }
+    }
+
+    pub(super) async fn close(&self) {
+        self.pool.close().await;
+    }
+}

@@ -1,0 +1,146 @@
+//! The `outbox` table on PostgreSQL. A relay takes its batch with `for update
+//! skip locked` and keeps that transaction open while the broker confirms the
+//! batch: the one transaction idem holds across a call to another system, and
+//! deliberately: the rows it locks are the relay's own, no request ever waits
+//! on them, and another relay skips them instead of waiting.
+
+use std::time::Duration;
+
+use const_format::concatcp;
+
+use super::pool::PgConn;
+use super::PgStore;
+use crate::domain::MessageId;
+use crate::store::model::{NewResult, OutboxMessage};
+use crate::store::outbox::{AnswerColumns, AWAITED_KEY, BATCH_COLUMNS};
+use crate::store::{millis, StoreError};
+
+/// A batch's open transaction, on its own connection: its row locks hold the
+/// batch. Dropped unfinished, the connection is closed and the server rolls back.
+pub(in crate::store) struct PgBatch(PgConn);
+
+impl PgStore {
+    pub(in crate::store) async fn enqueue_result(
+        &self,
+        new: &NewResult<'_>,
+    ) -> Result<(), StoreError> {
+        let answer = AnswerColumns::of(&new.answer);
+        self.on_conn(async |db| {
+            sqlx::query(
+                "insert into outbox (kind, message_id, exchange, routing_key, tenant, correlation_id,
+                                     idempotency_key, replayed, status, body,
+                                     await_merchant_id, await_charge_id)
+                 values ('result', $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            )
+            .bind(MessageId::result().as_str())
+            .bind(new.exchange)
+            .bind(new.routing_key)
+            .bind(new.tenant)
+            .bind(new.correlation_id)
+            .bind(new.key.as_str())
+            .bind(new.replayed)
+            .bind(answer.status)
+            .bind(answer.body)
+            .bind(answer.await_merchant_id)
+            .bind(answer.await_charge_id)
+            .execute(db)
+            .await
+        })
+        .await?;
+        Ok(())
+    }
+
+    pub(in crate::store) async fn outbox_batch(
+        &self,
+        limit: i64,
+    ) -> Result<(PgBatch, Vec<OutboxMessage>), StoreError> {
+        let mut conn = self.pool.get().await?;
+        // `query`, not `raw_sql`: sqlx 0.8's `raw_sql` future is not `Send`
+        // for every lifetime, and the relay runs on a spawned task.
+        sqlx::query("begin").execute(conn.raw()).await?;
+        let messages = sqlx::query_as(concatcp!(
+            "select ",
+            BATCH_COLUMNS,
+            " from outbox o ",
+            AWAITED_KEY,
+            " where o.published_at is null and o.set_aside_at is null
+                and (o.body is not null or k.response_body is not null)
+              order by o.id
+              limit $1
+                for update of o skip locked"
+        ))
+        .bind(limit)
+        .fetch_all(conn.raw())
+        .await?;
+        Ok((PgBatch(conn), messages))
+    }
+
+    pub(in crate::store) async fn prune_outbox(
+        &self,
+        retention: Duration,
+        limit: i64,
+    ) -> Result<u64, StoreError> {
+        let done = self
+            .on_conn(async |db| {
+                sqlx::query(
+                    "delete from outbox
+                      where id = any(array(
+                            select id from outbox
+                             where published_at <= now() - $1 * interval '1 millisecond'
+                             limit $2
+                             for update skip locked))",
+                )
+                .bind(millis(retention))
+                .bind(limit)
+                .execute(db)
+                .await
+            })
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    pub(in crate::store) async fn outbox_backlog(&self) -> Result<(i64, f64), StoreError> {
+        Ok(self
+            .on_conn(async |db| {
+                sqlx::query_as(
+                    "select count(*),
+                            coalesce(extract(epoch from now() - min(created_at)), 0)::float8
+                       from outbox where published_at is null and set_aside_at is null",
+                )
+                .fetch_one(db)
+                .await
+            })
+            .await?)
+    }
+}
+
+impl PgBatch {
+    /// Marks the published rows, sets aside the refused ones with their
+    /// reasons, and commits, which releases the whole batch.
+    pub(in crate::store) async fn finish(
+        mut self,
+        published: &[i64],
+        aside_ids: &[i64],
+        aside_reasons: &[&str],
+    ) -> Result<(), StoreError> {
+        let db = self.0.raw();
+        sqlx::query("update outbox set published_at = now() where id = any($1)")
+            .bind(published)
+            .execute(&mut *db)
+            .await?;
+        if !aside_ids.is_empty() {
+            sqlx::query(
+                "update outbox set set_aside_at = now(), set_aside_reason = aside.reason
+                   from unnest($1::bigint[], $2::text[]) as aside (id, reason)
+                  where outbox.id = aside.id",
+            )
+            .bind(aside_ids)
+            .bind(aside_reasons)
+            .execute(&mut *db)
+            .await?;
+        }
+        sqlx::query("commit").execute(&mut *db).await?;
+        self.0.release();
+        Ok(())
+    }
+}

@@ -1,0 +1,125 @@
+//! Rows as both backends select them, and how each becomes a domain record:
+//! a row the schema should have made impossible is [`StoreError::Corrupt`].
+//! Each backend names its columns to match (its own time format aside:
+//! PostgreSQL's `timestamptz`, SQLite's RFC 3339 text made from milliseconds).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::model::{KeyRecord, KeyState, Orphan};
+use super::StoreError;
+use crate::domain::{
+    AcquirerReference, AmountCents, Charge, ChargeId, ChargeStatus, Currency, Description,
+    Merchant, OrderId,
+};
+use crate::domain::{Fingerprint, IdempotencyKey, StoredResponse};
+
+#[derive(sqlx::FromRow)]
+pub(super) struct ChargeRow {
+    id: String,
+    order_id: i64,
+    amount_cents: i64,
+    currency: String,
+    description: Option<String>,
+    status: String,
+    acquirer_reference: String,
+    decline_reason: Option<String>,
+    created_at: DateTime<Utc>,
+}
+
+impl TryFrom<ChargeRow> for Charge {
+    type Error = StoreError;
+
+    fn try_from(r: ChargeRow) -> Result<Self, StoreError> {
+        let corrupt = |what: String| StoreError::Corrupt(format!("charge {}: {what}", r.id));
+        Ok(Charge {
+            order_id: OrderId::parse(r.order_id).map_err(|e| corrupt(e.to_string()))?,
+            amount_cents: AmountCents::parse(r.amount_cents).map_err(|e| corrupt(e.to_string()))?,
+            currency: Currency::parse(&r.currency).map_err(|e| corrupt(e.to_string()))?,
+            description: r
+                .description
+                .map(Description::parse)
+                .transpose()
+                .map_err(|e| corrupt(e.to_string()))?,
+            status: ChargeStatus::parse(&r.status)
+                .ok_or_else(|| corrupt(format!("status {:?}", r.status)))?,
+            acquirer_reference: AcquirerReference::from_trusted(r.acquirer_reference),
+            decline_reason: r.decline_reason,
+            created_at: r.created_at,
+            id: ChargeId::from_trusted(r.id),
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct RecordRow {
+    #[sqlx(flatten)]
+    charge: ChargeRow,
+    fingerprint: Vec<u8>,
+    state: String,
+    attempt: i64,
+    response_status: Option<i16>,
+    response_body: Option<Vec<u8>>,
+    lease_remaining_ms: i64,
+    expired: bool,
+}
+
+impl TryFrom<RecordRow> for KeyRecord {
+    type Error = StoreError;
+
+    fn try_from(r: RecordRow) -> Result<Self, StoreError> {
+        let charge = Charge::try_from(r.charge)?;
+        let corrupt =
+            |what: &str| StoreError::Corrupt(format!("key of charge {}: {what}", charge.id));
+        let fingerprint =
+            Fingerprint::from_bytes(&r.fingerprint).ok_or_else(|| corrupt("fingerprint"))?;
+        let state = match (r.state.as_str(), r.response_status, r.response_body) {
+            ("in_flight", _, _) => KeyState::InFlight {
+                lease_remaining: Duration::from_millis(r.lease_remaining_ms.max(0).unsigned_abs()),
+            },
+            ("completed", Some(status), Some(body)) => KeyState::Completed(StoredResponse {
+                status: u16::try_from(status).map_err(|_| corrupt("response status"))?,
+                body: body.into(),
+            }),
+            _ => return Err(corrupt("state")),
+        };
+        Ok(KeyRecord {
+            charge,
+            fingerprint,
+            state,
+            attempt: r.attempt,
+            expired: r.expired,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct OrphanRow {
+    merchant_id: i64,
+    merchant_name: String,
+    idempotency_key: String,
+    charge_id: String,
+    attempt: i64,
+    reconcile_attempts: i32,
+    past_deadline: bool,
+}
+
+impl TryFrom<OrphanRow> for Orphan {
+    type Error = StoreError;
+
+    fn try_from(r: OrphanRow) -> Result<Self, StoreError> {
+        Ok(Orphan {
+            key: IdempotencyKey::from_unquoted(&r.idempotency_key)
+                .map_err(|e| StoreError::Corrupt(format!("stored key: {e}")))?,
+            merchant: Merchant {
+                id: r.merchant_id,
+                name: r.merchant_name,
+            },
+            charge_id: ChargeId::from_trusted(r.charge_id),
+            attempt: r.attempt,
+            reconcile_attempts: r.reconcile_attempts,
+            past_deadline: r.past_deadline,
+        })
+    }
+}

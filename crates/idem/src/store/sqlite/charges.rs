@@ -1,0 +1,92 @@
+//! The `charges` table on SQLite, as read on its own, and the charge columns
+//! the key statements select with it.
+
+use const_format::concatcp;
+
+use super::{SqliteStore, NOW};
+use crate::domain::{Charge, ChargeId};
+use crate::store::model::{ProcessingStats, StuckCharge};
+use crate::store::rows::ChargeRow;
+use crate::store::StoreError;
+
+/// The columns of a charge, as selected under the alias `c`, its time as the
+/// RFC 3339 text the domain's timestamps decode from.
+pub(super) const CHARGE_COLUMNS: &str =
+    "c.id, c.order_id, c.amount_cents, c.currency, c.description, c.status, \
+     c.acquirer_reference, c.decline_reason, \
+     strftime('%Y-%m-%dT%H:%M:%fZ', c.created_at / 1000.0, 'unixepoch') as created_at";
+
+const CHARGE_SQL: &str = concatcp!(
+    "select ",
+    CHARGE_COLUMNS,
+    " from charges c where c.id = $1 and c.merchant_id = $2"
+);
+
+const MARK_FOR_REVIEW_SQL: &str = concatcp!(
+    "update charges set review_since = ",
+    NOW,
+    ", review_reason = $2
+      where id = $1 and status = 'processing' and review_since is null"
+);
+
+const PROCESSING_STATS_SQL: &str = concatcp!(
+    "select coalesce((",
+    NOW,
+    " - min(created_at)) / 1000.0, 0.0) as oldest_processing_seconds,
+            count(*) filter (where review_since is not null) as awaiting_review
+       from charges where status = 'processing'"
+);
+
+impl SqliteStore {
+    pub(in crate::store) async fn charge(
+        &self,
+        merchant_id: i64,
+        id: &ChargeId,
+    ) -> Result<Option<Charge>, StoreError> {
+        let row: Option<ChargeRow> = sqlx::query_as(CHARGE_SQL)
+            .bind(id.as_str())
+            .bind(merchant_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(Charge::try_from).transpose()
+    }
+
+    pub(in crate::store) async fn mark_for_review(
+        &self,
+        id: &ChargeId,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        self.write(async |tx| {
+            sqlx::query(MARK_FOR_REVIEW_SQL)
+                .bind(id.as_str())
+                .bind(reason)
+                .execute(&mut *tx)
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub(in crate::store) async fn stuck_charges(&self) -> Result<Vec<StuckCharge>, StoreError> {
+        Ok(sqlx::query_as(
+            "select c.id, m.name as merchant, c.order_id, c.amount_cents, c.currency,
+                    c.acquirer_reference,
+                    strftime('%Y-%m-%dT%H:%M:%fZ', c.created_at / 1000.0, 'unixepoch')
+                      as created_at,
+                    strftime('%Y-%m-%dT%H:%M:%fZ', c.review_since / 1000.0, 'unixepoch')
+                      as review_since,
+                    c.review_reason
+               from charges c join merchants m on m.id = c.merchant_id
+              where c.status = 'processing' and c.review_since is not null
+              order by c.created_at",
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    pub(in crate::store) async fn processing_stats(&self) -> Result<ProcessingStats, StoreError> {
+        Ok(sqlx::query_as(PROCESSING_STATS_SQL)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+}

@@ -1,0 +1,135 @@
+//! The SQLite backend, the embedded default: nothing to install, several
+//! processes on one host sharing one file.
+//!
+//! SQLite lets one connection write to the file at a time and cannot write
+//! from a CTE, so every write here goes through [`SqliteStore::write`]: it
+//! takes this process's turn to write ([`WriteTurns`]), then opens `begin
+//! immediate`, which takes the file's write lock at once, so nothing
+//! interleaves; an operation that PostgreSQL does in one statement is a few
+//! statements in that transaction. No write transaction spans a call to the
+//! acquirer, so the lock is held for microseconds. Reads use the pool as it is
+//! (the write-ahead log lets them run beside the writer). Times are integer
+//! milliseconds of the host's clock ([`NOW`]).
+
+mod charges;
+mod keys;
+mod merchants;
+mod outbox;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::SqlitePool;
+
+use super::{PoolStats, StoreError, ACQUIRE_TIMEOUT};
+
+/// How long a SQLite statement waits for another process's write transaction
+/// to end. Every write transaction idem opens is a few statements long (never
+/// across the acquirer), so a wait this long means the file is stuck, and the
+/// request answers 503 like any other database outage.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// SQLite's "now", in the integer milliseconds its schema stores: the host's
+/// clock, fixed for the length of one statement.
+const NOW: &str = "cast(unixepoch('subsec') * 1000 as integer)";
+
+/// A SQLite store; cheap to clone.
+#[derive(Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    /// This process's writers take turns here (see [`WriteTurns`]).
+    turns: WriteTurns,
+}
+
+/// SQLite lets one connection write to a file at a time, and a writer that
+/// finds the lock taken sleeps in steps of up to 100 ms before it looks again.
+/// So the writers of one process take turns here first: in order, without
+/// sleeping, and without holding a pooled connection while they wait (reads,
+/// such as a replay, keep getting one). SQLite's busy timeout is then left to
+/// settle turns between processes only. A tokio mutex, because a turn is held
+/// across the awaits of a transaction.
+#[derive(Clone, Default)]
+struct WriteTurns(Arc<tokio::sync::Mutex<()>>);
+
+impl WriteTurns {
+    /// Waits for this process's turn to write, but no longer than SQLite's own
+    /// busy timeout: a turn that slow in coming means another process holds
+    /// the file's lock, and the writer answers 503 like any database outage,
+    /// instead of queueing through one busy timeout after another.
+    async fn take(&self) -> Result<tokio::sync::MutexGuard<'_, ()>, StoreError> {
+        tokio::time::timeout(BUSY_TIMEOUT, self.0.lock())
+            .await
+            .map_err(|_| StoreError::Unavailable(sqlx::Error::PoolTimedOut))
+    }
+}
+
+impl SqliteStore {
+    /// SQLite as a store several processes share: the write-ahead log (readers
+    /// never block the writer), a busy timeout (a writer waits its turn instead
+    /// of failing), foreign keys on, and `synchronous = full`, because a claim
+    /// whose commit a power cut could undo would let a retry charge again under
+    /// a new reference. The file is opened on first use.
+    pub(super) fn lazy(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(BUSY_TIMEOUT)
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .test_before_acquire(false);
+        Ok(Self {
+            pool: pool.connect_lazy_with(options),
+            turns: WriteTurns::default(),
+        })
+    }
+
+    /// Like [`SqliteStore::lazy`], then opens the file (creating it if missing).
+    pub(super) async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let store = Self::lazy(url, max_connections)?;
+        store.ping().await?;
+        Ok(store)
+    }
+
+    /// Runs `op` as one write transaction: this process's turn to write, then
+    /// `begin immediate`; committed if `op` succeeds, rolled back if it fails
+    /// or the future is dropped. Every write of this backend runs through here.
+    async fn write<T>(
+        &self,
+        op: impl AsyncFnOnce(&mut SqliteConnection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let _turn = self.turns.take().await?;
+        let mut tx = self.pool.begin_with("begin immediate").await?;
+        let out = op(&mut tx).await?;
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// Creates or upgrades the schema; sqlx takes the file's write lock.
+    pub(super) async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
+        sqlx::migrate!("./migrations/sqlite").run(&self.pool).await
+    }
+
+    pub(super) async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("select 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    pub(super) fn pool_stats(&self) -> PoolStats {
+        PoolStats {
+            size: self.pool.size(),
+            idle: self.pool.num_idle(),
+        }
+    }
+
+    /// Closes the pool, which also checkpoints the write-ahead log.
+    pub(super) async fn close(&self) {
+        self.pool.close().await;
+    }
+}

@@ -1,0 +1,190 @@
+//! The `outbox` table on SQLite. It has no row locks, and an open write
+//! transaction would stop every request in every process; so a relay leases
+//! its batch instead (`claimed_until`, committed at once), and another relay
+//! takes rows only once their lease is over.
+
+use std::time::Duration;
+
+use const_format::concatcp;
+
+use super::{SqliteStore, NOW};
+use crate::domain::MessageId;
+use crate::store::model::{NewResult, OutboxMessage};
+use crate::store::outbox::{AnswerColumns, AWAITED_KEY, BATCH_COLUMNS};
+use crate::store::{millis, StoreError};
+
+/// How long a relay holds its batch before another relay may take it: well
+/// past the relay's confirm timeout (10 s), so a live relay is never
+/// overtaken; it is also how long the batch of a relay that died waits.
+const BATCH_LEASE: Duration = Duration::from_secs(30);
+
+const ENQUEUE_RESULT_SQL: &str = concatcp!(
+    "insert into outbox (kind, message_id, exchange, routing_key, tenant, correlation_id,
+                         idempotency_key, replayed, status, body,
+                         await_merchant_id, await_charge_id, created_at)
+     values ('result', $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, ",
+    NOW,
+    ")"
+);
+
+/// `$1` limit, `$2` lease in ms.
+const LEASE_BATCH_SQL: &str = concatcp!(
+    "update outbox set claimed_until = ",
+    NOW,
+    " + $2
+      where id in (
+            select o.id from outbox o ",
+    AWAITED_KEY,
+    " where o.published_at is null and o.set_aside_at is null
+               and (o.claimed_until is null or o.claimed_until <= ",
+    NOW,
+    ")
+               and (o.body is not null or k.response_body is not null)
+             order by o.id
+             limit $1)
+     returning id"
+);
+
+/// `$1` the leased ids, as a JSON array.
+const READ_BATCH_SQL: &str = concatcp!(
+    "select ",
+    BATCH_COLUMNS,
+    " from outbox o ",
+    AWAITED_KEY,
+    " where o.id in (select value from json_each($1)) order by o.id"
+);
+
+/// `$1` id, `$2` reason.
+const SET_ASIDE_SQL: &str = concatcp!(
+    "update outbox set set_aside_at = ",
+    NOW,
+    ", set_aside_reason = $2 where id = $1"
+);
+
+/// `$1` the published ids, `$2` the whole batch's, as JSON arrays.
+const FINISH_BATCH_SQL: &str = concatcp!(
+    "update outbox
+        set published_at = coalesce(published_at,
+                case when id in (select value from json_each($1)) then ",
+    NOW,
+    " end),
+            claimed_until = null
+      where id in (select value from json_each($2))"
+);
+
+/// `$1` retention in ms, `$2` limit.
+const PRUNE_SQL: &str = concatcp!(
+    "delete from outbox
+      where id in (
+            select id from outbox
+             where published_at <= ",
+    NOW,
+    " - $1
+             limit $2)"
+);
+
+const BACKLOG_SQL: &str = concatcp!(
+    "select count(*), coalesce((",
+    NOW,
+    " - min(created_at)) / 1000.0, 0.0)
+       from outbox where published_at is null and set_aside_at is null"
+);
+
+impl SqliteStore {
+    pub(in crate::store) async fn enqueue_result(
+        &self,
+        new: &NewResult<'_>,
+    ) -> Result<(), StoreError> {
+        let answer = AnswerColumns::of(&new.answer);
+        self.write(async |tx| {
+            sqlx::query(ENQUEUE_RESULT_SQL)
+                .bind(MessageId::result().as_str())
+                .bind(new.exchange)
+                .bind(new.routing_key)
+                .bind(new.tenant)
+                .bind(new.correlation_id)
+                .bind(new.key.as_str())
+                .bind(new.replayed)
+                .bind(answer.status)
+                .bind(answer.body)
+                .bind(answer.await_merchant_id)
+                .bind(answer.await_charge_id)
+                .execute(&mut *tx)
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Leases and reads a batch in one write transaction, so two relays never
+    /// lease the same row; it commits at once, before any publish.
+    pub(in crate::store) async fn outbox_batch(
+        &self,
+        limit: i64,
+    ) -> Result<Vec<OutboxMessage>, StoreError> {
+        self.write(async |tx| {
+            let taken: Vec<(i64,)> = sqlx::query_as(LEASE_BATCH_SQL)
+                .bind(limit)
+                .bind(millis(BATCH_LEASE))
+                .fetch_all(&mut *tx)
+                .await?;
+            let ids: Vec<i64> = taken.into_iter().map(|(id,)| id).collect();
+            Ok(sqlx::query_as(READ_BATCH_SQL)
+                .bind(json_ids(&ids)?)
+                .fetch_all(&mut *tx)
+                .await?)
+        })
+        .await
+    }
+
+    /// Marks the published rows and sets aside the refused ones with their
+    /// reasons; ends the lease of every row of the batch (`taken`).
+    pub(in crate::store) async fn finish_batch(
+        &self,
+        taken: &[i64],
+        published: &[i64],
+        set_aside: &[(i64, String)],
+    ) -> Result<(), StoreError> {
+        self.write(async |tx| {
+            for (id, reason) in set_aside {
+                sqlx::query(SET_ASIDE_SQL)
+                    .bind(id)
+                    .bind(reason)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            sqlx::query(FINISH_BATCH_SQL)
+                .bind(json_ids(published)?)
+                .bind(json_ids(taken)?)
+                .execute(&mut *tx)
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub(in crate::store) async fn prune_outbox(
+        &self,
+        retention: Duration,
+        limit: i64,
+    ) -> Result<u64, StoreError> {
+        self.write(async |tx| {
+            let done = sqlx::query(PRUNE_SQL)
+                .bind(millis(retention))
+                .bind(limit)
+                .execute(&mut *tx)
+                .await?;
+            Ok(done.rows_affected())
+        })
+        .await
+    }
+
+    pub(in crate::store) async fn outbox_backlog(&self) -> Result<(i64, f64), StoreError> {
+        Ok(sqlx::query_as(BACKLOG_SQL).fetch_one(&self.pool).await?)
+    }
+}
+
+/// Row ids as the JSON array SQLite's `json_each` reads (it has no arrays).
+fn json_ids(ids: &[i64]) -> Result<String, StoreError> {
+    serde_json::to_string(ids).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
