@@ -216,6 +216,28 @@ pub fn key_reused_detail(fields: &[&str]) -> String {
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
+/// The media type of every request body idem takes and every success it answers.
+pub const JSON: &str = "application/json";
+
+/// Whether a `Content-Type` (HTTP) or `content_type` (AMQP) value is
+/// [`JSON`], with or without parameters such as `charset=utf-8`.
+pub fn is_json(content_type: &str) -> bool {
+    content_type
+        .split(';')
+        .next()
+        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case(JSON))
+}
+
+/// The media type of an answer with `status`, as stored and replayed:
+/// a success is [`JSON`], anything else a problem ([`PROBLEM_JSON`]).
+pub fn media_type_of(status: u16) -> &'static str {
+    if (200..300).contains(&status) {
+        JSON
+    } else {
+        PROBLEM_JSON
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

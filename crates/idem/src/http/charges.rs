@@ -20,7 +20,7 @@ use super::{ApiError, AppState, BODY_LIMIT};
 use crate::domain::{Charge, ChargeId, ChargeRequest};
 use crate::domain::{IdempotencyKey, KeyError};
 use crate::idempotency::Outcome;
-use crate::problem::{Problem, PROBLEM_JSON};
+use crate::problem::{self, Problem, PROBLEM_JSON};
 
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -137,11 +137,7 @@ pub async fn create(
             tracing::Span::current().record("charge_id", charge_id.as_str());
             let status = StatusCode::from_u16(response.status)
                 .map_err(|_| ApiError::Internal(format!("stored status {}", response.status)))?;
-            let content_type = if status.is_success() {
-                "application/json"
-            } else {
-                PROBLEM_JSON
-            };
+            let content_type = problem::media_type_of(response.status);
             let mut r = (
                 status,
                 [(header::CONTENT_TYPE, content_type)],
@@ -216,7 +212,7 @@ pub async fn get(
         .ok_or(ApiError::NotFound)?;
     tracing::Span::current().record("charge_id", id.as_str());
     let body = serde_json::to_vec(&charge).map_err(|e| ApiError::Internal(e.to_string()))?;
-    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+    Ok(([(header::CONTENT_TYPE, problem::JSON)], body).into_response())
 }
 
 const UNAUTHORIZED_DESCRIPTION: &str =
@@ -224,13 +220,12 @@ const UNAUTHORIZED_DESCRIPTION: &str =
 const INTERNAL_DESCRIPTION: &str =
     "`internal`: a bug; details are in the server log only. Retrying with the same key is safe.";
 
-/// `application/json`, with or without parameters such as `charset=utf-8`.
+/// Whether the request's `Content-Type` is JSON ([`problem::is_json`]).
 fn is_json(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
+        .is_some_and(problem::is_json)
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {

@@ -50,8 +50,6 @@ use crate::problem::{Problem, ProblemKind, PROBLEM_JSON};
 /// so 16 KiB leaves room for any description and refuses junk early.
 pub const BODY_LIMIT: usize = 16 * 1024;
 
-const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-
 /// What every handler can reach.
 #[derive(Clone)]
 pub struct AppState {
@@ -103,13 +101,16 @@ pub fn router_with(state: AppState, limits: &Limits, with_metrics: bool) -> Rout
     if with_metrics {
         ops = ops.route("/metrics", get(ops::metrics));
     }
+    let request_id =
+        HeaderName::from_bytes(schemas::REQUEST_ID.as_bytes()).expect("a valid header name");
+    let span_header = request_id.clone();
     let middleware = ServiceBuilder::new()
-        .layer(SetRequestIdLayer::new(REQUEST_ID, RequestIds::new()))
+        .layer(SetRequestIdLayer::new(request_id.clone(), RequestIds::new()))
         .layer(
-            TraceLayer::new_for_http().make_span_with(|request: &Request| {
+            TraceLayer::new_for_http().make_span_with(move |request: &Request| {
                 let request_id = request
                     .headers()
-                    .get(REQUEST_ID)
+                    .get(&span_header)
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or("");
                 tracing::info_span!("request", method = %request.method(), path = %request.uri().path(),
@@ -118,7 +119,7 @@ pub fn router_with(state: AppState, limits: &Limits, with_metrics: bool) -> Rout
             })
             .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
         )
-        .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+        .layer(PropagateRequestIdLayer::new(request_id))
         .layer(axum::middleware::map_response(problemize))
         .layer(CatchPanicLayer::custom(|_| {
             tracing::error!("handler panicked");

@@ -15,6 +15,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{HeaderBuilder, ObjectBuilder, RefOr, Type};
 use utoipa::{Modify, OpenApi};
 
+use super::schemas::REQUEST_ID;
 use super::{charges, ops};
 use crate::domain::{Charge, ChargeRequest};
 use crate::problem::Problem;
@@ -102,8 +103,6 @@ static DOCUMENT: LazyLock<String> = LazyLock::new(|| {
 /// Response headers sent on every response they are documented for. utoipa's
 /// header object has no `required` flag, so it is set on the JSON.
 const REQUIRED_HEADERS: [&str; 4] = ["Location", "Retry-After", "WWW-Authenticate", REQUEST_ID];
-
-const REQUEST_ID: &str = "X-Request-Id";
 
 fn mark_required_headers(doc: &mut Value) {
     let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {

@@ -8,6 +8,10 @@ use utoipa::{PartialSchema, ToSchema};
 
 use crate::problem::Problem;
 
+/// The header that carries a request's id, as the document spells it; the
+/// server matches it in any case, as HTTP does.
+pub const REQUEST_ID: &str = "X-Request-Id";
+
 /// The `Retry-After` header: whole seconds, at least one (`error::retry_after_value`).
 pub struct RetryAfter;
 

@@ -13,6 +13,7 @@ use lapin::BasicProperties;
 
 use crate::domain::ChargeRequest;
 use crate::domain::IdempotencyKey;
+use crate::problem;
 
 /// The header naming the merchant; publishers on the broker are trusted.
 pub const TENANT_HEADER: &str = "tenant";
@@ -73,8 +74,7 @@ pub fn parse(properties: &BasicProperties, body: &[u8]) -> Result<Command, Rejec
     };
     let tenant = tenant(properties)?;
     if let Some(ct) = properties.content_type() {
-        let mime = ct.as_str().split(';').next().unwrap_or_default().trim();
-        if !mime.eq_ignore_ascii_case("application/json") {
+        if !problem::is_json(ct.as_str()) {
             return Err(Rejection::new(
                 "unsupported-content-type",
                 format!(
@@ -150,7 +150,7 @@ mod tests {
     const BODY: &[u8] = br#"{"order_id": 1, "amount_cents": 25000}"#;
 
     fn props(key: Option<&str>, tenant: Option<AMQPValue>) -> BasicProperties {
-        let mut p = BasicProperties::default().with_content_type("application/json".into());
+        let mut p = BasicProperties::default().with_content_type(problem::JSON.into());
         if let Some(k) = key {
             p = p.with_message_id(k.into());
         }

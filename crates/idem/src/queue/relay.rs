@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::command::TENANT_HEADER;
 use super::{connect, declare, reconnecting, Reconnect, PERSISTENT};
-use crate::problem::PROBLEM_JSON;
+use crate::problem;
 use crate::store::{OutboxMessage, Store, StoreError};
 
 /// Messages per batch: one transaction, one round of confirms.
@@ -301,13 +301,9 @@ fn properties(message: &OutboxMessage) -> Result<BasicProperties, String> {
             "idempotent-replayed".into(),
             AMQPValue::Boolean(message.replayed.unwrap_or(false)),
         );
-        if (200..300).contains(&status) {
-            "application/json"
-        } else {
-            PROBLEM_JSON
-        }
+        problem::media_type_of(u16::try_from(status).unwrap_or_default())
     } else {
-        "application/json"
+        problem::JSON
     };
     Ok(p.with_content_type(content_type.into())
         .with_headers(headers))
