@@ -17,6 +17,7 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel};
 use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 use super::{body, BenchResult, Part, WARM_UP};
 use crate::queue::{self, COMMANDS_QUEUE};
@@ -90,7 +91,7 @@ pub(super) async fn drive(
     };
 
     let measuring = Arc::new(AtomicBool::new(false));
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = CancellationToken::new();
     let mut publishers = Vec::with_capacity(concurrency);
     for w in 0..concurrency {
         let channel = connection.create_channel().await?;
@@ -112,7 +113,7 @@ pub(super) async fn drive(
     measuring.store(true, Ordering::SeqCst);
     let started = Instant::now();
     tokio::time::sleep(duration).await;
-    stop.store(true, Ordering::SeqCst);
+    stop.cancel();
     let seconds = started.elapsed().as_secs_f64();
     let mut parts = Vec::with_capacity(concurrency);
     for p in publishers {
@@ -135,11 +136,11 @@ impl Publisher {
         &self,
         w: usize,
         measuring: &AtomicBool,
-        stop: &AtomicBool,
+        stop: &CancellationToken,
     ) -> anyhow::Result<Part> {
         let mut part = Part::new()?;
         let mut i = 0usize;
-        while !stop.load(Ordering::Relaxed) {
+        while !stop.is_cancelled() {
             i += 1;
             let id = format!("bench-q-{w}-{i}");
             let sent = Instant::now();

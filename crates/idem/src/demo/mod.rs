@@ -19,7 +19,7 @@ mod report;
 mod teaching;
 mod timeline;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -608,13 +608,13 @@ const SCRAPE_EVERY: u32 = 10;
 
 /// Watches the strategy's database while the workload runs.
 struct Sampler {
-    stop: Arc<AtomicBool>,
+    stop: CancellationToken,
     task: tokio::task::JoinHandle<anyhow::Result<(i64, usize)>>,
 }
 
 impl Sampler {
     async fn start(db_url: &str, threshold: Duration, busy: BusySource) -> anyhow::Result<Self> {
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = CancellationToken::new();
         let flag = stop.clone();
         let task = match Backend::of_url(db_url)? {
             Backend::Postgres => {
@@ -636,7 +636,7 @@ impl Sampler {
     /// The most connections busy at once, and the lock waits that lasted at
     /// least the threshold.
     async fn stop(self) -> anyhow::Result<(i64, usize)> {
-        self.stop.store(true, Ordering::SeqCst);
+        self.stop.cancel();
         self.task.await?
     }
 }
@@ -646,12 +646,12 @@ impl Sampler {
 async fn sample_postgres(
     mut conn: sqlx::PgConnection,
     threshold: Duration,
-    stop: Arc<AtomicBool>,
+    stop: CancellationToken,
 ) -> anyhow::Result<(i64, usize)> {
     let mut max_busy = 0;
     let mut first_seen = std::collections::HashMap::new();
     let mut waiters = std::collections::HashSet::new();
-    while !stop.load(Ordering::SeqCst) {
+    while !stop.is_cancelled() {
         let rows: Vec<(i32, Option<chrono::DateTime<chrono::Utc>>, bool, bool)> = sqlx::query_as(
             "select pid, query_start, wait_event_type is not distinct from 'Lock',
                     coalesce(state in ('active', 'idle in transaction'), false)
@@ -686,7 +686,7 @@ async fn sample_sqlite(
     mut conn: sqlx::SqliteConnection,
     threshold: Duration,
     busy: BusySource,
-    stop: Arc<AtomicBool>,
+    stop: CancellationToken,
 ) -> anyhow::Result<(i64, usize)> {
     let http = reqwest::Client::new();
     let (mut max_busy, mut long_holds) = (0, 0);
@@ -694,7 +694,7 @@ async fn sample_sqlite(
     // whether this hold was counted already.
     let mut hold: Option<(Instant, i64, bool)> = None;
     let mut tick = 0u32;
-    while !stop.load(Ordering::SeqCst) {
+    while !stop.is_cancelled() {
         let (version,): (i64,) = sqlx::query_as("pragma data_version")
             .fetch_one(&mut conn)
             .await?;
