@@ -1,36 +1,25 @@
 //! The `idem` command line (`../shared/spec/api.md`, "Running"): argument
-//! types, start-up and shutdown. Every flag also reads an environment variable.
-//! This is the edge: errors here are `anyhow`, printed once, exit code 1.
+//! types and the commands; `crate::app` starts and stops `serve` and `consume`.
+//! Every flag also reads an environment variable. This is the edge: errors
+//! here are `anyhow`, printed once, exit code 1.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use sqlx::migrate::MigrateDatabase;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
-use crate::acquirer::AcquirerClient;
+use crate::app;
 use crate::domain::{parse_merchant_name, MerchantSecret};
-use crate::http::{self, AppState};
-use crate::idempotency::{Engine, EngineConfig};
-use crate::queue::{Consumer, ConsumerConfig, Relay, RelayConfig};
+use crate::http;
 use crate::sim::{self, Fault, Faults};
 use crate::store::Store;
-use crate::workers::{Reconciler, ReconcilerConfig, Sweeper};
+use crate::workers::{Reconciler, ReconcilerConfig};
 use crate::LOG_ENV;
-
-/// What a client waits beyond the acquirer timeout before it gets a 504: the
-/// claim and finalize statements, with room for a slow database.
-const REQUEST_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
-
-/// How long the broker may take to confirm one batch of the outbox.
-const RELAY_CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Parser, Debug)]
 #[command(
@@ -482,188 +471,89 @@ async fn create_tenant(name: &str, db: &DbArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The engine over its store, from the shared flags.
-async fn engine(args: &EngineArgs) -> anyhow::Result<Engine> {
-    anyhow::ensure!(
-        args.lease > args.acquirer_timeout,
-        "--lease ({}) must be longer than --acquirer-timeout ({}), or live attempts would be taken over",
-        humantime::format_duration(args.lease),
-        humantime::format_duration(args.acquirer_timeout)
-    );
-    let store = Store::connect_lazy(&args.db.url(), args.db.db_max_connections)
-        .context("the database URL")?;
-    let acquirer = AcquirerClient::new(
-        &args.acquirer_url,
-        args.acquirer_timeout,
-        args.acquirer_ca.as_deref(),
-    )?;
-    Ok(Engine::new(
-        store,
-        acquirer,
-        EngineConfig {
-            lease: args.lease,
-            key_ttl: args.key_ttl,
-        },
-    ))
+impl EngineArgs {
+    /// The engine's settings, once the flags agree with each other; resolves
+    /// the database URL (after the check, so a refusal logs nothing before it).
+    pub(crate) fn settings(&self) -> anyhow::Result<app::EngineSettings> {
+        anyhow::ensure!(
+            self.lease > self.acquirer_timeout,
+            "--lease ({}) must be longer than --acquirer-timeout ({}), or live attempts would be taken over",
+            humantime::format_duration(self.lease),
+            humantime::format_duration(self.acquirer_timeout)
+        );
+        Ok(app::EngineSettings {
+            database_url: self.db.url(),
+            db_max_connections: self.db.db_max_connections,
+            acquirer_url: self.acquirer_url.clone(),
+            acquirer_ca: self.acquirer_ca.clone(),
+            acquirer_timeout: self.acquirer_timeout,
+            lease: self.lease,
+            key_ttl: self.key_ttl,
+        })
+    }
 }
 
-fn reconciler(engine: Engine, args: &ReconcilerArgs) -> Reconciler {
-    Reconciler::new(
-        engine,
-        ReconcilerConfig::new(args.reconcile_interval, args.settle_deadline),
-    )
+impl ReconcilerArgs {
+    /// The reconciler's pace and deadline (its backoff is its own).
+    pub(crate) fn config(&self) -> ReconcilerConfig {
+        ReconcilerConfig::new(self.reconcile_interval, self.settle_deadline)
+    }
+}
+
+impl WorkerArgs {
+    /// The workers to run beside the process, none with `--no-workers`.
+    pub(crate) fn workers(&self) -> Option<app::Workers> {
+        (!self.no_workers).then(|| app::Workers {
+            sweep_interval: self.sweep_interval,
+            reconciler: self.reconciler.config(),
+        })
+    }
+}
+
+impl QueueArgs {
+    /// The relay's and the consumer's settings, on the broker at `amqp_url`.
+    pub(crate) fn queue(&self, amqp_url: String) -> app::Queue {
+        app::Queue {
+            amqp_url,
+            prefetch: self.prefetch,
+            outbox_poll: self.outbox_poll,
+            outbox_retention: self.outbox_retention,
+        }
+    }
 }
 
 /// Starts the API on its configured address, with the reconciler and the
 /// sweeper beside it, and runs them until `shutdown`.
 pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let engine = engine(&args.engine).await?;
-    let listener = TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("binding {}", args.listen))?;
-    tracing::info!(listen = %listener.local_addr()?, acquirer = %args.engine.acquirer_url, "serving");
-    let state = AppState::new(engine.clone());
-    let workers = TaskTracker::new();
-    if let Some(addr) = args.metrics_listen {
-        spawn_metrics(&workers, addr, state.clone(), &shutdown).await?;
-    }
-    spawn_workers(&workers, &engine, &args.workers, &shutdown);
-    let queue = args
-        .amqp_url
-        .as_ref()
-        .map(|url| spawn_queue(&workers, &engine, url, &args.queue, args.consume, &shutdown));
-    workers.close();
-    let limits = http::Limits {
-        request_timeout: args.engine.acquirer_timeout + REQUEST_TIMEOUT_MARGIN,
+    let config = app::Serve {
+        engine: args.engine.settings()?,
+        listen: args.listen,
+        metrics_listen: args.metrics_listen,
         header_read_timeout: args.header_read_timeout,
         max_in_flight: args.max_in_flight,
+        queue: args.amqp_url.map(|url| args.queue.queue(url)),
+        consume: args.consume,
+        workers: args.workers.workers(),
     };
-    let with_metrics = args.metrics_listen.is_none();
-    let served = http::serve_with(listener, state, limits, with_metrics, shutdown).await;
-    if let Some(queue) = queue {
-        queue.stop().await;
-    }
-    workers.wait().await;
-    served?;
-    tracing::info!("stopped");
-    Ok(())
-}
-
-/// `--metrics-listen`: `/healthz`, `/readyz` and `/metrics` on a listener of
-/// their own, until `shutdown`.
-async fn spawn_metrics(
-    tracker: &TaskTracker,
-    addr: SocketAddr,
-    state: AppState,
-    shutdown: &CancellationToken,
-) -> anyhow::Result<()> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding {addr}"))?;
-    tracing::info!(listen = %listener.local_addr()?, "serving metrics");
-    tracker.spawn(http::serve_ops(listener, state, shutdown.clone()));
-    Ok(())
-}
-
-/// The reconciler and the sweeper, unless `--no-workers`.
-fn spawn_workers(
-    tracker: &TaskTracker,
-    engine: &Engine,
-    args: &WorkerArgs,
-    shutdown: &CancellationToken,
-) {
-    if args.no_workers {
-        return;
-    }
-    tracker.spawn(reconciler(engine.clone(), &args.reconciler).run(shutdown.clone()));
-    tracker.spawn(Sweeper::new(engine.store().clone(), args.sweep_interval).run(shutdown.clone()));
-}
-
-/// The outbox relay, and with `consume` the queue consumer beside it.
-fn spawn_queue(
-    tracker: &TaskTracker,
-    engine: &Engine,
-    amqp_url: &str,
-    args: &QueueArgs,
-    consume: bool,
-    shutdown: &CancellationToken,
-) -> QueueTasks {
-    let wake = Arc::new(Notify::new());
-    let relay = Relay::new(
-        engine.store().clone(),
-        RelayConfig {
-            amqp_url: amqp_url.to_owned(),
-            poll_interval: args.outbox_poll,
-            retention: args.outbox_retention,
-            confirm_timeout: RELAY_CONFIRM_TIMEOUT,
-        },
-        wake.clone(),
-    );
-    let relay_stop = CancellationToken::new();
-    tracker.spawn(relay.run(relay_stop.clone()));
-    let consumer = consume.then(|| {
-        let consumer = Consumer::new(
-            engine.clone(),
-            ConsumerConfig {
-                amqp_url: amqp_url.to_owned(),
-                prefetch: args.prefetch,
-            },
-            wake,
-        );
-        tracker.spawn(consumer.run(shutdown.clone()))
-    });
-    QueueTasks {
-        relay_stop,
-        consumer,
-    }
-}
-
-/// The queue's tasks, stopped in order: the consumer finishes what it holds,
-/// then the relay publishes what was written and stops.
-struct QueueTasks {
-    relay_stop: CancellationToken,
-    consumer: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl QueueTasks {
-    /// Call once shutdown has begun and this process's other writers (the API) are done.
-    async fn stop(self) {
-        if let Some(consumer) = self.consumer {
-            let _ = consumer.await;
-        }
-        self.relay_stop.cancel();
-    }
+    app::serve(config, shutdown).await
 }
 
 /// `idem consume`: the consumer and the relay, with the workers beside them,
 /// until `shutdown`.
 pub async fn consume(args: ConsumeArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let engine = engine(&args.engine).await?;
-    tracing::info!(acquirer = %args.engine.acquirer_url, "consuming charge commands");
-    let tasks = TaskTracker::new();
-    spawn_workers(&tasks, &engine, &args.workers, &shutdown);
-    let queue = spawn_queue(
-        &tasks,
-        &engine,
-        &args.amqp_url,
-        &args.queue,
-        true,
-        &shutdown,
-    );
-    if let Some(addr) = args.metrics_listen {
-        spawn_metrics(&tasks, addr, AppState::new(engine.clone()), &shutdown).await?;
-    }
-    tasks.close();
-    shutdown.cancelled().await;
-    queue.stop().await;
-    tasks.wait().await;
-    tracing::info!("stopped");
-    Ok(())
+    let config = app::Consume {
+        engine: args.engine.settings()?,
+        metrics_listen: args.metrics_listen,
+        queue: args.queue.queue(args.amqp_url),
+        workers: args.workers.workers(),
+    };
+    app::consume(config, shutdown).await
 }
 
 /// The reconciler alone: one pass with `--once`, else until `shutdown`.
 pub async fn reconcile(args: ReconcileArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let reconciler = reconciler(engine(&args.engine).await?, &args.reconciler);
+    let engine = app::engine(&args.engine.settings()?).await?;
+    let reconciler = Reconciler::new(engine, args.reconciler.config());
     if args.once {
         let report = reconciler.pass().await?;
         tracing::info!(?report, "reconciler pass");

@@ -17,10 +17,13 @@
 //! - [`bench`]: `idem bench`, load figures against pgbench's for the same statements;
 //! - [`harness`]: real `idem serve` processes on scratch databases, for demo and bench;
 //! - [`metrics`]: the Prometheus metrics idem records;
-//! - [`cli`]: the `idem` command line, the only place that starts things.
+//! - `app`: the composition root, the only place that starts things: builds the
+//!   engine, and starts and stops `serve` and `consume` in order;
+//! - [`cli`]: the `idem` command line.
 #![forbid(unsafe_code)]
 
 pub mod acquirer;
+pub(crate) mod app;
 pub mod bench;
 pub mod cli;
 pub mod crash;
