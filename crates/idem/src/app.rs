@@ -1,6 +1,6 @@
 //! The composition root: builds the engine from its settings, and starts and
 //! stops the long-running processes, `idem serve` and `idem consume`, in order.
-//! The command line (`crate::cli`) parses the flags into the plain settings
+//! The command line (`crate::cmd`) parses the flags into the plain settings
 //! below and calls in here; this module knows nothing of flags.
 //!
 //! `serve` builds the engine (its pool connects lazily), binds the API's

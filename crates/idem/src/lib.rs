@@ -19,13 +19,13 @@
 //! - [`metrics`]: the Prometheus metrics idem records;
 //! - `app`: the composition root, the only place that starts things: builds the
 //!   engine, and starts and stops `serve` and `consume` in order;
-//! - [`cli`]: the `idem` command line.
+//! - [`cmd`]: the `idem` command line, one module per subcommand.
 #![forbid(unsafe_code)]
 
 pub mod acquirer;
 pub(crate) mod app;
 pub mod bench;
-pub mod cli;
+pub mod cmd;
 pub mod crash;
 pub mod demo;
 pub mod domain;

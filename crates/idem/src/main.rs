@@ -10,5 +10,5 @@ use clap::Parser;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    idem::cli::main(idem::cli::Cli::parse())
+    idem::cmd::main(idem::cmd::Cli::parse())
 }

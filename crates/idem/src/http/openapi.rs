@@ -227,8 +227,8 @@ mod tests {
     #[test]
     fn retention_in_the_description_is_the_default_key_ttl() {
         use clap::Parser;
-        let cli = crate::cli::Cli::try_parse_from(["idem", "serve"]).expect("defaults parse");
-        let crate::cli::Command::Serve(args) = cli.command else {
+        let cli = crate::cmd::Cli::try_parse_from(["idem", "serve"]).expect("defaults parse");
+        let crate::cmd::Command::Serve(args) = cli.command else {
             panic!("not serve");
         };
         let hours = args.engine.key_ttl.as_secs() / 3600;

@@ -1,0 +1,170 @@
+//! The `idem` command line (`../shared/spec/api.md`, "Running"): the top-level
+//! parser, the dispatch to one module per subcommand, the runtime, the logs and
+//! the signals. Every flag also reads an environment variable. This is the
+//! edge: errors here are `anyhow`, printed once, exit code 1. Starting and
+//! stopping the long-running processes is `crate::app`'s.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use tokio_util::sync::CancellationToken;
+
+use crate::LOG_ENV;
+
+mod acquirer_sim;
+mod args;
+mod bench;
+mod charge;
+mod charges;
+mod consume;
+mod demo;
+mod migrate;
+mod openapi;
+mod reconcile;
+mod serve;
+mod tenant;
+
+use args::DbArgs;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "idem",
+    version,
+    about = "A payment charge service that charges exactly once."
+)]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, env = "IDEM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub(crate) log_format: LogFormat,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum Command {
+    /// Create the database if it is missing, and create or upgrade the schema.
+    Migrate(DbArgs),
+    /// Manage merchants (tenants).
+    Tenant {
+        #[command(subcommand)]
+        command: tenant::Command,
+    },
+    /// Run the charge API.
+    Serve(serve::Args),
+    /// Run the acquirer simulator.
+    AcquirerSim(acquirer_sim::Args),
+    /// Run the reconciler alone (it also runs inside `serve`).
+    Reconcile(reconcile::Args),
+    /// Consume charge commands from RabbitMQ, and relay the outbox.
+    Consume(consume::Args),
+    /// Play the article's story under three strategies and compare them.
+    Demo(demo::Args),
+    /// Load a deployment (one it starts, or --url) and print throughput and latency.
+    Bench(bench::Args),
+    /// Send one charge with a client that retries right; prints the final answer.
+    Charge(charge::Args),
+    /// Inspect charges.
+    Charges {
+        #[command(subcommand)]
+        command: charges::Command,
+    },
+    /// Print the OpenAPI 3.1 document of the API (what GET /openapi.json serves).
+    Openapi,
+}
+
+/// Runs a parsed command line to its exit code.
+pub fn main(cli: Cli) -> ExitCode {
+    let default_filter = match cli.command {
+        Command::Demo(_) => crate::harness::LOG_FILTER,
+        _ => DEFAULT_LOG_FILTER,
+    };
+    init_tracing(cli.log_format, default_filter);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("idem: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("idem: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Migrate(db) => migrate::run(&db).await,
+        Command::Tenant { command } => tenant::run(command).await,
+        Command::Serve(args) => serve::run(args, shutdown_signal()).await,
+        Command::AcquirerSim(args) => acquirer_sim::run(args, shutdown_signal()).await,
+        Command::Reconcile(args) => reconcile::run(args, shutdown_signal()).await,
+        Command::Consume(args) => consume::run(args, shutdown_signal()).await,
+        Command::Demo(args) => demo::run(args, shutdown_signal()).await,
+        Command::Charge(args) => charge::run(args).await,
+        Command::Bench(args) => bench::run(args).await,
+        Command::Charges { command } => charges::run(command).await,
+        Command::Openapi => openapi::run(),
+    }
+}
+
+/// A token cancelled on SIGINT or SIGTERM.
+fn shutdown_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        {
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot listen for SIGTERM");
+                        let _ = ctrl_c.await;
+                        cancel.cancel();
+                        return;
+                    }
+                };
+            tokio::select! {
+                _ = ctrl_c => {}
+                _ = term.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = ctrl_c.await;
+        tracing::info!("shutting down: finishing requests in flight");
+        cancel.cancel();
+    });
+    token
+}
+
+/// The log filter when `IDEM_LOG` is not set: a service's start-up, its
+/// access lines and its warnings.
+const DEFAULT_LOG_FILTER: &str = "info";
+
+/// Logs on stderr, filtered by `IDEM_LOG` when it is set (it always wins),
+/// else by `default_filter`.
+fn init_tracing(format: LogFormat, default_filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env(LOG_ENV)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    // Colours only for a person at a terminal: escape codes in a log file are
+    // noise, and colouring every request's line cost a tenth of a replay's CPU.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
