@@ -24,16 +24,16 @@
 
 pub mod acquirer;
 pub(crate) mod app;
-pub mod bench;
+pub(crate) mod bench;
 pub mod cmd;
-pub mod crash;
-pub mod demo;
+pub(crate) mod crash;
+pub(crate) mod demo;
 pub mod domain;
-pub mod harness;
+pub(crate) mod harness;
 pub mod http;
 pub mod idempotency;
-pub mod metrics;
-pub mod problem;
+pub(crate) mod metrics;
+pub(crate) mod problem;
 pub mod queue;
 pub mod sim;
 pub mod store;

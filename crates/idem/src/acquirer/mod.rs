@@ -9,4 +9,4 @@
 mod client;
 pub mod protocol;
 
-pub use client::{AcquirerClient, AcquirerError, Captured, Declined, Settled, Unknown};
+pub use client::{AcquirerClient, AcquirerError, Settled, Unknown};

@@ -17,8 +17,6 @@ pub struct IdempotencyKey(String);
 /// Why a header value is not a key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
-    #[error("the Idempotency-Key header is required")]
-    Missing,
     #[error("the Idempotency-Key header was sent more than once")]
     Repeated,
     #[error("the Idempotency-Key is empty")]

@@ -19,10 +19,7 @@ pub use event::{ChargeEvent, EventType, EVENTS_EXCHANGE};
 pub use fingerprint::Fingerprint;
 pub use ids::{AcquirerReference, ChargeId, MessageId};
 pub use key::{IdempotencyKey, KeyError};
-pub use merchant::{
-    parse_merchant_name, Merchant, MerchantSecret, SecretHash, MERCHANT_NAME_MAX,
-    MERCHANT_NAME_RULE,
-};
+pub use merchant::{parse_merchant_name, Merchant, MerchantSecret, SecretHash};
 pub use response::StoredResponse;
 
 /// The JSON of a domain value: a stored response's body, an event, a

@@ -38,7 +38,6 @@ use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
 pub use auth::SecretCache;
-pub use charges::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use error::ApiError;
 pub use openapi::document_json as openapi_json;
 pub use server::{run as run_server, Limits, Tls, HEADER_READ_TIMEOUT, MAX_IN_FLIGHT};
@@ -68,12 +67,6 @@ impl AppState {
             tasks: TaskTracker::new(),
         }
     }
-}
-
-/// The routes and middleware. `request_timeout` bounds how long a client waits
-/// for an answer; the charge attempt itself carries on to the end regardless.
-pub fn router(state: AppState, request_timeout: Duration) -> Router {
-    router_with(state, &Limits::new(request_timeout), true)
 }
 
 /// The routes and middleware under `limits`, with `GET /metrics` unless it is

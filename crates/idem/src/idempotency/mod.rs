@@ -14,5 +14,5 @@ mod memo;
 
 #[cfg(doc)]
 use crate::domain::{Fingerprint, IdempotencyKey, StoredResponse};
-pub use engine::{final_response, Engine, EngineConfig, EngineError, Outcome, Reconciled};
-pub use memo::{InFlightMemo, MEMO_FOR};
+pub use engine::{Engine, EngineConfig, EngineError, Outcome, Reconciled};
+pub use memo::InFlightMemo;

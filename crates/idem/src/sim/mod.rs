@@ -26,7 +26,7 @@ use axum::{Json, Router};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub use book::{Ledger, LedgerCapture, LedgerCount};
+pub use book::Ledger;
 pub use faults::{Fault, Faults};
 
 use crate::acquirer::protocol::{CaptureOutcome, CaptureRequest};

@@ -7,5 +7,5 @@
 pub mod reconciler;
 pub mod sweeper;
 
-pub use reconciler::{PassReport, Reconciler, ReconcilerConfig};
+pub use reconciler::{Reconciler, ReconcilerConfig};
 pub use sweeper::Sweeper;
