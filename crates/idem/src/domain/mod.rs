@@ -2,7 +2,11 @@
 //! hold a valid value (parse, don't validate), and the charge itself as clients see it.
 //!
 //! Nothing here knows about HTTP, SQL or the acquirer; those layers convert to and
-//! from these types at their edge.
+//! from these types at their edge. What the domain does own is its values' JSON
+//! shape: their serde form, and the JSON Schema (utoipa's `ToSchema`) that
+//! states each value's limits beside the `parse` that enforces them, so the two
+//! cannot drift apart. The API's own document (paths, headers, problem bodies)
+//! is `http`'s.
 
 mod charge;
 mod event;
