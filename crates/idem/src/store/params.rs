@@ -67,7 +67,7 @@ pub struct ClaimValues {
 }
 
 impl ClaimValues {
-    /// A claim's values, with a fresh charge id and reference.
+    /// A claim's values: a fresh charge id, and the intent's own reference.
     pub(super) fn new(new: &NewClaim<'_>) -> Self {
         Self {
             merchant_id: new.merchant_id,
@@ -84,7 +84,9 @@ impl ClaimValues {
                 .description
                 .as_ref()
                 .map(|d| d.as_str().to_owned()),
-            reference: AcquirerReference::generate().as_str().to_owned(),
+            reference: AcquirerReference::for_intent(new.merchant_id, new.key, &new.fingerprint)
+                .as_str()
+                .to_owned(),
         }
     }
 

@@ -375,3 +375,51 @@ async fn a_server_started_during_a_database_outage_recovers_by_itself() {
     assert!(!a.replayed(), "the refused attempt stored nothing");
     assert_eq!(sim.ledger().await.captures.len(), 1);
 }
+
+/// A committed claim the database lost (a failover that dropped an
+/// asynchronous replica's last commits, a restore from backup) cannot charge
+/// twice: the retry claims again, and the reference is the intent's own
+/// (merchant, key, fingerprint), so it is the one the first attempt sent, and
+/// the acquirer answers with the first capture instead of moving money again.
+#[tokio::test]
+async fn a_claim_the_database_lost_is_made_again_under_the_same_reference_and_charges_once() {
+    let Env {
+        db,
+        sim,
+        app: _app,
+        client: c,
+    } = Env::start(Faults::default()).await;
+    let key = new_key();
+    let first = c.charge(&key, &body(7, 25000)).await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+
+    // The database forgets the claim, its charge and its event.
+    db.exec("delete from idempotency_keys").await;
+    db.exec("delete from outbox").await;
+    db.exec("delete from charges").await;
+
+    let again = c.charge(&key, &body(7, 25000)).await;
+    assert_eq!(again.status, 201, "{:?}", again.body);
+    assert!(!again.replayed(), "the record was gone: a new claim");
+    assert_eq!(
+        again.json()["acquirer_reference"],
+        first.json()["acquirer_reference"],
+        "the same intent, the same reference"
+    );
+    assert_eq!(
+        sim.ledger().await.captures.len(),
+        1,
+        "one capture for one intent"
+    );
+
+    // Another request under the key, once the key is free again, is another
+    // intent: another reference, another capture.
+    db.exec("delete from idempotency_keys").await;
+    let other = c.charge(&key, &body(8, 25000)).await;
+    assert_eq!(other.status, 201, "{:?}", other.body);
+    assert_ne!(
+        other.json()["acquirer_reference"],
+        first.json()["acquirer_reference"]
+    );
+    assert_eq!(sim.ledger().await.captures.len(), 2);
+}
