@@ -344,9 +344,14 @@ pub struct IdemProcess {
 impl IdemProcess {
     /// Starts `idem ARGS` against the test database, with extra environment.
     pub fn spawn(db: &TestDb, args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::spawn_on(&db.url, args, env)
+    }
+
+    /// Starts `idem ARGS` against the database at `db_url`.
+    pub fn spawn_on(db_url: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let child = Command::new(env!("CARGO_BIN_EXE_idem"))
             .args(args)
-            .env("DATABASE_URL", &db.url)
+            .env("DATABASE_URL", db_url)
             .envs(env.iter().copied())
             .env("IDEM_LOG", "warn")
             .stdout(Stdio::null())
@@ -428,11 +433,21 @@ impl ServeProcess {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
+        Self::start_on(&db.url, acquirer_url, extra, env).await
+    }
+
+    /// On the database at `db_url`, against the acquirer at `acquirer_url`.
+    pub async fn start_on(
+        db_url: &str,
+        acquirer_url: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
         let mut args = vec!["serve", "--listen", &listen, "--acquirer-url", acquirer_url];
         args.extend_from_slice(extra);
-        let process = IdemProcess::spawn(db, &args, env);
+        let process = IdemProcess::spawn_on(db_url, &args, env);
         let url = format!("http://{listen}");
         let started = Instant::now();
         let http = reqwest::Client::new();
@@ -648,9 +663,18 @@ pub async fn run_idem_env(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> (std::process::ExitStatus, String, String) {
+    run_idem_on(&db.url, args, env).await
+}
+
+/// [`run_idem_env`] against the database at `db_url`.
+pub async fn run_idem_on(
+    db_url: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (std::process::ExitStatus, String, String) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(args)
-        .env("DATABASE_URL", &db.url)
+        .env("DATABASE_URL", db_url)
         .env("IDEM_LOG", "warn")
         .envs(env.iter().copied())
         .output()
