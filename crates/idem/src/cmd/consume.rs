@@ -11,7 +11,7 @@ use crate::app;
 
 #[derive(clap::Args, Debug, Clone)]
 pub(crate) struct Args {
-    /// RabbitMQ URL.
+    /// RabbitMQ URL; a cluster's nodes as several URLs, comma-separated.
     #[arg(long, env = "IDEM_AMQP_URL", default_value = DEFAULT_AMQP_URL)]
     pub(crate) amqp_url: String,
     /// Serve /healthz, /readyz and /metrics on this address.

@@ -16,7 +16,8 @@ pub(crate) struct Args {
     /// Address to listen on.
     #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8080")]
     pub(crate) listen: SocketAddr,
-    /// RabbitMQ URL: when set, this process also relays the outbox (charge events).
+    /// RabbitMQ URL (a cluster's nodes as several URLs, comma-separated): when
+    /// set, this process also relays the outbox (charge events).
     #[arg(long, env = "IDEM_AMQP_URL")]
     pub(crate) amqp_url: Option<String>,
     /// Also consume charge commands from the queue (needs --amqp-url).

@@ -54,15 +54,36 @@ pub const ATTEMPTS_HEADER: &str = "x-idem-attempts";
 /// AMQP delivery mode 2: the broker writes the message to disk.
 const PERSISTENT: u8 = 2;
 
-/// Connects to the broker.
-pub async fn connect(url: &str) -> lapin::Result<Connection> {
-    Connection::connect(url, ConnectionProperties::default()).await
+/// Connects to the broker: to the first of `urls` that answers, when they are
+/// several, comma-separated (a cluster's nodes). The first one tried is picked
+/// at random, so that processes spread over the nodes; a process whose node
+/// dies comes here again on its next reconnect, and finds a live one.
+pub async fn connect(urls: &str) -> lapin::Result<Connection> {
+    let urls: Vec<&str> = urls.split(',').map(str::trim).collect();
+    let first = rand::random_range(0..urls.len());
+    let mut failed = None;
+    for i in 0..urls.len() {
+        let url = urls[(first + i) % urls.len()];
+        match Connection::connect(url, ConnectionProperties::default()).await {
+            Ok(connection) => return Ok(connection),
+            Err(e) => {
+                if urls.len() > 1 {
+                    tracing::warn!(node = i, error = %e, "a broker node does not answer; trying the next");
+                }
+                failed = Some(e);
+            }
+        }
+    }
+    Err(failed.expect("split yields at least one URL"))
 }
 
-/// Declares everything idem uses, durable. Declarations are idempotent, so
-/// every consumer and relay makes them at start. A queue that exists with
-/// other arguments makes this fail (the broker's PRECONDITION_FAILED), rather
-/// than run with a topology that loses dead letters.
+/// Declares everything idem uses, durable; both queues are quorum queues, so
+/// a cluster keeps them, replicated, when a node dies. Declarations are
+/// idempotent, so every consumer and relay makes them at start. A queue that
+/// exists with other arguments (a classic `idem.charges` from before idem
+/// declared quorum queues: docs/deployment.md says how to move it) makes this
+/// fail with the broker's PRECONDITION_FAILED, rather than run with a topology
+/// that loses commands when a node dies.
 pub async fn declare(channel: &Channel) -> lapin::Result<()> {
     let durable = ExchangeDeclareOptions {
         durable: true,
@@ -78,14 +99,22 @@ pub async fn declare(channel: &Channel) -> lapin::Result<()> {
             )
             .await?;
     }
+    let quorum = || {
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+        arguments
+    };
     channel
         .queue_declare(
             DEAD_LETTER_QUEUE.into(),
             QueueDeclareOptions::durable(),
-            FieldTable::default(),
+            quorum(),
         )
         .await?;
-    let mut dead_lettered = FieldTable::default();
+    let mut dead_lettered = quorum();
     dead_lettered.insert(
         "x-dead-letter-exchange".into(),
         AMQPValue::LongString("".into()),
@@ -100,7 +129,14 @@ pub async fn declare(channel: &Channel) -> lapin::Result<()> {
             QueueDeclareOptions::durable(),
             dead_lettered,
         )
-        .await?;
+        .await
+        .inspect_err(|e| {
+            tracing::error!(
+                error = %e,
+                "cannot declare {COMMANDS_QUEUE} as a quorum queue; if it exists as a classic \
+                 queue, docs/deployment.md says how to move it"
+            );
+        })?;
     Ok(())
 }
 

@@ -263,7 +263,12 @@ pub struct Amqp {
 
 impl Amqp {
     pub async fn connect(broker: &TestBroker) -> Self {
-        let connection = Connection::connect(&broker.url, ConnectionProperties::default())
+        Self::connect_url(&broker.url).await
+    }
+
+    /// To the broker at `url` (one node of a cluster, say).
+    pub async fn connect_url(url: &str) -> Self {
+        let connection = Connection::connect(url, ConnectionProperties::default())
             .await
             .expect("connect to the test virtual host");
         let channel = connection.create_channel().await.expect("channel");

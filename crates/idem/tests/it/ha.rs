@@ -1,7 +1,8 @@
-//! Losing the database's leader: a real Patroni cluster (etcd, two PostgreSQL
-//! members with synchronous replication, HAProxy in front; `scripts/ha`), three
-//! real `idem serve` processes on the HAProxy address, a storm of retrying
-//! clients, and `kill -9` of the leader's postmaster in the middle of it.
+//! Losing a machine: a real Patroni cluster (etcd, two PostgreSQL members with
+//! synchronous replication, HAProxy in front; `scripts/ha`) losing its leader
+//! under three `idem serve` processes and a storm of retrying clients; and a
+//! real three-node RabbitMQ cluster (`scripts/rabbit-cluster`) losing the node
+//! that leads `idem.charges` while commands flow.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -10,8 +11,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
+use idem::queue::{COMMANDS_QUEUE, DEAD_LETTER_QUEUE, RESULTS_EXCHANGE};
 use idem::store::Backend;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable};
 
+use crate::broker::{Amqp, Cmd};
 use crate::helpers::*;
 
 /// Intents in the storm, and the clients sending them at once.
@@ -32,7 +38,13 @@ struct HaCluster {
 }
 
 fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ha")
+    scripts("ha")
+}
+
+fn scripts(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scripts")
+        .join(name)
 }
 
 /// Seven consecutive free ports (the cluster's), from a random base.
@@ -70,7 +82,10 @@ impl HaCluster {
 
     /// The cluster's database for idem (created by `idem migrate`).
     fn database_url(&self) -> String {
-        let server = self.url.strip_suffix("/postgres").expect("the URL of a database");
+        let server = self
+            .url
+            .strip_suffix("/postgres")
+            .expect("the URL of a database");
         format!("{server}/idem")
     }
 
@@ -261,4 +276,222 @@ async fn a_leader_killed_mid_storm_loses_no_answered_outcome_and_charges_no_inte
     }
     assert!(final_before_kill.len() >= KILL_AFTER);
     drop(servers);
+}
+
+/// Three RabbitMQ nodes, clustered, brought up by `scripts/rabbit-cluster` in
+/// a scratch directory and taken down when dropped.
+struct RabbitCluster {
+    dir: PathBuf,
+    urls: Vec<String>,
+}
+
+impl RabbitCluster {
+    fn up() -> Self {
+        let dir = std::env::temp_dir().join(format!("idem-rabbit-{}", uuid::Uuid::new_v4()));
+        let out = Command::new(scripts("rabbit-cluster"))
+            .arg("up")
+            .arg(&dir)
+            .arg(free_port_block().to_string())
+            .output()
+            .expect("run scripts/rabbit-cluster up");
+        let cluster = Self {
+            urls: String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .split(',')
+                .map(str::to_owned)
+                .collect(),
+            dir,
+        };
+        assert!(
+            out.status.success() && cluster.urls.len() == 3,
+            "scripts/rabbit-cluster up failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        cluster
+    }
+
+    /// The node (0, 1 or 2) that leads a quorum queue.
+    fn leader(&self, queue: &str) -> usize {
+        let out = Command::new(scripts("rabbit-cluster"))
+            .arg("leader")
+            .arg(&self.dir)
+            .arg(queue)
+            .output()
+            .expect("run scripts/rabbit-cluster leader");
+        let n: usize = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("no leader: {}", String::from_utf8_lossy(&out.stderr)));
+        n - 1
+    }
+
+    fn kill(&self, node: usize) {
+        let status = Command::new(scripts("rabbit-cluster"))
+            .arg("kill")
+            .arg(&self.dir)
+            .arg((node + 1).to_string())
+            .status()
+            .expect("run scripts/rabbit-cluster kill");
+        assert!(status.success(), "kill -9 of node {node}");
+    }
+}
+
+impl Drop for RabbitCluster {
+    fn drop(&mut self) {
+        let _ = Command::new(scripts("rabbit-cluster"))
+            .arg("down")
+            .arg(&self.dir)
+            .status();
+    }
+}
+
+/// Commands published, and how many results are in when the leader dies.
+const COMMANDS: usize = 200;
+const KILL_AFTER_RESULTS: usize = 40;
+
+#[tokio::test]
+async fn a_broker_node_killed_while_commands_flow_loses_no_command_and_charges_none_twice() {
+    if !runs_on(
+        Backend::Postgres,
+        "the broker cluster is tested once, on PostgreSQL",
+    ) {
+        return;
+    }
+    let _turn = timing_sensitive().await;
+    let cluster = RabbitCluster::up();
+    let db = TestDb::new().await;
+    db.merchant("loja").await;
+    // Slow captures, so that most commands are still to do when the node dies.
+    let sim = TestSim::start(latency(200)).await;
+    // Two consumers (each with its relay), given every node: each connects to
+    // one of its own choosing, and to another when that one dies.
+    let urls = cluster.urls.join(",");
+    let args = [
+        "consume",
+        "--amqp-url",
+        &urls,
+        "--acquirer-url",
+        &sim.url,
+        "--outbox-poll",
+        "100ms",
+        "--prefetch",
+        "8",
+    ];
+    let _consumers = [
+        IdemProcess::spawn(&db, &args, &[]),
+        IdemProcess::spawn(&db, &args, &[]),
+    ];
+    Amqp::connect_url(&cluster.urls[0])
+        .await
+        .wait_for_consumers(2)
+        .await;
+
+    // The test talks to a node that will live; the one that leads the
+    // commands' queue is the one that dies.
+    let leader = cluster.leader(COMMANDS_QUEUE);
+    let survivor = &cluster.urls[(leader + 1) % 3];
+    let amqp = Amqp::connect_url(survivor).await;
+    let mut quorum = FieldTable::default();
+    quorum.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    amqp.channel
+        .queue_declare(
+            "test.results".into(),
+            QueueDeclareOptions::durable(),
+            quorum,
+        )
+        .await
+        .expect("declare the results queue");
+    amqp.channel
+        .queue_bind(
+            "test.results".into(),
+            RESULTS_EXCHANGE.into(),
+            "loja".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("bind the results queue");
+    let bodies: Vec<String> = (0..COMMANDS)
+        .map(|i| body(i as i64 + 1, 1000 + i as i64))
+        .collect();
+    for (i, body) in bodies.iter().enumerate() {
+        amqp.publish(&Cmd::new(&format!("q-{i}"), "loja", body))
+            .await;
+    }
+
+    let mut results = amqp
+        .channel
+        .basic_consume(
+            "test.results".into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume the results");
+    let mut status_of: HashMap<String, i64> = HashMap::new();
+    let mut received = 0usize;
+    let mut killed_at = None;
+    let started = Instant::now();
+    while status_of.len() < COMMANDS {
+        let next = tokio::time::timeout(Duration::from_secs(90), results.next()).await;
+        let delivery = match next {
+            Ok(Some(Ok(d))) => d,
+            other => panic!(
+                "{} of {COMMANDS} commands answered, then {other:?}",
+                status_of.len()
+            ),
+        };
+        delivery
+            .ack(BasicAckOptions::default())
+            .await
+            .expect("ack a result");
+        received += 1;
+        let headers = delivery.properties.headers().clone().unwrap_or_default();
+        let key = match headers.inner().get("idempotency-key") {
+            Some(AMQPValue::LongString(k)) => k.to_string(),
+            other => panic!("a result without its key: {other:?}"),
+        };
+        let status = match headers.inner().get("status") {
+            Some(AMQPValue::ShortInt(s)) => i64::from(*s),
+            other => panic!("a result without its status: {other:?}"),
+        };
+        status_of.insert(key, status);
+        if killed_at.is_none() && status_of.len() >= KILL_AFTER_RESULTS {
+            cluster.kill(leader);
+            killed_at = Some(Instant::now());
+        }
+    }
+    let killed_at = killed_at.expect("the leader was killed");
+    eprintln!(
+        "rabbit: {COMMANDS} commands, {KILL_AFTER_RESULTS} answered before the leader's node \
+         died; the rest answered {:?} after it ({received} results in all, {:?} overall)",
+        killed_at.elapsed(),
+        started.elapsed()
+    );
+
+    let odd: Vec<_> = status_of
+        .iter()
+        .filter(|(_, s)| **s != 201 && **s != 402)
+        .collect();
+    assert!(odd.is_empty(), "every command final: {odd:?}");
+    assert_eq!(
+        amqp.ready(DEAD_LETTER_QUEUE).await,
+        0,
+        "nothing dead-lettered"
+    );
+    let ledger = sim.ledger().await;
+    let mut per_order: HashMap<i64, usize> = HashMap::new();
+    for c in &ledger.captures {
+        *per_order.entry(c.order_id).or_default() += 1;
+    }
+    let twice: Vec<_> = per_order.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "captured twice: {twice:?}");
+    assert_eq!(
+        ledger.captures.len(),
+        status_of.values().filter(|s| **s == 201).count()
+    );
 }
