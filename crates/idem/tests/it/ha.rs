@@ -434,7 +434,8 @@ async fn a_broker_node_killed_while_commands_flow_loses_no_command_and_charges_n
         .expect("consume the results");
     let mut status_of: HashMap<String, i64> = HashMap::new();
     let mut received = 0usize;
-    let mut killed_at = None;
+    let mut killed_at: Option<Instant> = None;
+    let mut first_after_kill = None;
     let started = Instant::now();
     while status_of.len() < COMMANDS {
         let next = tokio::time::timeout(Duration::from_secs(90), results.next()).await;
@@ -460,6 +461,9 @@ async fn a_broker_node_killed_while_commands_flow_loses_no_command_and_charges_n
             other => panic!("a result without its status: {other:?}"),
         };
         status_of.insert(key, status);
+        if let (Some(at), None) = (killed_at, first_after_kill) {
+            first_after_kill = Some(at.elapsed());
+        }
         if killed_at.is_none() && status_of.len() >= KILL_AFTER_RESULTS {
             cluster.kill(leader);
             killed_at = Some(Instant::now());
@@ -468,7 +472,9 @@ async fn a_broker_node_killed_while_commands_flow_loses_no_command_and_charges_n
     let killed_at = killed_at.expect("the leader was killed");
     eprintln!(
         "rabbit: {COMMANDS} commands, {KILL_AFTER_RESULTS} answered before the leader's node \
-         died; the rest answered {:?} after it ({received} results in all, {:?} overall)",
+         died; the first result after it came {:?} after it, the last {:?} after it \
+         ({received} results in all, {:?} overall)",
+        first_after_kill,
         killed_at.elapsed(),
         started.elapsed()
     );
