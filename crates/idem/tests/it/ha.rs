@@ -250,16 +250,8 @@ async fn a_leader_killed_mid_storm_loses_no_answered_outcome_and_charges_no_inte
         "the kill was felt: some requests met no leader"
     );
 
-    // Nothing charged twice: one capture per intent at most, and one for each 201.
-    let ledger = sim.ledger().await;
-    let mut per_order: HashMap<i64, usize> = HashMap::new();
-    for c in &ledger.captures {
-        *per_order.entry(c.order_id).or_default() += 1;
-    }
-    let twice: Vec<_> = per_order.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(twice.is_empty(), "captured twice: {twice:?}");
     let answered_201 = storm.finals.values().filter(|a| a.status == 201).count();
-    assert_eq!(ledger.captures.len(), answered_201);
+    assert_one_capture_per_intent(&sim.ledger().await, answered_201);
 
     // Every outcome idem answered, before the failover or after, is still its
     // answer: the replay is byte-identical.
@@ -489,15 +481,20 @@ async fn a_broker_node_killed_while_commands_flow_loses_no_command_and_charges_n
         0,
         "nothing dead-lettered"
     );
-    let ledger = sim.ledger().await;
+    assert_one_capture_per_intent(
+        &sim.ledger().await,
+        status_of.values().filter(|s| **s == 201).count(),
+    );
+}
+
+/// Nothing charged twice: at most one capture per intent (each has an order of
+/// its own), and one for each `201` idem answered.
+fn assert_one_capture_per_intent(ledger: &idem::sim::Ledger, answered_201: usize) {
     let mut per_order: HashMap<i64, usize> = HashMap::new();
     for c in &ledger.captures {
         *per_order.entry(c.order_id).or_default() += 1;
     }
     let twice: Vec<_> = per_order.iter().filter(|(_, n)| **n > 1).collect();
     assert!(twice.is_empty(), "captured twice: {twice:?}");
-    assert_eq!(
-        ledger.captures.len(),
-        status_of.values().filter(|s| **s == 201).count()
-    );
+    assert_eq!(ledger.captures.len(), answered_201);
 }
