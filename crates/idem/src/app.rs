@@ -142,6 +142,14 @@ pub(crate) async fn serve(config: Serve, shutdown: CancellationToken) -> anyhow:
         spawn_metrics(&workers, addr, state.clone(), &shutdown).await?;
     }
     spawn_workers(&workers, &engine, config.workers.as_ref(), &shutdown);
+    if config.queue.is_some() {
+        // Before the API takes its first request, so that none of its outcomes
+        // misses its event; if the database does not answer yet, the relay
+        // keeps trying (and no outcome is stored meanwhile either).
+        if let Err(e) = engine.store().set_events_enabled(true).await {
+            tracing::warn!(error = %e, "cannot turn charge events on yet; the relay will");
+        }
+    }
     let queue = config
         .queue
         .as_ref()

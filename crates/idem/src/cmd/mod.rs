@@ -18,6 +18,7 @@ mod charge;
 mod charges;
 mod consume;
 mod demo;
+mod events;
 mod migrate;
 mod openapi;
 mod reconcile;
@@ -74,6 +75,11 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: charges::Command,
     },
+    /// Whether the deployment writes charge events (a relay turns them on).
+    Events {
+        #[command(subcommand)]
+        command: events::Command,
+    },
     /// Print the OpenAPI 3.1 document of the API (what GET /openapi.json serves).
     Openapi,
 }
@@ -113,6 +119,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Charge(args) => charge::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Charges { command } => charges::run(command).await,
+        Command::Events { command } => events::run(command).await,
         Command::Openapi => openapi::run(),
     }
 }

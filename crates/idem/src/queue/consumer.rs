@@ -130,6 +130,9 @@ impl Consumer {
     /// finish their database work; their ack fails and the broker delivers
     /// them again, which the engine answers with a replay.
     pub async fn run(self, shutdown: CancellationToken) {
+        if !super::events_on(self.engine.store(), &shutdown).await {
+            return;
+        }
         let (this, stop) = (&self, &shutdown);
         reconnecting("consumer", stop, |mut reconnect| async move {
             let ended = this.session(stop, &mut reconnect).await;

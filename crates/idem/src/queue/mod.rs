@@ -29,6 +29,8 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use tokio_util::sync::CancellationToken;
 
+use crate::store::Store;
+
 pub use consumer::{Consumer, ConsumerConfig};
 pub use relay::{Relay, RelayConfig};
 
@@ -138,6 +140,32 @@ pub async fn declare(channel: &Channel) -> lapin::Result<()> {
             );
         })?;
     Ok(())
+}
+
+/// Turns charge events on for the whole deployment, trying until the
+/// database answers: the relay does it as it starts (some relay now publishes
+/// them), and so does the consumer before its first command, so that no
+/// outcome it stores misses its event. Events stay on whether or not the
+/// broker answers now: what is written waits in the outbox. `false`: shut down
+/// before the database answered.
+async fn events_on(store: &Store, shutdown: &CancellationToken) -> bool {
+    loop {
+        match store.set_events_enabled(true).await {
+            Ok(changed) => {
+                if changed {
+                    tracing::info!(
+                        "charge events turned on for the deployment: a relay publishes them"
+                    );
+                }
+                return true;
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot turn charge events on yet"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return false,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
 }
 
 /// Runs `session` (one connection's life: `Ok` on shutdown, `Err` when the

@@ -31,7 +31,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::command::TENANT_HEADER;
-use super::{connect, declare, reconnecting, Reconnect, PERSISTENT};
+use super::{connect, declare, events_on, reconnecting, Reconnect, PERSISTENT};
 use crate::problem;
 use crate::store::{OutboxMessage, Store, StoreError};
 
@@ -81,10 +81,14 @@ impl Relay {
         }
     }
 
-    /// Relays until `shutdown`, reconnecting with backoff when the broker goes;
-    /// one last pass on the way out. Stop it after the writers of this process
-    /// (the consumer, the API) have stopped.
+    /// Turns charge events on for the deployment (a relay now publishes
+    /// them), then relays until `shutdown`, reconnecting with backoff when the
+    /// broker goes; one last pass on the way out. Stop it after the writers of
+    /// this process (the consumer, the API) have stopped.
     pub async fn run(self, shutdown: CancellationToken) {
+        if !events_on(&self.store, &shutdown).await {
+            return;
+        }
         let (this, stop) = (&self, &shutdown);
         reconnecting("relay", stop, |mut reconnect| async move {
             let ended = this.session(stop, &mut reconnect).await;

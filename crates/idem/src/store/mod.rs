@@ -380,6 +380,24 @@ impl Store {
         }
     }
 
+    /// Whether finalizes write charge events to the outbox: one setting for the
+    /// whole deployment, kept in the database so that every instance agrees.
+    pub async fn events_enabled(&self) -> Result<bool, StoreError> {
+        match self {
+            Self::Postgres(s) => s.events_enabled().await,
+            Self::Sqlite(s) => s.events_enabled().await,
+        }
+    }
+
+    /// Turns charge events on or off for the whole deployment; `true` if that
+    /// changed the setting. A relay turns them on when it starts.
+    pub async fn set_events_enabled(&self, enabled: bool) -> Result<bool, StoreError> {
+        match self {
+            Self::Postgres(s) => s.set_events_enabled(enabled).await,
+            Self::Sqlite(s) => s.set_events_enabled(enabled).await,
+        }
+    }
+
     /// Messages not yet published, and the age of the oldest, in seconds; rows
     /// set aside are not waiting to be published, and are not counted.
     pub async fn outbox_backlog(&self) -> Result<(i64, f64), StoreError> {

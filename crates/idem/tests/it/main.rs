@@ -12,6 +12,7 @@ mod bench;
 mod concurrency;
 mod crash;
 mod demo;
+mod events;
 mod ha;
 mod hostile;
 mod openapi;

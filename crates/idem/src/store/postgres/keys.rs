@@ -86,8 +86,9 @@ const RECLAIM_SQL: &str = concatcp!(
     " from c cross join k"
 );
 
-/// Store the outcome, settle the charge and write its event to the outbox, in
-/// one statement (one transaction), fenced by `attempt`. Parameters as
+/// Store the outcome, settle the charge and write its event to the outbox
+/// (when the deployment has events on: the `settings` table), in one
+/// statement (one transaction), fenced by `attempt`. Parameters as
 /// [`FinalizeValues::params`] names them (the event's type is also its
 /// routing key). Public for `idem bench --vs-pgbench`.
 pub const FINALIZE_SQL: &str = "with k as (
@@ -100,7 +101,8 @@ pub const FINALIZE_SQL: &str = "with k as (
                 returning charge_id
             ), e as (
                 insert into outbox (kind, message_id, exchange, routing_key, tenant, event_type, body)
-                select 'event', $11, $12, $13, $14, $13, $15 from k where $11::text is not null
+                select 'event', $11, $12, $13, $14, $13, $15 from k
+                 where $11::text is not null and (select events_enabled from settings)
             )
             update charges c
                set status = $8, acquirer_capture_id = $9, decline_reason = $10, updated_at = now()

@@ -99,6 +99,35 @@ impl PgStore {
         Ok(done.rows_affected())
     }
 
+    pub(in crate::store) async fn events_enabled(&self) -> Result<bool, StoreError> {
+        let (enabled,): (bool,) = self
+            .on_conn(async |db| {
+                sqlx::query_as("select events_enabled from settings")
+                    .fetch_one(db)
+                    .await
+            })
+            .await?;
+        Ok(enabled)
+    }
+
+    pub(in crate::store) async fn set_events_enabled(
+        &self,
+        enabled: bool,
+    ) -> Result<bool, StoreError> {
+        let done = self
+            .on_conn(async |db| {
+                sqlx::query(
+                    "update settings set events_enabled = $1, updated_at = now()
+                      where events_enabled <> $1",
+                )
+                .bind(enabled)
+                .execute(db)
+                .await
+            })
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
     pub(in crate::store) async fn outbox_backlog(&self) -> Result<(i64, f64), StoreError> {
         Ok(self
             .on_conn(async |db| {

@@ -141,7 +141,7 @@ const FINALIZE_EVENT_SQL: &str = concatcp!(
     "insert into outbox (kind, message_id, exchange, routing_key, tenant, event_type, body, created_at)
      select 'event', $11, $12, $13, $14, $13, $15, ",
     NOW,
-    " where $11 is not null"
+    " where $11 is not null and (select events_enabled from settings)"
 );
 
 const FINALIZE_CHARGE_SQL: &str = concatcp!(

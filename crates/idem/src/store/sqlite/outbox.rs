@@ -83,6 +83,13 @@ const PRUNE_SQL: &str = concatcp!(
              limit $2)"
 );
 
+/// `$1` whether events are on.
+const SET_EVENTS_SQL: &str = concatcp!(
+    "update settings set events_enabled = $1, updated_at = ",
+    NOW,
+    " where events_enabled <> $1"
+);
+
 const BACKLOG_SQL: &str = concatcp!(
     "select count(*), coalesce((",
     NOW,
@@ -175,6 +182,27 @@ impl SqliteStore {
                 .execute(&mut *tx)
                 .await?;
             Ok(done.rows_affected())
+        })
+        .await
+    }
+
+    pub(in crate::store) async fn events_enabled(&self) -> Result<bool, StoreError> {
+        let (enabled,): (bool,) = sqlx::query_as("select events_enabled from settings")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(enabled)
+    }
+
+    pub(in crate::store) async fn set_events_enabled(
+        &self,
+        enabled: bool,
+    ) -> Result<bool, StoreError> {
+        self.write(async |tx| {
+            let done = sqlx::query(SET_EVENTS_SQL)
+                .bind(enabled)
+                .execute(&mut *tx)
+                .await?;
+            Ok(done.rows_affected() == 1)
         })
         .await
     }
