@@ -62,6 +62,8 @@ pub(crate) struct EngineSettings {
 pub(crate) struct Workers {
     /// Pause between sweeps of expired keys.
     pub(crate) sweep_interval: Duration,
+    /// How long an expired key's tombstone lives past the key's expiry.
+    pub(crate) tombstone_ttl: Duration,
     pub(crate) reconciler: ReconcilerConfig,
 }
 
@@ -199,7 +201,8 @@ fn spawn_workers(
     };
     let reconciler = Reconciler::new(engine.clone(), workers.reconciler);
     tracker.spawn(reconciler.run(shutdown.clone()));
-    let sweeper = Sweeper::new(engine.store().clone(), workers.sweep_interval);
+    let sweeper = Sweeper::new(engine.store().clone(), workers.sweep_interval)
+        .with_tombstone_ttl(workers.tombstone_ttl);
     tracker.spawn(sweeper.run(shutdown.clone()));
 }
 

@@ -13,7 +13,8 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 /// Requests by matched route, method and status.
 pub const HTTP_REQUESTS: &str = "idem_http_requests_total";
 /// Answers to `POST /v1/charges` by outcome: `captured`, `declined`, `failed`,
-/// `replayed`, `in_flight` (409), `key_reused` (422), `unknown` (503).
+/// `replayed`, `in_flight` (409), `key_reused` (422), `key_expired` (410),
+/// `unknown` (503).
 pub const CHARGE_OUTCOMES: &str = "idem_charge_outcomes_total";
 /// Calls to the acquirer by outcome: `captured`, `declined`, `rejected`, `unknown`.
 pub const ACQUIRER_CALLS: &str = "idem_acquirer_calls_total";

@@ -22,6 +22,7 @@ pub enum ProblemKind {
     UnsupportedMediaType,
     BodyTooLarge,
     KeyReused,
+    KeyExpired,
     RequestInFlight,
     OutcomeUnknown,
     Declined,
@@ -36,7 +37,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, for docs and tests.
-    pub const ALL: [ProblemKind; 17] = [
+    pub const ALL: [ProblemKind; 18] = [
         Self::Unauthorized,
         Self::MissingIdempotencyKey,
         Self::MalformedIdempotencyKey,
@@ -44,6 +45,7 @@ impl ProblemKind {
         Self::UnsupportedMediaType,
         Self::BodyTooLarge,
         Self::KeyReused,
+        Self::KeyExpired,
         Self::RequestInFlight,
         Self::OutcomeUnknown,
         Self::Declined,
@@ -65,6 +67,7 @@ impl ProblemKind {
             Self::UnsupportedMediaType => "unsupported-media-type",
             Self::BodyTooLarge => "body-too-large",
             Self::KeyReused => "idempotency-key-reused",
+            Self::KeyExpired => "key-expired",
             Self::RequestInFlight => "request-in-flight",
             Self::OutcomeUnknown => "outcome-unknown",
             Self::Declined => "charge-declined",
@@ -87,6 +90,7 @@ impl ProblemKind {
             Self::UnsupportedMediaType => "Unsupported media type",
             Self::BodyTooLarge => "Request body too large",
             Self::KeyReused => "Idempotency-Key reused with a different request",
+            Self::KeyExpired => "Idempotency-Key expired; this request was already answered",
             Self::RequestInFlight => "A request with this Idempotency-Key is in flight",
             Self::OutcomeUnknown => "Charge outcome not yet known",
             Self::Declined => "Charge declined",
@@ -107,6 +111,7 @@ impl ProblemKind {
             Self::UnsupportedMediaType => 415,
             Self::BodyTooLarge => 413,
             Self::KeyReused => 422,
+            Self::KeyExpired => 410,
             Self::RequestInFlight => 409,
             Self::OutcomeUnknown | Self::ServiceUnavailable | Self::Overloaded => 503,
             Self::Declined => 402,
@@ -143,7 +148,7 @@ impl ProblemKind {
 /// A problem+json document.
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(description = "An error, as `application/problem+json` (RFC 9457). \
-    `field`, `differing_fields` and `charge` are present only where they apply.")]
+    `field`, `differing_fields`, `charge` and `charge_id` are present only where they apply.")]
 pub struct Problem<'a> {
     /// The kind of error: branch on this, not on `title` or `detail`.
     #[serde(rename = "type")]
@@ -169,6 +174,10 @@ pub struct Problem<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Charge)]
     pub charge: Option<&'a Charge>,
+    /// The charge an expired key's request made (`key-expired`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String)]
+    pub charge_id: Option<&'a str>,
 }
 
 /// Every `type` URI of the catalog.
@@ -189,6 +198,16 @@ impl<'a> Problem<'a> {
             field: None,
             differing_fields: None,
             charge: None,
+            charge_id: None,
+        }
+    }
+
+    /// The `410` of a late retry: the key expired after it stored the outcome
+    /// of this very request, so nothing is charged again; names the charge.
+    pub fn key_expired(charge_id: &'a str) -> Self {
+        Self {
+            charge_id: Some(charge_id),
+            ..Self::new(ProblemKind::KeyExpired, key_expired_detail(charge_id))
         }
     }
 
@@ -204,6 +223,15 @@ impl<'a> Problem<'a> {
     pub fn to_bytes(&self) -> Vec<u8> {
         crate::domain::to_json(self)
     }
+}
+
+/// The `detail` of an expired key's problem.
+pub fn key_expired_detail(charge_id: &str) -> String {
+    format!(
+        "the Idempotency-Key expired after storing the outcome of this same request, \
+         charge {charge_id} (GET /v1/charges/{charge_id}); nothing was charged again. \
+         A new charge needs a new key"
+    )
 }
 
 /// The `detail` of a reused key's problem.

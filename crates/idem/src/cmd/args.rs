@@ -71,6 +71,10 @@ pub(crate) struct WorkerArgs {
     /// Pause between sweeps of expired keys.
     #[arg(long, env = "IDEM_SWEEP_INTERVAL", value_parser = parse_duration, default_value = "60s")]
     pub(crate) sweep_interval: Duration,
+    /// How long the tombstone of an expired key lives past the key's expiry:
+    /// a late retry of the same request then gets 410 Gone, not a new charge.
+    #[arg(long, env = "IDEM_TOMBSTONE_TTL", value_parser = parse_duration, default_value = "30d")]
+    pub(crate) tombstone_ttl: Duration,
     #[command(flatten)]
     pub(crate) reconciler: ReconcilerArgs,
 }
@@ -148,6 +152,7 @@ impl WorkerArgs {
     pub(crate) fn workers(&self) -> Option<app::Workers> {
         (!self.no_workers).then(|| app::Workers {
             sweep_interval: self.sweep_interval,
+            tombstone_ttl: self.tombstone_ttl,
             reconciler: self.reconciler.config(),
         })
     }

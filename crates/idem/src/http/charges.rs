@@ -76,6 +76,11 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
         (status = UNPROCESSABLE_ENTITY, description = "`idempotency-key-reused`: the key was first used \
             with another request; `differing_fields` lists the fields that differ. Nothing stored.",
             body = Problem, content_type = PROBLEM_JSON),
+        (status = GONE, description = "`key-expired`: the key expired (`--key-ttl`) after storing the \
+            outcome of this same request, and its tombstone (`--tombstone-ttl`, 30 days by default) is \
+            still kept: a late retry, not a new intent. `charge_id` names the charge it made; nothing \
+            is charged again. A new charge needs a new key; the same key with another request is one.",
+            body = Problem, content_type = PROBLEM_JSON),
         (status = INTERNAL_SERVER_ERROR, description = INTERNAL_DESCRIPTION, body = Problem,
             content_type = PROBLEM_JSON),
         (status = BAD_GATEWAY, description = "`acquirer-rejected`: the acquirer answered `422` (it knows \
@@ -157,6 +162,7 @@ pub async fn create(
         }
         Outcome::InFlight { retry_after, .. } => Err(ApiError::InFlight { retry_after }),
         Outcome::Mismatch { fields } => Err(ApiError::KeyReused(fields)),
+        Outcome::Expired { charge_id } => Err(ApiError::KeyExpired(charge_id)),
         Outcome::Unknown {
             charge_id,
             retry_after,

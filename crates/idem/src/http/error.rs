@@ -39,6 +39,8 @@ pub enum ApiError {
     /// 422: the key was first used for another request.
     #[error("{}", crate::problem::key_reused_detail(.0))]
     KeyReused(Vec<&'static str>),
+    #[error("{}", crate::problem::key_expired_detail(.0.as_str()))]
+    KeyExpired(ChargeId),
     /// 409: another attempt with this key is still working.
     #[error("a request with this Idempotency-Key is still being processed")]
     InFlight { retry_after: Duration },
@@ -101,6 +103,7 @@ impl ApiError {
             Self::BodyTooLarge(_) => ProblemKind::BodyTooLarge,
             Self::InvalidBody(_) | Self::UnreadableBody(_) => ProblemKind::InvalidBody,
             Self::KeyReused(_) => ProblemKind::KeyReused,
+            Self::KeyExpired(_) => ProblemKind::KeyExpired,
             Self::InFlight { .. } => ProblemKind::RequestInFlight,
             Self::OutcomeUnknown { .. } => ProblemKind::OutcomeUnknown,
             Self::NotFound => ProblemKind::NotFound,
@@ -136,6 +139,7 @@ impl ApiError {
         };
         let mut problem = match self {
             Self::KeyReused(fields) => Problem::key_reused(fields),
+            Self::KeyExpired(charge_id) => Problem::key_expired(charge_id.as_str()),
             _ => Problem::new(kind, detail),
         };
         if let Self::InvalidBody(e) = self {

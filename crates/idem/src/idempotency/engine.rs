@@ -71,6 +71,9 @@ pub enum Outcome {
     },
     /// The key was first used for a different request.
     Mismatch { fields: Vec<&'static str> },
+    /// The key expired after storing the outcome of this very request: a late
+    /// retry, answered `410` naming the charge; nothing was claimed or charged.
+    Expired { charge_id: ChargeId },
     /// The acquirer gave no definite answer; the charge stays `processing` and
     /// the next attempt (or the reconciler) re-drives it with the same reference.
     Unknown {
@@ -167,6 +170,7 @@ impl Engine {
                 return self.drive(merchant, key, record, Approach::Capture).await;
             }
             Claim::Lost(record) => record,
+            Claim::Expired(charge_id) => return Ok(Outcome::Expired { charge_id }),
         };
         if record.fingerprint != fingerprint {
             return Ok(Outcome::Mismatch {
@@ -442,7 +446,7 @@ impl Engine {
 
 impl Outcome {
     /// The outcome's name in metrics: `captured`, `declined`, `failed`,
-    /// `replayed`, `in_flight`, `key_reused`, `unknown`.
+    /// `replayed`, `in_flight`, `key_reused`, `key_expired`, `unknown`.
     pub fn label(&self) -> &'static str {
         match self {
             Self::Completed { replayed: true, .. } => "replayed",
@@ -453,6 +457,7 @@ impl Outcome {
             },
             Self::InFlight { .. } => "in_flight",
             Self::Mismatch { .. } => "key_reused",
+            Self::Expired { .. } => "key_expired",
             Self::Unknown { .. } => "unknown",
         }
     }

@@ -310,6 +310,15 @@ impl Consumer {
                 };
                 (ResultAnswer::Now(&mismatch), false)
             }
+            Outcome::Expired { charge_id } => {
+                tracing::Span::current().record("charge_id", charge_id.as_str());
+                let problem = Problem::key_expired(charge_id.as_str());
+                mismatch = StoredResponse {
+                    status: problem.status,
+                    body: problem.to_bytes().into(),
+                };
+                (ResultAnswer::Now(&mismatch), false)
+            }
             // Another attempt holds the key: its outcome will be this one's too.
             Outcome::InFlight { charge_id, .. } => (
                 ResultAnswer::WhenSettled {
@@ -353,7 +362,8 @@ fn charge_of(outcome: &Outcome) -> Option<&str> {
     match outcome {
         Outcome::Completed { charge_id, .. }
         | Outcome::InFlight { charge_id, .. }
-        | Outcome::Unknown { charge_id, .. } => Some(charge_id.as_str()),
+        | Outcome::Unknown { charge_id, .. }
+        | Outcome::Expired { charge_id } => Some(charge_id.as_str()),
         Outcome::Mismatch { .. } => None,
     }
 }

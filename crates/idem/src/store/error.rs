@@ -23,6 +23,19 @@ pub enum StoreError {
     UnsupportedUrl(String),
 }
 
+/// Whether `e` says a charge with this acquirer reference already exists: the
+/// same request under the same key made a charge before (the reference is the
+/// intent's own, and charges are never deleted), however long ago its key and
+/// tombstone went. PostgreSQL names the constraint; SQLite, the column.
+pub(super) fn is_reference_taken(e: &StoreError) -> bool {
+    let StoreError::Database(sqlx::Error::Database(db)) = e else {
+        return false;
+    };
+    db.is_unique_violation()
+        && (db.constraint() == Some("charges_acquirer_reference_key")
+            || db.message().contains("charges.acquirer_reference"))
+}
+
 impl StoreError {
     /// Whether trying the same operation again later may succeed.
     pub fn is_transient(&self) -> bool {

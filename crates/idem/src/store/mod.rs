@@ -30,7 +30,7 @@ mod sqlite;
 
 use std::time::Duration;
 
-use crate::domain::{Charge, ChargeId, IdempotencyKey, Merchant, SecretHash};
+use crate::domain::{AcquirerReference, Charge, ChargeId, IdempotencyKey, Merchant, SecretHash};
 use outbox::BatchHold;
 use params::FinalizeValues;
 use postgres::PgStore;
@@ -148,11 +148,38 @@ impl Store {
     ///
     /// A record that expired is reclaimed for the new intent the same way, by a
     /// conditional update that only one attempt can win.
+    ///
+    /// The same request under a key that expired (its record past its time to
+    /// live, or swept and left a tombstone, or gone with its tombstone too: the
+    /// charge still holds the intent's reference) claims nothing:
+    /// [`Claim::Expired`].
     pub async fn claim(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
-        match self {
+        let claimed = match self {
             Self::Postgres(s) => s.claim(new).await,
             Self::Sqlite(s) => s.claim(new).await,
-        }
+        };
+        let claim = match claimed {
+            // Past its tombstone too: the charge itself remembers the intent.
+            Err(e) if error::is_reference_taken(&e) => {
+                let reference =
+                    AcquirerReference::for_intent(new.merchant_id, new.key, &new.fingerprint);
+                let charge_id = match self {
+                    Self::Postgres(s) => s.charge_by_reference(new.merchant_id, &reference).await?,
+                    Self::Sqlite(s) => s.charge_by_reference(new.merchant_id, &reference).await?,
+                };
+                return match charge_id {
+                    Some(id) => Ok(Claim::Expired(id)),
+                    None => Err(e),
+                };
+            }
+            claimed => claimed?,
+        };
+        Ok(match claim {
+            Claim::Lost(record) if record.expired && record.fingerprint == new.fingerprint => {
+                Claim::Expired(record.charge.id)
+            }
+            claim => claim,
+        })
     }
 
     /// The record under a key, with its charge.
@@ -262,14 +289,27 @@ impl Store {
         }
     }
 
-    /// Deletes up to `limit` expired, completed key records; returns how many.
-    /// Small bounded batches, so no long lock (PostgreSQL also skips rows a
-    /// request is reclaiming). Charges are never deleted, and an in-flight
-    /// record never expires.
-    pub async fn sweep_expired_keys(&self, limit: i64) -> Result<u64, StoreError> {
+    /// Deletes up to `limit` expired, completed key records, each leaving a
+    /// tombstone (merchant, key, fingerprint, charge) that lives `tombstone_ttl`
+    /// past the key's expiry; returns how many. Small bounded batches, so no
+    /// long lock (PostgreSQL also skips rows a request is reclaiming). Charges
+    /// are never deleted, and an in-flight record never expires.
+    pub async fn sweep_expired_keys(
+        &self,
+        limit: i64,
+        tombstone_ttl: Duration,
+    ) -> Result<u64, StoreError> {
         match self {
-            Self::Postgres(s) => s.sweep_expired_keys(limit).await,
-            Self::Sqlite(s) => s.sweep_expired_keys(limit).await,
+            Self::Postgres(s) => s.sweep_expired_keys(limit, tombstone_ttl).await,
+            Self::Sqlite(s) => s.sweep_expired_keys(limit, tombstone_ttl).await,
+        }
+    }
+
+    /// Deletes up to `limit` tombstones past their time; returns how many.
+    pub async fn sweep_tombstones(&self, limit: i64) -> Result<u64, StoreError> {
+        match self {
+            Self::Postgres(s) => s.sweep_tombstones(limit).await,
+            Self::Sqlite(s) => s.sweep_tombstones(limit).await,
         }
     }
 

@@ -50,6 +50,10 @@ pub enum Claim {
     Won(KeyRecord),
     /// Another attempt got there first; here is what it left.
     Lost(KeyRecord),
+    /// The key expired after storing the outcome of this very request (its
+    /// record past its time to live, or the tombstone the sweeper left): a late
+    /// retry, not a new intent. Nothing was claimed; here is the charge.
+    Expired(ChargeId),
 }
 
 /// The final outcome to store for a charge.

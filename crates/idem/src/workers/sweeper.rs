@@ -1,5 +1,8 @@
 //! The sweeper: deletes key records whose time to live is over, so storage is
-//! bounded by the traffic of one TTL, not by all time.
+//! bounded by the traffic of one TTL, not by all time. Each leaves a compact
+//! tombstone (merchant, key, fingerprint, charge), so that a late retry of the
+//! same request is answered `410 Gone` instead of charging again; tombstones
+//! are deleted in turn once `--tombstone-ttl` is over.
 //!
 //! Small batches, each its own short statement with `skip locked`, so it never
 //! holds a long lock nor waits on a request; an in-flight record never expires
@@ -15,14 +18,30 @@ use crate::store::{Store, StoreError};
 /// the request path.
 pub const SWEEP_BATCH: i64 = 1_000;
 
+/// How long a tombstone outlives its key, by default (`--tombstone-ttl`).
+pub const DEFAULT_TOMBSTONE_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+
 pub struct Sweeper {
     store: Store,
     interval: Duration,
+    tombstone_ttl: Duration,
 }
 
 impl Sweeper {
     pub fn new(store: Store, interval: Duration) -> Self {
-        Self { store, interval }
+        Self {
+            store,
+            interval,
+            tombstone_ttl: DEFAULT_TOMBSTONE_TTL,
+        }
+    }
+
+    /// How long the tombstone of a swept key lives past the key's expiry.
+    pub fn with_tombstone_ttl(self, tombstone_ttl: Duration) -> Self {
+        Self {
+            tombstone_ttl,
+            ..self
+        }
     }
 
     /// Sweeps everything expired now, batch by batch; returns how many went.
@@ -31,18 +50,19 @@ impl Sweeper {
     /// (after downtime, say) is worked off at no more than half the database
     /// time of one connection: unpaced, a sweep on a 2-core machine cut the
     /// charges flowing beside it to 0.37x (docs/benchmarks.md).
+    /// Tombstones past their time go the same way, after the keys.
     pub async fn sweep(&self) -> Result<u64, StoreError> {
-        let mut total = 0;
-        loop {
-            let started = std::time::Instant::now();
-            let n = self.store.sweep_expired_keys(SWEEP_BATCH).await?;
-            metrics::counter!(crate::metrics::SWEPT_KEYS).increment(n);
-            total += n;
-            if n < SWEEP_BATCH.unsigned_abs() {
-                return Ok(total);
-            }
-            tokio::time::sleep(started.elapsed()).await;
+        let keys = paced(|| {
+            self.store
+                .sweep_expired_keys(SWEEP_BATCH, self.tombstone_ttl)
+        })
+        .await?;
+        metrics::counter!(crate::metrics::SWEPT_KEYS).increment(keys);
+        let tombstones = paced(|| self.store.sweep_tombstones(SWEEP_BATCH)).await?;
+        if tombstones > 0 {
+            tracing::info!(deleted = tombstones, "swept tombstones past their time");
         }
+        Ok(keys)
     }
 
     /// Sweeps every `interval` until `shutdown`.
@@ -58,5 +78,24 @@ impl Sweeper {
                 _ = tokio::time::sleep(self.interval) => {}
             }
         }
+    }
+}
+
+/// Runs `batch` until one comes back short, resting after each full batch
+/// as long as it took; returns how many rows went in all.
+async fn paced<F, Fut>(mut batch: F) -> Result<u64, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<u64, StoreError>>,
+{
+    let mut total = 0;
+    loop {
+        let started = std::time::Instant::now();
+        let n = batch().await?;
+        total += n;
+        if n < SWEEP_BATCH.unsigned_abs() {
+            return Ok(total);
+        }
+        tokio::time::sleep(started.elapsed()).await;
     }
 }

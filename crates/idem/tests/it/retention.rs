@@ -47,3 +47,88 @@ async fn the_sweeper_deletes_expired_keys_but_no_charge_and_no_unsettled_key() {
     .expect("count");
     assert_eq!(left, 2, "the unsettled key and the live one stay");
 }
+
+/// A client that retries the same request after its key expired is not
+/// charged again: the expired record, and once it is swept the tombstone it
+/// leaves, answer `410 key-expired` naming the charge. The tombstone goes after
+/// its own time to live; past it, the charge itself (its acquirer reference is
+/// the intent's own) still refuses a second one. Another request under the key
+/// is a new intent.
+#[tokio::test]
+async fn a_late_retry_of_the_same_request_is_gone_naming_its_charge_until_the_tombstone_goes() {
+    let Env {
+        db,
+        sim,
+        app: _app,
+        client: c,
+    } = Env::with_key_ttl(Duration::from_millis(200), Duration::from_millis(300)).await;
+    let key = new_key();
+    let first = c.charge(&key, &body(1, 25_000)).await;
+    assert_eq!(first.status, 201);
+    let charge_id = first.json()["id"].as_str().expect("id").to_owned();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let gone = |answer: &Answer, stage: &str| {
+        assert_eq!(answer.status, 410, "{stage}: {:?}", answer.body);
+        assert_eq!(answer.problem_type(), "urn:idem:problem:key-expired");
+        assert_eq!(answer.json()["charge_id"], charge_id.as_str(), "{stage}");
+    };
+    // Expired, not yet swept: the record itself answers.
+    gone(&c.charge(&key, &body(1, 25_000)).await, "expired record");
+
+    // Swept: the tombstone answers.
+    let sweeper = Sweeper::new(db.store.clone(), Duration::from_secs(60))
+        .with_tombstone_ttl(Duration::from_millis(400));
+    assert_eq!(sweeper.sweep().await.expect("sweep"), 1);
+    assert_eq!(db.count("idempotency_keys").await, 0);
+    assert_eq!(db.count("key_tombstones").await, 1);
+    gone(&c.charge(&key, &body(1, 25_000)).await, "tombstone");
+    assert_eq!(
+        sim.ledger().await.captures.len(),
+        1,
+        "nothing charged again"
+    );
+
+    // The tombstone's time is over (key expiry + 400 ms): swept. The charge
+    // still holds the intent's reference, so the same request is still gone.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    sweeper.sweep().await.expect("sweep");
+    assert_eq!(db.count("key_tombstones").await, 0, "tombstones go too");
+    gone(
+        &c.charge(&key, &body(1, 25_000)).await,
+        "the charge's reference",
+    );
+    assert_eq!(db.count("idempotency_keys").await, 0, "nothing claimed");
+    assert_eq!(db.count("charges").await, 1);
+    assert_eq!(
+        sim.ledger().await.captures.len(),
+        1,
+        "nothing charged again"
+    );
+}
+
+#[tokio::test]
+async fn another_request_under_an_expired_key_is_a_new_intent_past_the_tombstone() {
+    let Env {
+        db,
+        sim,
+        app: _app,
+        client: c,
+    } = Env::with_key_ttl(Duration::from_millis(200), Duration::from_millis(300)).await;
+    let key = new_key();
+    assert_eq!(c.charge(&key, &body(1, 100)).await.status, 201);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Sweeper::new(db.store.clone(), Duration::from_secs(60))
+        .sweep()
+        .await
+        .expect("sweep");
+    assert_eq!(db.count("key_tombstones").await, 1);
+    let other = c.charge(&key, &body(2, 200)).await;
+    assert_eq!(other.status, 201, "{:?}", other.body);
+    assert!(!other.replayed());
+    assert_eq!(sim.ledger().await.captures.len(), 2);
+    // And that new intent is replayed as usual while its key lives.
+    let replay = c.charge(&key, &body(2, 200)).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, other.body);
+}

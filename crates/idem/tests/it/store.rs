@@ -136,7 +136,10 @@ async fn a_claim_racing_the_sweeper_on_an_expired_key_never_fails() {
         let store = db.store.clone();
         async move {
             for _ in 0..300 {
-                store.sweep_expired_keys(10).await.expect("sweep");
+                store
+                    .sweep_expired_keys(10, Duration::from_secs(60))
+                    .await
+                    .expect("sweep");
             }
         }
     });
@@ -178,6 +181,7 @@ async fn a_claim_racing_the_sweeper_on_an_expired_key_never_fails() {
                     .expect("finalize"));
             }
             Claim::Lost(record) => panic!("an expired key is free, got {:?}", record.state),
+            Claim::Expired(charge) => panic!("another request each round, yet expired: {charge}"),
         }
     }
     sweeping.await.expect("sweeper");

@@ -2,7 +2,7 @@
 //! columns the key statements select with it.
 
 use super::PgStore;
-use crate::domain::{Charge, ChargeId};
+use crate::domain::{AcquirerReference, Charge, ChargeId};
 use crate::store::model::{ProcessingStats, StuckCharge};
 use crate::store::rows::ChargeRow;
 use crate::store::StoreError;
@@ -34,6 +34,26 @@ impl PgStore {
             })
             .await?;
         row.map(Charge::try_from).transpose()
+    }
+
+    /// The merchant's charge made under this acquirer reference, if any.
+    pub(in crate::store) async fn charge_by_reference(
+        &self,
+        merchant_id: i64,
+        reference: &AcquirerReference,
+    ) -> Result<Option<ChargeId>, StoreError> {
+        let row: Option<(String,)> = self
+            .on_conn(async |db| {
+                sqlx::query_as(
+                    "select id from charges where acquirer_reference = $1 and merchant_id = $2",
+                )
+                .bind(reference.as_str())
+                .bind(merchant_id)
+                .fetch_optional(db)
+                .await
+            })
+            .await?;
+        Ok(row.map(|(id,)| ChargeId::from_trusted(id)))
     }
 
     pub(in crate::store) async fn mark_for_review(

@@ -12,7 +12,7 @@ use sqlx::PgConnection;
 
 use super::charges::CHARGE_COLUMNS;
 use super::PgStore;
-use crate::domain::IdempotencyKey;
+use crate::domain::{ChargeId, IdempotencyKey};
 use crate::store::model::{Claim, KeyRecord, NewClaim, Orphan, Reschedule};
 use crate::store::params::{arguments, ClaimValues, FinalizeValues};
 use crate::store::rows::{OrphanRow, RecordRow};
@@ -42,14 +42,20 @@ const CREATE_CHARGE_OF_K: &str = "c as (
         )";
 
 /// Insert first, in one statement: claim the key and create its charge, or
-/// read the record that won. Parameters as [`ClaimValues::params`] names them; public
-/// so that `idem bench --vs-pgbench` runs the very same statement.
+/// read the record that won. No claim is made where the same request left a
+/// live tombstone (the statement then returns no row). Parameters as
+/// [`ClaimValues::params`] names them; public so that `idem bench
+/// --vs-pgbench` runs the very same statement.
 pub const CLAIM_SQL: &str = concatcp!(
     "with k as (
                 insert into idempotency_keys
                     (merchant_id, idempotency_key, fingerprint, charge_id, locked_until, expires_at)
-                values ($1, $2, $3, $4, now() + $5 * interval '1 millisecond',
-                        now() + $6 * interval '1 millisecond')
+                select $1, $2, $3, $4, now() + $5 * interval '1 millisecond',
+                       now() + $6 * interval '1 millisecond'
+                 where not exists (
+                       select 1 from key_tombstones t
+                        where t.merchant_id = $1 and t.idempotency_key = $2
+                          and t.fingerprint = $3 and t.expires_at > now())
                 on conflict (merchant_id, idempotency_key) do nothing
                 returning *
             ), ",
@@ -76,7 +82,7 @@ const RECLAIM_SQL: &str = concatcp!(
                locked_until = now() + $5 * interval '1 millisecond',
                expires_at = now() + $6 * interval '1 millisecond', created_at = now()
          where merchant_id = $1 and idempotency_key = $2
-           and state = 'completed' and expires_at <= now()
+           and state = 'completed' and expires_at <= now() and fingerprint <> $3
         returning *
     ), ",
     CREATE_CHARGE_OF_K,
@@ -172,13 +178,38 @@ const ORPHANS_SQL: &str =
       order by k.locked_until
       limit $1";
 
-/// `$1` limit. `skip locked`: never waits on a row a request is reclaiming.
-const SWEEP_SQL: &str = "delete from idempotency_keys
+/// `$1` limit, `$2` the tombstone's time to live in ms (from the key's
+/// expiry). Each swept record leaves its tombstone, in the same statement.
+/// `skip locked`: never waits on a row a request is reclaiming.
+const SWEEP_SQL: &str = "with swept as (
+        delete from idempotency_keys
+         where ctid = any(array(
+               select ctid from idempotency_keys
+                where state = 'completed' and expires_at <= now()
+                limit $1
+                for update skip locked))
+        returning merchant_id, idempotency_key, fingerprint, charge_id, expires_at
+    )
+    insert into key_tombstones (merchant_id, idempotency_key, fingerprint, charge_id, expires_at)
+    select merchant_id, idempotency_key, fingerprint, charge_id,
+           expires_at + $2 * interval '1 millisecond'
+      from swept
+    on conflict (merchant_id, idempotency_key) do update
+       set fingerprint = excluded.fingerprint, charge_id = excluded.charge_id,
+           expires_at = excluded.expires_at";
+
+/// `$1` limit: tombstones past their time.
+const SWEEP_TOMBSTONES_SQL: &str = "delete from key_tombstones
       where ctid = any(array(
-            select ctid from idempotency_keys
-             where state = 'completed' and expires_at <= now()
+            select ctid from key_tombstones where expires_at <= now()
              limit $1
              for update skip locked))";
+
+/// `$1` merchant, `$2` key, `$3` fingerprint: the charge of a live tombstone
+/// left by the same request.
+const TOMBSTONE_SQL: &str = "select charge_id from key_tombstones
+      where merchant_id = $1 and idempotency_key = $2 and fingerprint = $3
+        and expires_at > now()";
 
 #[derive(sqlx::FromRow)]
 struct ClaimRow {
@@ -307,9 +338,31 @@ impl PgStore {
         rows.into_iter().map(Orphan::try_from).collect()
     }
 
-    pub(in crate::store) async fn sweep_expired_keys(&self, limit: i64) -> Result<u64, StoreError> {
+    pub(in crate::store) async fn sweep_expired_keys(
+        &self,
+        limit: i64,
+        tombstone_ttl: Duration,
+    ) -> Result<u64, StoreError> {
         let done = self
-            .on_conn(async |db| sqlx::query(SWEEP_SQL).bind(limit).execute(db).await)
+            .on_conn(async |db| {
+                sqlx::query(SWEEP_SQL)
+                    .bind(limit)
+                    .bind(millis(tombstone_ttl))
+                    .execute(db)
+                    .await
+            })
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    pub(in crate::store) async fn sweep_tombstones(&self, limit: i64) -> Result<u64, StoreError> {
+        let done = self
+            .on_conn(async |db| {
+                sqlx::query(SWEEP_TOMBSTONES_SQL)
+                    .bind(limit)
+                    .execute(db)
+                    .await
+            })
             .await?;
         Ok(done.rows_affected())
     }
@@ -329,12 +382,15 @@ async fn try_claim(db: &mut PgConnection, new: &NewClaim<'_>) -> Result<Option<C
         // The winner committed after this statement's snapshot was taken:
         // the insert saw its row, the select could not. A fresh read will
         // (unless the row was swept meanwhile: then the next round inserts).
+        // Or the same request left a tombstone: nothing was claimed.
         None => match key_record(db, new.merchant_id, new.key).await? {
             Some(record) => record,
-            None => return Ok(None),
+            None => return Ok(tombstone(db, new).await?.map(Claim::Expired)),
         },
     };
-    if record.expired {
+    // An expired record is a new intent only for another request; the same
+    // request is a late retry ([`Store::claim`] answers it as expired).
+    if record.expired && record.fingerprint != new.fingerprint {
         return reclaim_expired(db, new).await;
     }
     Ok(Some(Claim::Lost(record)))
@@ -357,6 +413,20 @@ async fn reclaim_expired(
             .await?
             .map(Claim::Lost)),
     }
+}
+
+/// The charge of a live tombstone the same request left under the key.
+async fn tombstone(
+    db: &mut PgConnection,
+    new: &NewClaim<'_>,
+) -> Result<Option<ChargeId>, StoreError> {
+    let row: Option<(String,)> = sqlx::query_as(TOMBSTONE_SQL)
+        .bind(new.merchant_id)
+        .bind(new.key.as_str())
+        .bind(new.fingerprint.as_bytes())
+        .fetch_optional(&mut *db)
+        .await?;
+    Ok(row.map(|(id,)| ChargeId::from_trusted(id)))
 }
 
 async fn key_record(

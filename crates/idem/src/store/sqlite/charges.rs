@@ -4,7 +4,7 @@
 use const_format::concatcp;
 
 use super::{SqliteStore, NOW};
-use crate::domain::{Charge, ChargeId};
+use crate::domain::{AcquirerReference, Charge, ChargeId};
 use crate::store::model::{ProcessingStats, StuckCharge};
 use crate::store::rows::ChargeRow;
 use crate::store::StoreError;
@@ -49,6 +49,22 @@ impl SqliteStore {
             .fetch_optional(&self.pool)
             .await?;
         row.map(Charge::try_from).transpose()
+    }
+
+    /// The merchant's charge made under this acquirer reference, if any.
+    pub(in crate::store) async fn charge_by_reference(
+        &self,
+        merchant_id: i64,
+        reference: &AcquirerReference,
+    ) -> Result<Option<ChargeId>, StoreError> {
+        let row: Option<(String,)> = sqlx::query_as(
+            "select id from charges where acquirer_reference = $1 and merchant_id = $2",
+        )
+        .bind(reference.as_str())
+        .bind(merchant_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|(id,)| ChargeId::from_trusted(id)))
     }
 
     pub(in crate::store) async fn mark_for_review(

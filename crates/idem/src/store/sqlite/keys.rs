@@ -11,7 +11,7 @@ use sqlx::sqlite::SqliteArguments;
 
 use super::charges::CHARGE_COLUMNS;
 use super::{SqliteStore, NOW};
-use crate::domain::IdempotencyKey;
+use crate::domain::{ChargeId, IdempotencyKey};
 use crate::store::model::{Claim, KeyRecord, NewClaim, Orphan, Reschedule};
 use crate::store::params::{arguments, ClaimValues, FinalizeValues};
 use crate::store::rows::{OrphanRow, RecordRow};
@@ -70,7 +70,7 @@ const RECLAIM_SQL: &str = concatcp!(
     NOW,
     "
       where merchant_id = $1 and idempotency_key = $2
-        and state = 'completed' and expires_at <= ",
+        and state = 'completed' and fingerprint <> $3 and expires_at <= ",
     NOW
 );
 
@@ -182,7 +182,36 @@ const SWEEP_SQL: &str = concatcp!(
              where state = 'completed' and expires_at <= ",
     NOW,
     "
-             limit $1)"
+             limit $1)
+     returning merchant_id, idempotency_key, fingerprint, charge_id, expires_at"
+);
+
+/// One swept record's tombstone: `$1` merchant, `$2` key, `$3` fingerprint,
+/// `$4` charge id, `$5` when it ends (ms).
+const INSERT_TOMBSTONE_SQL: &str = "insert into key_tombstones
+        (merchant_id, idempotency_key, fingerprint, charge_id, expires_at)
+     values ($1, $2, $3, $4, $5)
+     on conflict (merchant_id, idempotency_key) do update
+        set fingerprint = excluded.fingerprint, charge_id = excluded.charge_id,
+            expires_at = excluded.expires_at";
+
+/// `$1` limit: tombstones past their time.
+const SWEEP_TOMBSTONES_SQL: &str = concatcp!(
+    "delete from key_tombstones
+      where (merchant_id, idempotency_key) in (
+            select merchant_id, idempotency_key from key_tombstones
+             where expires_at <= ",
+    NOW,
+    " limit $1)"
+);
+
+/// `$1` merchant, `$2` key, `$3` fingerprint: the charge of a live tombstone
+/// left by the same request.
+const TOMBSTONE_SQL: &str = concatcp!(
+    "select charge_id from key_tombstones
+      where merchant_id = $1 and idempotency_key = $2 and fingerprint = $3
+        and expires_at > ",
+    NOW
 );
 
 impl SqliteStore {
@@ -200,11 +229,21 @@ impl SqliteStore {
         let values = ClaimValues::new(new);
         let args = || arguments::<SqliteArguments<'_>, 11>(&values.params());
         self.write(async |tx| {
+            // The same request's tombstone: a late retry, nothing to claim.
+            let tombstone: Option<(String,)> = sqlx::query_as(TOMBSTONE_SQL)
+                .bind(new.merchant_id)
+                .bind(new.key.as_str())
+                .bind(new.fingerprint.as_bytes())
+                .fetch_optional(&mut *tx)
+                .await?;
+            if let Some((charge_id,)) = tombstone {
+                return Ok(Claim::Expired(ChargeId::from_trusted(charge_id)));
+            }
             let inserted: Option<(String,)> = sqlx::query_as_with(INSERT_KEY_SQL, args()?)
                 .fetch_optional(&mut *tx)
                 .await?;
-            // The key exists: an expired record becomes this new intent's
-            // claim; any other is what the winner left.
+            // The key exists: an expired record of another request becomes
+            // this new intent's claim; any other is what the winner left.
             let won = inserted.is_some()
                 || sqlx::query_with(RECLAIM_SQL, args()?)
                     .execute(&mut *tx)
@@ -348,9 +387,39 @@ impl SqliteStore {
         rows.into_iter().map(Orphan::try_from).collect()
     }
 
-    pub(in crate::store) async fn sweep_expired_keys(&self, limit: i64) -> Result<u64, StoreError> {
+    /// Deletes a batch of expired records and leaves each one's tombstone, in
+    /// one write transaction.
+    pub(in crate::store) async fn sweep_expired_keys(
+        &self,
+        limit: i64,
+        tombstone_ttl: Duration,
+    ) -> Result<u64, StoreError> {
         self.write(async |tx| {
-            let done = sqlx::query(SWEEP_SQL).bind(limit).execute(&mut *tx).await?;
+            let swept: Vec<(i64, String, Vec<u8>, String, i64)> = sqlx::query_as(SWEEP_SQL)
+                .bind(limit)
+                .fetch_all(&mut *tx)
+                .await?;
+            for (merchant_id, key, fingerprint, charge_id, expired_at) in &swept {
+                sqlx::query(INSERT_TOMBSTONE_SQL)
+                    .bind(merchant_id)
+                    .bind(key)
+                    .bind(fingerprint)
+                    .bind(charge_id)
+                    .bind(expired_at.saturating_add(millis(tombstone_ttl)))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            Ok(swept.len() as u64)
+        })
+        .await
+    }
+
+    pub(in crate::store) async fn sweep_tombstones(&self, limit: i64) -> Result<u64, StoreError> {
+        self.write(async |tx| {
+            let done = sqlx::query(SWEEP_TOMBSTONES_SQL)
+                .bind(limit)
+                .execute(&mut *tx)
+                .await?;
             Ok(done.rows_affected())
         })
         .await
