@@ -9,6 +9,7 @@
 mod auth;
 mod charges;
 mod error;
+mod keys;
 mod openapi;
 mod ops;
 mod schemas;
@@ -86,6 +87,7 @@ pub fn router_with(state: AppState, limits: &Limits, with_metrics: bool) -> Rout
     let api = Router::new()
         .route("/v1/charges", post(charges::create))
         .route("/v1/charges/{id}", get(charges::get))
+        .route("/v1/idempotency-keys/{key}", get(keys::get))
         .route_layer(shed);
     let mut ops = Router::new()
         .route("/healthz", get(ops::healthz))

@@ -16,7 +16,7 @@ use utoipa::openapi::{HeaderBuilder, ObjectBuilder, RefOr, Type};
 use utoipa::{Modify, OpenApi};
 
 use super::schemas::REQUEST_ID;
-use super::{charges, ops};
+use super::{charges, keys, ops};
 use crate::domain::{Charge, ChargeRequest};
 use crate::problem::Problem;
 
@@ -34,10 +34,12 @@ acquirer gets `409` at once; the same key with a different request gets `422`.
 
 **Retention.** A key and its stored outcome are honoured for the key TTL, counted \
 from when the outcome is stored: 24 hours by default, set per deployment with \
-`idem serve --key-ttl` (`IDEM_KEY_TTL`). After that the same key is a new intent: \
-it creates a new charge, so a client must not retry an intent for longer than the \
-TTL. A key whose charge is still `processing` never expires, and expiry never \
-deletes a charge.
+`idem serve --key-ttl` (`IDEM_KEY_TTL`). After that the same key with another \
+request is a new intent (a new charge), while a late retry of the same request \
+gets `410 key-expired` naming the charge it made, and is not charged again. A key \
+whose charge is still `processing` never expires, and expiry never deletes a \
+charge. `GET /v1/idempotency-keys/{key}` tells a key's state without sending the \
+request again.
 
 **Errors** are `application/problem+json` (RFC 9457). Branch on `type`, a stable \
 URN per kind of error (`urn:idem:problem:...`), never on `title` or `detail`. \
@@ -53,12 +55,13 @@ and no merchant can see another's charges.";
     paths(
         charges::create,
         charges::get,
+        keys::get,
         ops::healthz,
         ops::readyz,
         ops::metrics,
         openapi_json
     ),
-    components(schemas(Charge, ChargeRequest, Problem)),
+    components(schemas(Charge, ChargeRequest, Problem, keys::KeyState)),
     modifiers(&Finish),
     tags(
         (name = "charges", description = "Charging, once per Idempotency-Key; every request needs the merchant's bearer secret."),

@@ -39,7 +39,7 @@ use sqlite::SqliteStore;
 pub use error::StoreError;
 pub use merchant_cache::MerchantCache;
 pub use model::{
-    Claim, KeyRecord, KeyState, MerchantError, NewClaim, NewEvent, NewResult, Orphan,
+    Claim, KeyRecord, KeyState, KeyStatus, MerchantError, NewClaim, NewEvent, NewResult, Orphan,
     OutboxMessage, PoolStats, ProcessingStats, Reschedule, ResultAnswer, Settlement, StuckCharge,
 };
 pub use outbox::OutboxBatch;
@@ -191,6 +191,19 @@ impl Store {
         match self {
             Self::Postgres(s) => s.key_record(merchant_id, key).await,
             Self::Sqlite(s) => s.key_record(merchant_id, key).await,
+        }
+    }
+
+    /// What a key stands for now: its record, or its tombstone; `None` when
+    /// the merchant has neither.
+    pub async fn key_status(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+    ) -> Result<Option<KeyStatus>, StoreError> {
+        match self {
+            Self::Postgres(s) => s.key_status(merchant_id, key).await,
+            Self::Sqlite(s) => s.key_status(merchant_id, key).await,
         }
     }
 

@@ -43,6 +43,28 @@ pub struct KeyRecord {
     pub expired: bool,
 }
 
+/// What a key stands for now, as `GET /v1/idempotency-keys/{key}` shows it.
+#[derive(Debug, Clone)]
+pub enum KeyStatus {
+    /// An attempt holds (or held) the lease; no outcome yet.
+    InFlight {
+        charge_id: ChargeId,
+        lease_remaining: Duration,
+    },
+    /// The outcome is stored, with this status, until `expires_at`.
+    Completed {
+        charge_id: ChargeId,
+        status: u16,
+        expires_at: DateTime<Utc>,
+    },
+    /// Past its time to live: from its record not yet swept (`until` unknown),
+    /// or from its tombstone, kept `until`.
+    Expired {
+        charge_id: ChargeId,
+        until: Option<DateTime<Utc>>,
+    },
+}
+
 /// The answer to an insert-first claim.
 #[derive(Debug)]
 pub enum Claim {

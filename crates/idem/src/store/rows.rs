@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::model::{KeyRecord, KeyState, Orphan};
+use super::model::{KeyRecord, KeyState, KeyStatus, Orphan};
 use super::StoreError;
 use crate::domain::{
     AcquirerReference, AmountCents, Charge, ChargeId, ChargeStatus, Currency, Description,
@@ -90,6 +90,51 @@ impl TryFrom<RecordRow> for KeyRecord {
             state,
             attempt: r.attempt,
             expired: r.expired,
+        })
+    }
+}
+
+/// A key's record as `key_status` reads it, or its tombstone (`state` =
+/// `tombstone`, no response and no lease).
+#[derive(sqlx::FromRow)]
+pub(super) struct KeyStatusRow {
+    state: String,
+    charge_id: String,
+    response_status: Option<i16>,
+    expires_at: DateTime<Utc>,
+    lease_remaining_ms: i64,
+    expired: bool,
+}
+
+impl TryFrom<KeyStatusRow> for KeyStatus {
+    type Error = StoreError;
+
+    fn try_from(r: KeyStatusRow) -> Result<Self, StoreError> {
+        let charge_id = ChargeId::from_trusted(r.charge_id);
+        Ok(match (r.state.as_str(), r.expired, r.response_status) {
+            ("tombstone", _, _) => KeyStatus::Expired {
+                charge_id,
+                until: Some(r.expires_at),
+            },
+            ("completed", true, _) => KeyStatus::Expired {
+                charge_id,
+                until: None,
+            },
+            ("completed", false, Some(status)) => KeyStatus::Completed {
+                charge_id,
+                status: u16::try_from(status)
+                    .map_err(|_| StoreError::Corrupt("key status".to_owned()))?,
+                expires_at: r.expires_at,
+            },
+            ("in_flight", _, _) => KeyStatus::InFlight {
+                charge_id,
+                lease_remaining: Duration::from_millis(r.lease_remaining_ms.max(0).unsigned_abs()),
+            },
+            (state, _, _) => {
+                return Err(StoreError::Corrupt(format!(
+                    "key of charge {charge_id}: state {state}"
+                )))
+            }
         })
     }
 }

@@ -15,6 +15,7 @@ mod demo;
 mod events;
 mod ha;
 mod hostile;
+mod keys;
 mod openapi;
 mod outcomes;
 mod queue;

@@ -46,6 +46,8 @@ fn the_document_is_openapi_3_1_with_every_route_of_the_contract() {
     let routes = [
         ("/v1/charges", "post"),
         ("/v1/charges/{id}", "get"),
+        // Issue 13 (part 4) extends the contract with this one.
+        ("/v1/idempotency-keys/{key}", "get"),
         ("/healthz", "get"),
         ("/readyz", "get"),
         ("/metrics", "get"),

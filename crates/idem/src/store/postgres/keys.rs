@@ -13,9 +13,9 @@ use sqlx::PgConnection;
 use super::charges::CHARGE_COLUMNS;
 use super::PgStore;
 use crate::domain::{ChargeId, IdempotencyKey};
-use crate::store::model::{Claim, KeyRecord, NewClaim, Orphan, Reschedule};
+use crate::store::model::{Claim, KeyRecord, KeyStatus, NewClaim, Orphan, Reschedule};
 use crate::store::params::{arguments, ClaimValues, FinalizeValues};
-use crate::store::rows::{OrphanRow, RecordRow};
+use crate::store::rows::{KeyStatusRow, OrphanRow, RecordRow};
 use crate::store::{millis, StoreError};
 
 /// Columns of a key record joined with its charge (aliases `k` and `c`).
@@ -205,6 +205,19 @@ const SWEEP_TOMBSTONES_SQL: &str = "delete from key_tombstones
              limit $1
              for update skip locked))";
 
+/// `$1` merchant, `$2` key: the record's state, else a live tombstone's.
+const KEY_STATUS_SQL: &str = "select state, charge_id, response_status, expires_at,
+            greatest(0, ceil(extract(epoch from (locked_until - now())) * 1000))::bigint
+              as lease_remaining_ms,
+            (state = 'completed' and expires_at <= now()) as expired
+       from idempotency_keys where merchant_id = $1 and idempotency_key = $2
+     union all
+     select 'tombstone', charge_id, null, expires_at, 0, true
+       from key_tombstones
+      where merchant_id = $1 and idempotency_key = $2 and expires_at > now()
+        and not exists (select 1 from idempotency_keys
+                         where merchant_id = $1 and idempotency_key = $2)";
+
 /// `$1` merchant, `$2` key, `$3` fingerprint: the charge of a live tombstone
 /// left by the same request.
 const TOMBSTONE_SQL: &str = "select charge_id from key_tombstones
@@ -241,6 +254,23 @@ impl PgStore {
     ) -> Result<Option<KeyRecord>, StoreError> {
         self.on_conn(async |db| key_record(db, merchant_id, key).await)
             .await
+    }
+
+    pub(in crate::store) async fn key_status(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+    ) -> Result<Option<KeyStatus>, StoreError> {
+        let row: Option<KeyStatusRow> = self
+            .on_conn(async |db| {
+                sqlx::query_as(KEY_STATUS_SQL)
+                    .bind(merchant_id)
+                    .bind(key.as_str())
+                    .fetch_optional(db)
+                    .await
+            })
+            .await?;
+        row.map(KeyStatus::try_from).transpose()
     }
 
     pub(in crate::store) async fn take_over(

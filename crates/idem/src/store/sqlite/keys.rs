@@ -12,9 +12,9 @@ use sqlx::sqlite::SqliteArguments;
 use super::charges::CHARGE_COLUMNS;
 use super::{SqliteStore, NOW};
 use crate::domain::{ChargeId, IdempotencyKey};
-use crate::store::model::{Claim, KeyRecord, NewClaim, Orphan, Reschedule};
+use crate::store::model::{Claim, KeyRecord, KeyStatus, NewClaim, Orphan, Reschedule};
 use crate::store::params::{arguments, ClaimValues, FinalizeValues};
-use crate::store::rows::{OrphanRow, RecordRow};
+use crate::store::rows::{KeyStatusRow, OrphanRow, RecordRow};
 use crate::store::{millis, StoreError};
 
 /// Columns of a key record joined with its charge (aliases `k` and `c`).
@@ -205,6 +205,28 @@ const SWEEP_TOMBSTONES_SQL: &str = concatcp!(
     " limit $1)"
 );
 
+/// `$1` merchant, `$2` key: the record's state, else a live tombstone's.
+const KEY_STATUS_SQL: &str = concatcp!(
+    "select state, charge_id, response_status,
+            strftime('%Y-%m-%dT%H:%M:%fZ', expires_at / 1000.0, 'unixepoch') as expires_at,
+            max(0, coalesce(locked_until, 0) - ",
+    NOW,
+    ") as lease_remaining_ms,
+            (state = 'completed' and expires_at <= ",
+    NOW,
+    ") as expired
+       from idempotency_keys where merchant_id = $1 and idempotency_key = $2
+     union all
+     select 'tombstone', charge_id, null,
+            strftime('%Y-%m-%dT%H:%M:%fZ', expires_at / 1000.0, 'unixepoch'), 0, 1
+       from key_tombstones
+      where merchant_id = $1 and idempotency_key = $2 and expires_at > ",
+    NOW,
+    "
+        and not exists (select 1 from idempotency_keys
+                         where merchant_id = $1 and idempotency_key = $2)"
+);
+
 /// `$1` merchant, `$2` key, `$3` fingerprint: the charge of a live tombstone
 /// left by the same request.
 const TOMBSTONE_SQL: &str = concatcp!(
@@ -275,6 +297,19 @@ impl SqliteStore {
         key: &IdempotencyKey,
     ) -> Result<Option<KeyRecord>, StoreError> {
         key_record(&self.pool, merchant_id, key).await
+    }
+
+    pub(in crate::store) async fn key_status(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+    ) -> Result<Option<KeyStatus>, StoreError> {
+        let row: Option<KeyStatusRow> = sqlx::query_as(KEY_STATUS_SQL)
+            .bind(merchant_id)
+            .bind(key.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(KeyStatus::try_from).transpose()
     }
 
     pub(in crate::store) async fn take_over(
