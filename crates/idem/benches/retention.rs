@@ -53,7 +53,14 @@ async fn run(url: &str, keys: i64) -> anyhow::Result<()> {
     // The bench's own set-up and measuring SQL is PostgreSQL's (relation sizes).
     let pg = sqlx::PgPool::connect(url).await?;
     let merchant = store
-        .create_merchant("bench", &MerchantSecret::generate().hash())
+        .create_merchant(
+            "bench",
+            &MerchantSecret::generate().hash(),
+            &idem::store::Audit {
+                actor: "bench",
+                reason: None,
+            },
+        )
         .await?;
 
     // Keys shaped like real ones: a UUID, a SHA-256 fingerprint, a ~220-byte body.

@@ -140,6 +140,12 @@ pub(crate) async fn serve(config: Serve, shutdown: CancellationToken) -> anyhow:
     tracing::info!(listen = %listener.local_addr()?, acquirer = %config.engine.acquirer_url, "serving");
     let state = AppState::new(engine.clone());
     let workers = TaskTracker::new();
+    workers.spawn(
+        state
+            .merchants
+            .clone()
+            .keep_fresh(engine.store().clone(), shutdown.clone()),
+    );
     if let Some(addr) = config.metrics_listen {
         spawn_metrics(&workers, addr, state.clone(), &shutdown).await?;
     }

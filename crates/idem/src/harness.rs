@@ -13,7 +13,7 @@ use sqlx::Connection;
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::MerchantSecret;
-use crate::store::{Backend, Store};
+use crate::store::{Audit, Backend, Store};
 
 /// The log filter of `idem demo` and `idem bench` when `IDEM_LOG` is not set,
 /// for that process and the `idem serve` instances it starts. The demo's
@@ -104,7 +104,16 @@ pub(crate) async fn start_idem(
     let store = Store::connect(db_url, 1).await?;
     store.migrate().await?;
     let secret = MerchantSecret::generate();
-    store.create_merchant(merchant, &secret.hash()).await?;
+    store
+        .create_merchant(
+            merchant,
+            &secret.hash(),
+            &Audit {
+                actor: "idem harness",
+                reason: None,
+            },
+        )
+        .await?;
     let exe = std::env::current_exe().context("finding the idem binary")?;
     let mut endpoints = Vec::new();
     for _ in 0..instances {

@@ -23,6 +23,33 @@ pub(crate) struct DbArgs {
     pub(crate) db_max_connections: u32,
 }
 
+/// Who does an operator's action, for the audit trail.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct ActorArgs {
+    /// The operator's name in the audit trail (1 to 100 characters); by
+    /// default the login name ($USER, else $LOGNAME).
+    #[arg(long, env = "IDEM_ACTOR")]
+    pub(crate) actor: Option<String>,
+}
+
+impl ActorArgs {
+    /// `--actor`, else the login name; an error when neither names anyone.
+    pub(crate) fn actor(&self) -> anyhow::Result<String> {
+        let given = self.actor.clone().or_else(|| {
+            ["USER", "LOGNAME"]
+                .iter()
+                .find_map(|var| std::env::var(var).ok().filter(|v| !v.trim().is_empty()))
+        });
+        match given.map(|a| a.trim().to_owned()) {
+            Some(actor) if (1..=100).contains(&actor.chars().count()) => Ok(actor),
+            Some(actor) => anyhow::bail!("--actor {actor:?}: write 1 to 100 characters"),
+            None => {
+                anyhow::bail!("who is acting? pass --actor NAME (neither USER nor LOGNAME is set)")
+            }
+        }
+    }
+}
+
 /// What the charge engine needs, shared by `serve` and `reconcile`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct EngineArgs {

@@ -4,9 +4,11 @@
 //! that a flood of made-up secrets cannot take the database pool from real
 //! merchants ([`SecretCache`]):
 //!
-//! - **Found** secrets are cached for a minute ([`MerchantCache`]), so a
-//!   merchant's requests do not pay a query each. A secret once found is
-//!   *known*: looking it up again when its entry is stale is never limited.
+//! - **Found** secrets are cached ([`MerchantCache`]) for up to a minute, and
+//!   forgotten within about a second of a rotation, disable or enable on any
+//!   instance, so a merchant's requests do not pay a query each. A secret
+//!   once found is *known*: looking it up again when its entry is stale is
+//!   never limited.
 //! - **Refused** secrets are remembered for [`UNKNOWN_TTL`] (2 s), at most
 //!   [`UNKNOWN_CAPACITY`] of them, so a client repeating a wrong secret costs
 //!   one query per 2 s, not one per request.
@@ -39,7 +41,9 @@ use tokio::sync::Semaphore;
 
 use super::{ApiError, AppState};
 use crate::domain::{Merchant, SecretHash};
-use crate::store::{MerchantCache, StoreError};
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{MerchantCache, Store, StoreError};
 
 /// How long a refused secret is refused without asking the database: a client
 /// retrying a wrong secret in a loop costs one query per 2 s per instance,
@@ -113,7 +117,7 @@ impl SecretCache {
     ) -> Result<Option<Merchant>, ApiError>
     where
         F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<Option<Merchant>, StoreError>>,
+        Fut: Future<Output = Result<Option<(Merchant, Option<Duration>)>, StoreError>>,
     {
         if self.found.knows(hash) {
             return Ok(self.found.get_or_load(hash, load).await?);
@@ -134,6 +138,12 @@ impl SecretCache {
             self.refuse(hash);
         }
         Ok(merchant)
+    }
+
+    /// Keeps the found secrets fresh until `shutdown` ([`MerchantCache::keep_fresh`]):
+    /// without it, every request looks its secret up.
+    pub async fn keep_fresh(self, store: Store, shutdown: CancellationToken) {
+        self.found.keep_fresh(store, shutdown).await;
     }
 
     fn recently_refused(&self, hash: &SecretHash) -> bool {
@@ -169,7 +179,10 @@ impl FromRequestParts<AppState> for Authenticated {
         let hash = SecretHash::of(secret);
         match state
             .merchants
-            .merchant(&hash, || store.merchant_by_secret(&hash))
+            .merchant(&hash, || async {
+                let found = store.merchant_by_secret(&hash).await?;
+                Ok(found.map(|m| (m.merchant, m.expires_in)))
+            })
             .await?
         {
             Some(merchant) => {
@@ -234,7 +247,7 @@ mod tests {
         cache
             .merchant(&SecretHash::of(secret.as_bytes()), || async {
                 calls.fetch_add(1, Ordering::SeqCst);
-                Ok(found.then(merchant))
+                Ok(found.then(|| (merchant(), None)))
             })
             .await
     }

@@ -133,12 +133,18 @@ impl Consumer {
         if !super::events_on(self.engine.store(), &shutdown).await {
             return;
         }
+        let fresh = tokio::spawn(
+            self.merchants
+                .clone()
+                .keep_fresh(self.engine.store().clone(), shutdown.clone()),
+        );
         let (this, stop) = (&self, &shutdown);
         reconnecting("consumer", stop, |mut reconnect| async move {
             let ended = this.session(stop, &mut reconnect).await;
             (reconnect, ended)
         })
         .await;
+        let _ = fresh.await;
     }
 
     /// One connection's life: `Ok` on shutdown, `Err` when the broker is lost.
@@ -234,14 +240,17 @@ impl Consumer {
         let store = self.engine.store();
         let merchant = match self
             .merchants
-            .get_or_load(&command.tenant, || store.merchant_by_name(&command.tenant))
+            .get_or_load(&command.tenant, || async {
+                let found = store.merchant_by_name(&command.tenant).await?;
+                Ok(found.map(|m| (m, None)))
+            })
             .await
         {
             Ok(Some(m)) => m,
             Ok(None) => {
                 let rejection = Rejection::new(
                     "unknown-tenant",
-                    format!("no merchant is named {:?}", command.tenant),
+                    format!("no enabled merchant is named {:?}", command.tenant),
                 );
                 return dead_letter(delivery, confirmed, &rejection).await;
             }

@@ -39,8 +39,9 @@ use sqlite::SqliteStore;
 pub use error::StoreError;
 pub use merchant_cache::MerchantCache;
 pub use model::{
-    Claim, KeyRecord, KeyState, KeyStatus, MerchantError, NewClaim, NewEvent, NewResult, Orphan,
-    OutboxMessage, PoolStats, ProcessingStats, Reschedule, ResultAnswer, Settlement, StuckCharge,
+    Audit, AuditRecord, Claim, KeyRecord, KeyState, KeyStatus, MerchantError, NewClaim, NewEvent,
+    NewResult, Orphan, OutboxMessage, PoolStats, ProcessingStats, Reschedule, ResultAnswer,
+    Rotation, SecretInfo, SecretMatch, Settlement, StuckCharge, Tenant,
 };
 pub use outbox::OutboxBatch;
 pub use params::{claim_param_names, finalize_param_names};
@@ -367,24 +368,87 @@ impl Store {
 
     // Merchants.
 
+    /// Adds a merchant with its first secret.
     pub async fn create_merchant(
         &self,
         name: &str,
         secret_hash: &SecretHash,
+        audit: &Audit<'_>,
     ) -> Result<Merchant, MerchantError> {
         match self {
-            Self::Postgres(s) => s.create_merchant(name, secret_hash).await,
-            Self::Sqlite(s) => s.create_merchant(name, secret_hash).await,
+            Self::Postgres(s) => s.create_merchant(name, secret_hash, audit).await,
+            Self::Sqlite(s) => s.create_merchant(name, secret_hash, audit).await,
         }
     }
 
+    /// The enabled merchant a live secret authenticates, and how long the
+    /// secret has left.
     pub async fn merchant_by_secret(
         &self,
         secret_hash: &SecretHash,
-    ) -> Result<Option<Merchant>, StoreError> {
+    ) -> Result<Option<SecretMatch>, StoreError> {
         match self {
             Self::Postgres(s) => s.merchant_by_secret(secret_hash).await,
             Self::Sqlite(s) => s.merchant_by_secret(secret_hash).await,
+        }
+    }
+
+    /// Moves whenever a secret is rotated or a merchant disabled or enabled:
+    /// an instance that sees it move forgets the merchants it cached.
+    pub async fn merchants_version(&self) -> Result<i64, StoreError> {
+        match self {
+            Self::Postgres(s) => s.merchants_version().await,
+            Self::Sqlite(s) => s.merchants_version().await,
+        }
+    }
+
+    /// Every merchant, by name, with its secrets' dates (never the secrets).
+    pub async fn tenants(&self) -> Result<Vec<Tenant>, StoreError> {
+        match self {
+            Self::Postgres(s) => s.tenants().await,
+            Self::Sqlite(s) => s.tenants().await,
+        }
+    }
+
+    /// Gives the merchant `name` a new secret; its live ones work `grace`
+    /// more (none: refused at once).
+    pub async fn rotate_secret(
+        &self,
+        name: &str,
+        secret_hash: &SecretHash,
+        grace: Duration,
+        audit: &Audit<'_>,
+    ) -> Result<Rotation, MerchantError> {
+        match self {
+            Self::Postgres(s) => s.rotate_secret(name, secret_hash, grace, audit).await,
+            Self::Sqlite(s) => s.rotate_secret(name, secret_hash, grace, audit).await,
+        }
+    }
+
+    /// Disables (every secret refused) or enables the merchant `name`;
+    /// `false` when it already was so (nothing changed, nothing recorded).
+    pub async fn set_merchant_disabled(
+        &self,
+        name: &str,
+        disabled: bool,
+        audit: &Audit<'_>,
+    ) -> Result<bool, MerchantError> {
+        match self {
+            Self::Postgres(s) => s.set_merchant_disabled(name, disabled, audit).await,
+            Self::Sqlite(s) => s.set_merchant_disabled(name, disabled, audit).await,
+        }
+    }
+
+    /// The audit trail, newest first: of `subject` (a merchant's name or a
+    /// charge's id), or of everything.
+    pub async fn audit_trail(
+        &self,
+        subject: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<AuditRecord>, StoreError> {
+        match self {
+            Self::Postgres(s) => s.audit_trail(subject, limit).await,
+            Self::Sqlite(s) => s.audit_trail(subject, limit).await,
         }
     }
 

@@ -195,6 +195,66 @@ pub struct OutboxMessage {
 pub enum MerchantError {
     #[error("a merchant named {0:?} already exists")]
     NameTaken(String),
+    #[error("no merchant is named {0:?}")]
+    Unknown(String),
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// Who does an operator's action and why: the store records it in the audit
+/// trail, in the action's own transaction, beside what the action did.
+#[derive(Debug, Clone, Copy)]
+pub struct Audit<'a> {
+    pub actor: &'a str,
+    pub reason: Option<&'a str>,
+}
+
+/// One row of the audit trail.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AuditRecord {
+    pub id: i64,
+    pub at: DateTime<Utc>,
+    pub actor: String,
+    /// `tenant.create`, `tenant.rotate`, `tenant.disable`, `tenant.enable`,
+    /// `charge.retry`, `charge.resolve`.
+    pub action: String,
+    /// The merchant's name or the charge's id.
+    pub subject: String,
+    pub reason: Option<String>,
+    pub detail: Option<String>,
+}
+
+/// A merchant that a secret authenticates, and for how long that secret
+/// still works (`None`: until it is rotated out).
+#[derive(Debug, Clone)]
+pub struct SecretMatch {
+    pub merchant: Merchant,
+    pub expires_in: Option<Duration>,
+}
+
+/// A merchant as `idem tenant list` shows it: never its secrets, only when
+/// each was made and until when it works.
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    pub merchant: Merchant,
+    pub created_at: DateTime<Utc>,
+    pub disabled_at: Option<DateTime<Utc>>,
+    /// Oldest first.
+    pub secrets: Vec<SecretInfo>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SecretInfo {
+    pub id: i64,
+    pub created_at: DateTime<Utc>,
+    /// `None`: works until rotated out.
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// What a rotation did: the secrets it retired, and until when they work.
+#[derive(Debug, Clone)]
+pub struct Rotation {
+    pub retired: u64,
+    /// When the retired secrets stop working (now, without a grace).
+    pub retired_until: Option<DateTime<Utc>>,
 }

@@ -11,7 +11,7 @@ use idem::domain::MerchantSecret;
 use idem::http::{self, AppState};
 use idem::idempotency::{Engine, EngineConfig};
 use idem::sim::{self, Faults, Ledger};
-use idem::store::{Backend, Store};
+use idem::store::{Audit, Backend, Store};
 use idem::workers::{Reconciler, ReconcilerConfig};
 use reqwest::header::HeaderMap;
 use sqlx::Connection;
@@ -67,6 +67,14 @@ pub struct TestDb {
 
 impl TestDb {
     pub async fn new() -> Self {
+        let db = Self::unmigrated().await;
+        db.store.migrate().await.expect("migrate test db");
+        db
+    }
+
+    /// A database of its own without idem's schema, for a test of the
+    /// migrations themselves.
+    pub async fn unmigrated() -> Self {
         sqlx::any::install_default_drivers();
         let backend = test_backend();
         let id = uuid::Uuid::new_v4().simple().to_string();
@@ -96,7 +104,6 @@ impl TestDb {
             }
         };
         let store = Store::connect(&url, 5).await.expect("connect test db");
-        store.migrate().await.expect("migrate test db");
         let pool = sqlx::pool::PoolOptions::<sqlx::Any>::new()
             .max_connections(4)
             .connect(&url)
@@ -115,7 +122,14 @@ impl TestDb {
     pub async fn merchant(&self, name: &str) -> String {
         let secret = MerchantSecret::generate();
         self.store
-            .create_merchant(name, &secret.hash())
+            .create_merchant(
+                name,
+                &secret.hash(),
+                &Audit {
+                    actor: "test",
+                    reason: None,
+                },
+            )
             .await
             .expect("create merchant");
         secret.expose().to_owned()

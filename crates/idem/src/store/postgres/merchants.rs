@@ -1,52 +1,85 @@
-//! The `merchants` table on PostgreSQL: creation and look-up.
+//! The `merchants` and `merchant_secrets` tables on PostgreSQL: creation,
+//! look-up, and the operator's rotate, disable and enable, each with its
+//! audit record in one transaction.
 
-use super::PgStore;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+
+use super::{audit, PgStore};
 use crate::domain::{Merchant, SecretHash};
-use crate::store::model::MerchantError;
+use crate::store::model::{Audit, MerchantError, Rotation, SecretInfo, SecretMatch, Tenant};
 use crate::store::StoreError;
+
+/// The merchant a live secret authenticates, and the seconds that secret has left.
+const BY_SECRET_SQL: &str = "
+    select m.id, m.name, extract(epoch from s.expires_at - now())::float8
+      from merchant_secrets s join merchants m on m.id = s.merchant_id
+     where s.secret_hash = $1
+       and m.disabled_at is null
+       and (s.expires_at is null or s.expires_at > now())";
+
+/// Every instance forgets its cached merchants when this moves (see
+/// `MerchantCache`); part of every change to who may authenticate.
+const BUMP_VERSION_SQL: &str = "update settings set merchants_version = merchants_version + 1";
 
 impl PgStore {
     pub(in crate::store) async fn create_merchant(
         &self,
         name: &str,
         secret_hash: &SecretHash,
+        audit: &Audit<'_>,
     ) -> Result<Merchant, MerchantError> {
-        let row: Result<(i64,), sqlx::Error> = self
-            .on_conn(async |db| {
-                sqlx::query_as(
-                    "insert into merchants (name, secret_hash) values ($1, $2) returning id",
+        let created = self
+            .in_tx(async |db| {
+                let (id,): (i64,) =
+                    sqlx::query_as("insert into merchants (name) values ($1) returning id")
+                        .bind(name)
+                        .fetch_one(&mut *db)
+                        .await?;
+                add_secret(&mut *db, id, secret_hash).await?;
+                audit::record(
+                    &mut *db,
+                    audit,
+                    "tenant.create",
+                    name,
+                    "created with one secret",
                 )
-                .bind(name)
-                .bind(secret_hash.as_bytes())
-                .fetch_one(db)
-                .await
+                .await?;
+                Ok(id)
             })
             .await;
-        match row {
-            Ok((id,)) => Ok(Merchant {
+        match created {
+            Ok(id) => Ok(Merchant {
                 id,
                 name: name.to_owned(),
             }),
-            Err(sqlx::Error::Database(e)) if e.constraint() == Some("merchants_name_key") => {
+            Err(StoreError::Database(sqlx::Error::Database(e)))
+                if e.constraint() == Some("merchants_name_key") =>
+            {
                 Err(MerchantError::NameTaken(name.to_owned()))
             }
-            Err(e) => Err(MerchantError::Store(e.into())),
+            Err(e) => Err(MerchantError::Store(e)),
         }
     }
 
     pub(in crate::store) async fn merchant_by_secret(
         &self,
         secret_hash: &SecretHash,
-    ) -> Result<Option<Merchant>, StoreError> {
-        let row: Option<(i64, String)> = self
+    ) -> Result<Option<SecretMatch>, StoreError> {
+        let row: Option<(i64, String, Option<f64>)> = self
             .on_conn(async |db| {
-                sqlx::query_as("select id, name from merchants where secret_hash = $1")
+                sqlx::query_as(BY_SECRET_SQL)
                     .bind(secret_hash.as_bytes())
                     .fetch_optional(db)
                     .await
             })
             .await?;
-        Ok(row.map(|(id, name)| Merchant { id, name }))
+        Ok(row.map(|(id, name, left)| SecretMatch {
+            merchant: Merchant { id, name },
+            expires_in: left.map(|s| Duration::from_secs_f64(s.max(0.0))),
+        }))
     }
 
     pub(in crate::store) async fn merchant_by_name(
@@ -55,12 +88,172 @@ impl PgStore {
     ) -> Result<Option<Merchant>, StoreError> {
         let row: Option<(i64, String)> = self
             .on_conn(async |db| {
-                sqlx::query_as("select id, name from merchants where name = $1")
-                    .bind(name)
-                    .fetch_optional(db)
-                    .await
+                sqlx::query_as(
+                    "select id, name from merchants where name = $1 and disabled_at is null",
+                )
+                .bind(name)
+                .fetch_optional(db)
+                .await
             })
             .await?;
         Ok(row.map(|(id, name)| Merchant { id, name }))
     }
+
+    pub(in crate::store) async fn merchants_version(&self) -> Result<i64, StoreError> {
+        let (version,): (i64,) = self
+            .on_conn(async |db| {
+                sqlx::query_as("select merchants_version from settings")
+                    .fetch_one(db)
+                    .await
+            })
+            .await?;
+        Ok(version)
+    }
+
+    pub(in crate::store) async fn tenants(&self) -> Result<Vec<Tenant>, StoreError> {
+        type Row = (
+            i64,
+            String,
+            DateTime<Utc>,
+            Option<DateTime<Utc>>,
+            Option<i64>,
+            Option<DateTime<Utc>>,
+            Option<DateTime<Utc>>,
+        );
+        let rows: Vec<Row> = self
+            .on_conn(async |db| {
+                sqlx::query_as(
+                    "select m.id, m.name, m.created_at, m.disabled_at, s.id, s.created_at, s.expires_at
+                       from merchants m left join merchant_secrets s on s.merchant_id = m.id
+                      order by m.name, s.id",
+                )
+                .fetch_all(db)
+                .await
+            })
+            .await?;
+        let mut tenants: Vec<Tenant> = Vec::new();
+        for (id, name, created_at, disabled_at, secret_id, secret_created, expires_at) in rows {
+            if tenants.last().is_none_or(|t| t.merchant.id != id) {
+                tenants.push(Tenant {
+                    merchant: Merchant { id, name },
+                    created_at,
+                    disabled_at,
+                    secrets: Vec::new(),
+                });
+            }
+            if let (Some(id), Some(created_at), Some(tenant)) =
+                (secret_id, secret_created, tenants.last_mut())
+            {
+                tenant.secrets.push(SecretInfo {
+                    id,
+                    created_at,
+                    expires_at,
+                });
+            }
+        }
+        Ok(tenants)
+    }
+
+    pub(in crate::store) async fn rotate_secret(
+        &self,
+        name: &str,
+        secret_hash: &SecretHash,
+        grace: Duration,
+        audit: &Audit<'_>,
+    ) -> Result<Rotation, MerchantError> {
+        let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+        let rotated = self
+            .in_tx(async |db| {
+                let Some(id) = merchant_id(&mut *db, name).await? else {
+                    return Ok(None);
+                };
+                let (retired, until): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
+                    "with retired as (
+                        update merchant_secrets
+                           set expires_at = least(coalesce(expires_at, 'infinity'),
+                                                  now() + $2 * interval '1 millisecond')
+                         where merchant_id = $1 and (expires_at is null or expires_at > now())
+                     returning expires_at)
+                     select count(*), max(expires_at) from retired",
+                )
+                .bind(id)
+                .bind(grace_ms)
+                .fetch_one(&mut *db)
+                .await?;
+                add_secret(&mut *db, id, secret_hash).await?;
+                sqlx::query(BUMP_VERSION_SQL).execute(&mut *db).await?;
+                let detail = match until {
+                    Some(at) => format!(
+                        "new secret; {retired} older secret(s) work until {}",
+                        at.to_rfc3339()
+                    ),
+                    None => "new secret; no older secret was live".to_owned(),
+                };
+                audit::record(&mut *db, audit, "tenant.rotate", name, &detail).await?;
+                Ok(Some(Rotation {
+                    retired: retired.unsigned_abs(),
+                    retired_until: until,
+                }))
+            })
+            .await?;
+        rotated.ok_or_else(|| MerchantError::Unknown(name.to_owned()))
+    }
+
+    pub(in crate::store) async fn set_merchant_disabled(
+        &self,
+        name: &str,
+        disabled: bool,
+        audit: &Audit<'_>,
+    ) -> Result<bool, MerchantError> {
+        let changed = self
+            .in_tx(async |db| {
+                let Some(id) = merchant_id(&mut *db, name).await? else {
+                    return Ok(None);
+                };
+                let done = sqlx::query(
+                    "update merchants set disabled_at = case when $2 then now() end
+                      where id = $1 and (disabled_at is null) = $2",
+                )
+                .bind(id)
+                .bind(disabled)
+                .execute(&mut *db)
+                .await?;
+                if done.rows_affected() == 0 {
+                    return Ok(Some(false));
+                }
+                sqlx::query(BUMP_VERSION_SQL).execute(&mut *db).await?;
+                let (action, detail) = if disabled {
+                    ("tenant.disable", "every secret refused")
+                } else {
+                    ("tenant.enable", "live secrets accepted again")
+                };
+                audit::record(&mut *db, audit, action, name, detail).await?;
+                Ok(Some(true))
+            })
+            .await?;
+        changed.ok_or_else(|| MerchantError::Unknown(name.to_owned()))
+    }
+}
+
+/// The id of the merchant named `name`, locked until the transaction ends so
+/// that two operators' changes to one merchant take turns.
+async fn merchant_id(db: &mut PgConnection, name: &str) -> Result<Option<i64>, StoreError> {
+    let row: Option<(i64,)> = sqlx::query_as("select id from merchants where name = $1 for update")
+        .bind(name)
+        .fetch_optional(db)
+        .await?;
+    Ok(row.map(|(id,)| id))
+}
+
+async fn add_secret(
+    db: &mut PgConnection,
+    merchant_id: i64,
+    secret_hash: &SecretHash,
+) -> Result<(), StoreError> {
+    sqlx::query("insert into merchant_secrets (merchant_id, secret_hash) values ($1, $2)")
+        .bind(merchant_id)
+        .bind(secret_hash.as_bytes())
+        .execute(db)
+        .await?;
+    Ok(())
 }

@@ -3,6 +3,7 @@
 //! is its own short transaction and one round trip, on a connection from
 //! idem's own pool ([`pool`]).
 
+mod audit;
 mod charges;
 mod keys;
 mod merchants;
@@ -89,6 +90,22 @@ impl PgStore {
             conn.release();
         }
         result
+    }
+
+    /// Runs `op` as one transaction on one connection (through
+    /// [`PgStore::on_conn`]): for an operator's action, which writes a few
+    /// rows and its audit record together or not at all.
+    async fn in_tx<T>(
+        &self,
+        op: impl AsyncFnOnce(&mut PgConnection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.on_conn(async |db| {
+            let mut tx = sqlx::Connection::begin(db).await?;
+            let out = op(&mut tx).await?;
+            tx.commit().await?;
+            Ok(out)
+        })
+        .await
     }
 
     /// Creates or upgrades the schema; sqlx serializes concurrent runs with an

@@ -11,6 +11,7 @@
 //! (the write-ahead log lets them run beside the writer). Times are integer
 //! milliseconds of the host's clock ([`NOW`]).
 
+mod audit;
 mod charges;
 mod keys;
 mod merchants;
@@ -36,6 +37,12 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// SQLite's "now", in the integer milliseconds its schema stores: the host's
 /// clock, fixed for the length of one statement.
 const NOW: &str = "cast(unixepoch('subsec') * 1000 as integer)";
+
+/// A time as the schema stores it (milliseconds since the epoch, UTC).
+fn from_millis(ms: i64) -> Result<chrono::DateTime<chrono::Utc>, StoreError> {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .ok_or_else(|| StoreError::Corrupt(format!("{ms} is not a time in milliseconds")))
+}
 
 /// A SQLite store; cheap to clone.
 #[derive(Clone)]

@@ -1,0 +1,75 @@
+//! The `audit_log` table on PostgreSQL: what operators did. Rows are only
+//! ever added (a trigger refuses updates and deletes).
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+
+use super::PgStore;
+use crate::store::model::{Audit, AuditRecord};
+use crate::store::StoreError;
+
+/// Records `action` on `subject` by `audit`'s actor, in the caller's transaction.
+pub(super) async fn record(
+    db: &mut PgConnection,
+    audit: &Audit<'_>,
+    action: &str,
+    subject: &str,
+    detail: &str,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "insert into audit_log (actor, action, subject, reason, detail) values ($1, $2, $3, $4, $5)",
+    )
+    .bind(audit.actor)
+    .bind(action)
+    .bind(subject)
+    .bind(audit.reason)
+    .bind(detail)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+type Row = (
+    i64,
+    DateTime<Utc>,
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+);
+
+impl PgStore {
+    pub(in crate::store) async fn audit_trail(
+        &self,
+        subject: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<AuditRecord>, StoreError> {
+        let rows: Vec<Row> = self
+            .on_conn(async |db| {
+                sqlx::query_as(
+                    "select id, at, actor, action, subject, reason, detail from audit_log
+                      where $1::text is null or subject = $1
+                      order by id desc limit $2",
+                )
+                .bind(subject)
+                .bind(limit)
+                .fetch_all(db)
+                .await
+            })
+            .await?;
+        Ok(rows.into_iter().map(into_record).collect())
+    }
+}
+
+fn into_record((id, at, actor, action, subject, reason, detail): Row) -> AuditRecord {
+    AuditRecord {
+        id,
+        at,
+        actor,
+        action,
+        subject,
+        reason,
+        detail,
+    }
+}

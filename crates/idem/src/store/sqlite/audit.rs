@@ -1,0 +1,75 @@
+//! The `audit_log` table on SQLite: as in `postgres/audit.rs` (triggers
+//! refuse updates and deletes).
+
+use const_format::concatcp;
+use sqlx::SqliteConnection;
+
+use super::{from_millis, SqliteStore, NOW};
+use crate::store::model::{Audit, AuditRecord};
+use crate::store::StoreError;
+
+const RECORD_SQL: &str = concatcp!(
+    "insert into audit_log (at, actor, action, subject, reason, detail) values (",
+    NOW,
+    ", $1, $2, $3, $4, $5)"
+);
+
+/// Records `action` on `subject` by `audit`'s actor, in the caller's transaction.
+pub(super) async fn record(
+    db: &mut SqliteConnection,
+    audit: &Audit<'_>,
+    action: &str,
+    subject: &str,
+    detail: &str,
+) -> Result<(), StoreError> {
+    sqlx::query(RECORD_SQL)
+        .bind(audit.actor)
+        .bind(action)
+        .bind(subject)
+        .bind(audit.reason)
+        .bind(detail)
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+type Row = (
+    i64,
+    i64,
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+);
+
+impl SqliteStore {
+    pub(in crate::store) async fn audit_trail(
+        &self,
+        subject: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<AuditRecord>, StoreError> {
+        let rows: Vec<Row> = sqlx::query_as(
+            "select id, at, actor, action, subject, reason, detail from audit_log
+              where $1 is null or subject = $1
+              order by id desc limit $2",
+        )
+        .bind(subject)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|(id, at, actor, action, subject, reason, detail)| {
+                Ok(AuditRecord {
+                    id,
+                    at: from_millis(at)?,
+                    actor,
+                    action,
+                    subject,
+                    reason,
+                    detail,
+                })
+            })
+            .collect()
+    }
+}
