@@ -25,13 +25,19 @@ alter table merchants add column disabled_at timestamptz;
 -- seconds, without a restart.
 alter table settings add column merchants_version bigint not null default 0;
 
--- What operators did, by whom, when and why. Rows are only ever added.
+-- The key a charge was claimed under, so an operator's `idem charges show`,
+-- `retry` and `resolve` find its record by the primary key. Null for charges
+-- claimed before this migration: those are found among the in-flight records.
+alter table charges add column idempotency_key text;
+
+-- What was done to merchants and charges, by whom (an operator, or the
+-- reconciler), when and why. Rows are only ever added.
 create table audit_log (
     id      bigint generated always as identity primary key,
     at      timestamptz not null default now(),
     actor   text not null check (length(actor) between 1 and 100),
     -- tenant.create, tenant.rotate, tenant.disable, tenant.enable,
-    -- charge.retry, charge.resolve
+    -- charge.retry, charge.resolve, charge.reconcile
     action  text not null,
     -- The merchant's name or the charge's id.
     subject text not null,

@@ -18,6 +18,8 @@ insert into merchant_secrets (merchant_id, secret_hash, created_at)
 
 alter table merchants add column disabled_at integer;
 
+alter table charges add column idempotency_key text;
+
 alter table settings add column merchants_version integer not null default 0;
 
 create table audit_log (

@@ -27,26 +27,24 @@ pub(crate) struct DbArgs {
 #[derive(Args, Debug, Clone)]
 pub(crate) struct ActorArgs {
     /// The operator's name in the audit trail (1 to 100 characters); by
-    /// default the login name ($USER, else $LOGNAME).
+    /// default the OS user running the command.
     #[arg(long, env = "IDEM_ACTOR")]
     pub(crate) actor: Option<String>,
 }
 
 impl ActorArgs {
-    /// `--actor`, else the login name; an error when neither names anyone.
+    /// `--actor`, else the OS user (by the process's user id, as `id -un`).
     pub(crate) fn actor(&self) -> anyhow::Result<String> {
-        let given = self.actor.clone().or_else(|| {
-            ["USER", "LOGNAME"]
-                .iter()
-                .find_map(|var| std::env::var(var).ok().filter(|v| !v.trim().is_empty()))
-        });
-        match given.map(|a| a.trim().to_owned()) {
-            Some(actor) if (1..=100).contains(&actor.chars().count()) => Ok(actor),
-            Some(actor) => anyhow::bail!("--actor {actor:?}: write 1 to 100 characters"),
-            None => {
-                anyhow::bail!("who is acting? pass --actor NAME (neither USER nor LOGNAME is set)")
-            }
-        }
+        let actor = match &self.actor {
+            Some(given) => given.trim().to_owned(),
+            None => whoami::username()
+                .map_err(|e| anyhow::anyhow!("who is acting? pass --actor NAME ({e})"))?,
+        };
+        anyhow::ensure!(
+            (1..=100).contains(&actor.chars().count()),
+            "--actor {actor:?}: write 1 to 100 characters"
+        );
+        Ok(actor)
     }
 }
 

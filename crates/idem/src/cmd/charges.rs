@@ -1,28 +1,195 @@
-//! `idem charges`: inspects charges; `stuck` lists those awaiting review.
+//! `idem charges`: operators' view of charges and what they may do to one.
+//! `stuck` and `list` print tab-separated lines, `show` one JSON document;
+//! `retry` and `resolve` act through the engine, as `--actor`, audited.
 
 use anyhow::Context;
-use clap::Subcommand;
+use chrono::{DateTime, Utc};
+use clap::{Subcommand, ValueEnum};
 
-use super::args::DbArgs;
-use crate::store::Store;
+use super::args::{ActorArgs, DbArgs, EngineArgs};
+use crate::app;
+use crate::domain::ChargeStatus;
+use crate::idempotency::{Outcome, Resolution};
+use crate::store::{Audit, ChargeFilter, Store};
+
+/// Audit records `show` prints with a charge, newest first.
+const HISTORY_LIMIT: i64 = 100;
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum Command {
     /// List the charges awaiting review: past the settle deadline without the acquirer's word.
     Stuck(DbArgs),
+    /// List charges, newest first.
+    List {
+        /// Only charges in this state (`review`: processing and awaiting review).
+        #[arg(long, value_enum)]
+        status: Option<StatusFilter>,
+        /// Only charges made since then: a time (RFC 3339, e.g.
+        /// 2026-12-04T10:00:00Z) or a duration ago (e.g. 1h).
+        #[arg(long, value_parser = parse_since)]
+        since: Option<DateTime<Utc>>,
+        /// Only charges for this order.
+        #[arg(long)]
+        order_id: Option<i64>,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Show one charge: the charge, its key record (attempts, lease, stored
+    /// answer) and its history (the reconciler's looks, operators' actions).
+    Show {
+        id: String,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Re-drive a processing charge now: look its reference up at the
+    /// acquirer, and capture with the same reference only where the acquirer
+    /// has no outcome. Refused while another attempt holds it.
+    Retry {
+        id: String,
+        #[command(flatten)]
+        actor: ActorArgs,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// Settle a charge awaiting review as the acquirer's records show it: the
+    /// stored answer is the one idem would have stored, replayed to any late
+    /// retry; its event goes out through the outbox. No acquirer call.
+    Resolve {
+        id: String,
+        /// What the acquirer's records show.
+        #[arg(long = "as", value_enum)]
+        resolution: ResolutionArg,
+        /// Why, for the audit trail (e.g. the acquirer's ticket).
+        #[arg(long)]
+        reason: String,
+        #[command(flatten)]
+        actor: ActorArgs,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy)]
+pub(crate) enum StatusFilter {
+    Processing,
+    Captured,
+    Declined,
+    Failed,
+    Review,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy)]
+pub(crate) enum ResolutionArg {
+    Captured,
+    Failed,
+}
+
+fn parse_since(s: &str) -> Result<DateTime<Utc>, String> {
+    if let Ok(ago) = humantime::parse_duration(s) {
+        let ago = chrono::Duration::from_std(ago).map_err(|e| e.to_string())?;
+        return Ok(Utc::now() - ago);
+    }
+    DateTime::parse_from_rfc3339(s)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|_| "write a time (2026-12-04T10:00:00Z) or a duration ago (1h)".to_owned())
 }
 
 pub(crate) async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Stuck(db) => stuck(&db).await,
+        Command::List {
+            status,
+            since,
+            order_id,
+            limit,
+            db,
+        } => {
+            let filter = ChargeFilter {
+                status: status.and_then(|s| match s {
+                    StatusFilter::Processing => Some(ChargeStatus::Processing),
+                    StatusFilter::Captured => Some(ChargeStatus::Captured),
+                    StatusFilter::Declined => Some(ChargeStatus::Declined),
+                    StatusFilter::Failed => Some(ChargeStatus::Failed),
+                    StatusFilter::Review => None,
+                }),
+                awaiting_review: matches!(status, Some(StatusFilter::Review)),
+                since,
+                order_id,
+                limit: limit.max(0),
+            };
+            list(&filter, &db).await
+        }
+        Command::Show { id, db } => show(&id, &db).await,
+        Command::Retry { id, actor, engine } => {
+            let actor = actor.actor()?;
+            let engine = app::engine(&engine.settings()?).await?;
+            let audit = Audit {
+                actor: &actor,
+                reason: None,
+            };
+            report(engine.retry_charge(&id, audit).await?)
+        }
+        Command::Resolve {
+            id,
+            resolution,
+            reason,
+            actor,
+            engine,
+        } => {
+            anyhow::ensure!(!reason.trim().is_empty(), "--reason: say why");
+            let actor = actor.actor()?;
+            let engine = app::engine(&engine.settings()?).await?;
+            let resolution = match resolution {
+                ResolutionArg::Captured => Resolution::Captured,
+                ResolutionArg::Failed => Resolution::Failed,
+            };
+            let audit = Audit {
+                actor: &actor,
+                reason: Some(&reason),
+            };
+            report(engine.resolve_charge(&id, resolution, audit).await?)
+        }
+    }
+}
+
+async fn connect(db: &DbArgs) -> anyhow::Result<Store> {
+    Store::connect(&db.url(), 1)
+        .await
+        .context("connecting to the database")
+}
+
+/// What a retry or resolve came to: the stored answer on stdout (as a replay
+/// would send it), a line on stderr.
+fn report(outcome: Outcome) -> anyhow::Result<()> {
+    match outcome {
+        Outcome::Completed {
+            charge_id,
+            response,
+            ..
+        } => {
+            eprintln!("{charge_id}: final; answer {} stored", response.status);
+            println!("{}", String::from_utf8_lossy(&response.body));
+            Ok(())
+        }
+        Outcome::Unknown {
+            charge_id,
+            retry_after,
+        } => {
+            anyhow::bail!(
+                "{charge_id}: the acquirer's outcome is still unknown; try again in {} s",
+                retry_after.as_secs().max(1)
+            )
+        }
+        other => anyhow::bail!("another attempt holds the charge now ({})", other.label()),
     }
 }
 
 /// Prints the charges awaiting review, one per line, tab-separated.
 async fn stuck(db: &DbArgs) -> anyhow::Result<()> {
-    let store = Store::connect(&db.url(), 1)
-        .await
-        .context("connecting to the database")?;
+    let store = connect(db).await?;
     let stuck = store.stuck_charges().await?;
     println!("id\tmerchant\torder_id\tamount_cents\tcurrency\tacquirer_reference\tcreated_at\treview_since\treason");
     for c in &stuck {
@@ -41,4 +208,55 @@ async fn stuck(db: &DbArgs) -> anyhow::Result<()> {
     }
     eprintln!("{} charge(s) awaiting review", stuck.len());
     Ok(())
+}
+
+async fn list(filter: &ChargeFilter, db: &DbArgs) -> anyhow::Result<()> {
+    let store = connect(db).await?;
+    let charges = store.charges(filter).await?;
+    println!("id\tmerchant\torder_id\tamount_cents\tcurrency\tstatus\tcreated_at\treview_since");
+    for c in &charges {
+        println!(
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            c.id,
+            c.merchant,
+            c.order_id,
+            c.amount_cents,
+            c.currency,
+            c.status,
+            c.created_at.to_rfc3339(),
+            c.review_since.map(|t| t.to_rfc3339()).unwrap_or_default()
+        );
+    }
+    eprintln!("{} charge(s)", charges.len());
+    Ok(())
+}
+
+async fn show(id: &str, db: &DbArgs) -> anyhow::Result<()> {
+    let store = connect(db).await?;
+    let record = store
+        .charge_record(id)
+        .await?
+        .with_context(|| format!("no charge has the id {id:?}"))?;
+    let history = store.audit_trail(Some(id), HISTORY_LIMIT).await?;
+    let shown = serde_json::json!({
+        "charge": record.charge,
+        "key": record.key,
+        "history": history,
+    });
+    println!("{}", serde_json::to_string_pretty(&shown)?);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_takes_a_time_or_a_duration_ago() {
+        let t = parse_since("2026-12-04T10:00:00Z").unwrap();
+        assert_eq!(t.to_rfc3339(), "2026-12-04T10:00:00+00:00");
+        let ago = Utc::now() - parse_since("1h").unwrap();
+        assert!((ago - chrono::Duration::hours(1)).num_seconds().abs() <= 1);
+        assert!(parse_since("yesterday").is_err());
+    }
 }

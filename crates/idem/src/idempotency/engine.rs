@@ -24,8 +24,8 @@ use crate::domain::{
 };
 use crate::problem::{Problem, ProblemKind};
 use crate::store::{
-    Claim, KeyRecord, KeyState, NewClaim, NewEvent, Orphan, Reschedule, Settlement, Store,
-    StoreError,
+    AuditEntry, Claim, KeyRecord, KeyState, NewClaim, NewEvent, Orphan, Reschedule, Settlement,
+    Store, StoreError,
 };
 
 /// What a client is told to wait after an unknown outcome, unless the
@@ -46,13 +46,21 @@ const NO_OUTCOME_AT_DEADLINE: &str =
 
 /// How an attempt that holds a record learns the acquirer's outcome.
 #[derive(Debug, Clone, Copy)]
-enum Approach {
+pub(super) enum Approach {
     /// POST the capture: a live attempt, the client wants the charge.
     Capture,
     /// The reconciler: look the reference up, and POST only where the
     /// acquirer has no outcome. An unknown answer waits `backoff` (or the
     /// acquirer's `Retry-After`, if longer) before the reconciler looks again.
     LookupFirst { backoff: Duration },
+}
+
+/// A final outcome to store: the acquirer's, or an operator's decision.
+pub(super) struct Decided<'a> {
+    pub(super) status: ChargeStatus,
+    pub(super) capture_id: Option<&'a str>,
+    pub(super) decline_reason: Option<&'a str>,
+    pub(super) audit: Option<&'a AuditEntry<'a>>,
 }
 
 /// What the engine decided for one attempt.
@@ -113,7 +121,7 @@ pub struct EngineConfig {
 pub struct Engine {
     store: Store,
     acquirer: AcquirerClient,
-    config: EngineConfig,
+    pub(super) config: EngineConfig,
     /// Keys this instance saw held by another attempt, answered from memory.
     in_flight: InFlightMemo,
 }
@@ -271,7 +279,7 @@ impl Engine {
     }
 
     /// Learns the acquirer's outcome for a record this attempt holds, then stores it.
-    async fn drive(
+    pub(super) async fn drive(
         &self,
         merchant: &Merchant,
         key: &IdempotencyKey,
@@ -348,10 +356,40 @@ impl Engine {
                 return self.unknown(merchant, key, &record, backoff, unknown).await;
             }
         };
+        self.store_outcome(
+            merchant,
+            key,
+            record,
+            Decided {
+                status,
+                capture_id: capture_id.as_deref(),
+                decline_reason: decline_reason.as_deref(),
+                audit: None,
+            },
+        )
+        .await
+    }
+
+    /// Stores a final outcome for a record this attempt holds, under its
+    /// fencing token: the charge settled, the answer every replay repeats,
+    /// the charge event, and an operator's audit record if there is one.
+    pub(super) async fn store_outcome(
+        &self,
+        merchant: &Merchant,
+        key: &IdempotencyKey,
+        record: KeyRecord,
+        decided: Decided<'_>,
+    ) -> Result<Outcome, EngineError> {
+        let Decided {
+            status,
+            capture_id,
+            decline_reason,
+            audit,
+        } = decided;
         let settled = Charge {
             status,
-            decline_reason: decline_reason.clone(),
-            ..charge.clone()
+            decline_reason: decline_reason.map(str::to_owned),
+            ..record.charge.clone()
         };
         let response = final_response(&settled);
         let event = EventType::of(status).map(|event_type| {
@@ -371,10 +409,11 @@ impl Engine {
             &record,
             &Settlement {
                 status,
-                capture_id: capture_id.as_deref(),
-                decline_reason: decline_reason.as_deref(),
+                capture_id,
+                decline_reason,
                 response: &response,
                 event: event.as_ref(),
+                audit,
             },
             self.config.key_ttl,
         ))
@@ -432,7 +471,7 @@ impl Engine {
     }
 
     /// The key's record as it is now, without taking anything over.
-    async fn current(
+    pub(super) async fn current(
         &self,
         merchant: &Merchant,
         key: &IdempotencyKey,

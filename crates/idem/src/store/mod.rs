@@ -39,9 +39,10 @@ use sqlite::SqliteStore;
 pub use error::StoreError;
 pub use merchant_cache::MerchantCache;
 pub use model::{
-    Audit, AuditRecord, Claim, KeyRecord, KeyState, KeyStatus, MerchantError, NewClaim, NewEvent,
-    NewResult, Orphan, OutboxMessage, PoolStats, ProcessingStats, Reschedule, ResultAnswer,
-    Rotation, SecretInfo, SecretMatch, Settlement, StuckCharge, Tenant,
+    Audit, AuditEntry, AuditRecord, ChargeDetail, ChargeFilter, ChargeRecord, ChargeSummary, Claim,
+    KeyDetail, KeyRecord, KeyState, KeyStatus, MerchantError, NewClaim, NewEvent, NewResult,
+    Orphan, OutboxMessage, PoolStats, ProcessingStats, Reschedule, ResultAnswer, Rotation,
+    SecretInfo, SecretMatch, Settlement, StuckCharge, Tenant,
 };
 pub use outbox::OutboxBatch;
 pub use params::{claim_param_names, finalize_param_names};
@@ -282,6 +283,7 @@ impl Store {
             capture_id: settlement.capture_id,
             decline_reason: settlement.decline_reason,
             event: settlement.event,
+            audit: settlement.audit,
         };
         match self {
             Self::Postgres(s) => s.finalize(&values).await,
@@ -347,6 +349,22 @@ impl Store {
         match self {
             Self::Postgres(s) => s.mark_for_review(id, reason).await,
             Self::Sqlite(s) => s.mark_for_review(id, reason).await,
+        }
+    }
+
+    /// Charges as `filter` picks them, newest first.
+    pub async fn charges(&self, filter: &ChargeFilter) -> Result<Vec<ChargeSummary>, StoreError> {
+        match self {
+            Self::Postgres(s) => s.charges(filter).await,
+            Self::Sqlite(s) => s.charges(filter).await,
+        }
+    }
+
+    /// One charge, any merchant's, with its key record: for operators.
+    pub async fn charge_record(&self, id: &str) -> Result<Option<ChargeRecord>, StoreError> {
+        match self {
+            Self::Postgres(s) => s.charge_record(id).await,
+            Self::Sqlite(s) => s.charge_record(id).await,
         }
     }
 
@@ -436,6 +454,16 @@ impl Store {
         match self {
             Self::Postgres(s) => s.set_merchant_disabled(name, disabled, audit).await,
             Self::Sqlite(s) => s.set_merchant_disabled(name, disabled, audit).await,
+        }
+    }
+
+    /// Appends `entry` to the audit trail on its own (an action whose own
+    /// writes are the engine's, such as `idem charges retry`, or the
+    /// reconciler's looks).
+    pub async fn record_audit(&self, entry: &AuditEntry<'_>) -> Result<(), StoreError> {
+        match self {
+            Self::Postgres(s) => s.record_audit(entry).await,
+            Self::Sqlite(s) => s.record_audit(entry).await,
         }
     }
 

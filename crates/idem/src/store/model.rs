@@ -86,6 +86,9 @@ pub struct Settlement<'a> {
     pub response: &'a StoredResponse,
     /// The charge event the outcome produces, if any.
     pub event: Option<&'a NewEvent<'a>>,
+    /// An operator's decision (`idem charges resolve`): recorded in the audit
+    /// trail in the finalize's own transaction, and only if it finalized.
+    pub audit: Option<&'a AuditEntry<'a>>,
 }
 
 /// What releasing a record after an unknown outcome tells the reconciler.
@@ -209,6 +212,16 @@ pub struct Audit<'a> {
     pub reason: Option<&'a str>,
 }
 
+/// An action for the audit trail: who and why, what was done, to what.
+#[derive(Debug, Clone, Copy)]
+pub struct AuditEntry<'a> {
+    pub audit: Audit<'a>,
+    pub action: &'a str,
+    /// The merchant's name or the charge's id.
+    pub subject: &'a str,
+    pub detail: &'a str,
+}
+
 /// One row of the audit trail.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct AuditRecord {
@@ -257,4 +270,86 @@ pub struct Rotation {
     pub retired: u64,
     /// When the retired secrets stop working (now, without a grace).
     pub retired_until: Option<DateTime<Utc>>,
+}
+
+/// Which charges `idem charges list` (and the console) shows, newest first.
+#[derive(Debug, Clone, Default)]
+pub struct ChargeFilter {
+    /// `processing`, `captured`, `declined` or `failed`.
+    pub status: Option<ChargeStatus>,
+    /// Only those awaiting review (still `processing`, past the settle deadline).
+    pub awaiting_review: bool,
+    /// Made at or after.
+    pub since: Option<DateTime<Utc>>,
+    pub order_id: Option<i64>,
+    pub limit: i64,
+}
+
+/// A charge as the operators' lists show it.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
+pub struct ChargeSummary {
+    pub id: String,
+    pub merchant: String,
+    pub order_id: i64,
+    pub amount_cents: i64,
+    pub currency: String,
+    pub status: String,
+    pub created_at: DateTime<Utc>,
+    pub review_since: Option<DateTime<Utc>>,
+    pub review_reason: Option<String>,
+}
+
+/// Everything the database knows of one charge, for `idem charges show`.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
+pub struct ChargeDetail {
+    pub id: String,
+    pub merchant: String,
+    #[serde(skip)]
+    pub merchant_id: i64,
+    pub order_id: i64,
+    pub amount_cents: i64,
+    pub currency: String,
+    pub description: Option<String>,
+    pub status: String,
+    pub acquirer_reference: String,
+    pub acquirer_capture_id: Option<String>,
+    pub decline_reason: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    /// Unknown answers the reconciler met, and when it looks next.
+    pub reconcile_attempts: i32,
+    pub next_reconcile_at: Option<DateTime<Utc>>,
+    pub review_since: Option<DateTime<Utc>>,
+    pub review_reason: Option<String>,
+    /// The key it was claimed under (none for charges made before idem kept it).
+    pub idempotency_key: Option<String>,
+}
+
+/// A charge's key record, while it exists (the sweeper removes it after the
+/// key's time to live).
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
+pub struct KeyDetail {
+    pub idempotency_key: String,
+    /// `in_flight` or `completed`.
+    pub state: String,
+    /// The fencing token: how many attempts have held the record.
+    pub attempt: i64,
+    /// An in-flight record's lease: no other attempt may work on it before then.
+    pub locked_until: Option<DateTime<Utc>>,
+    /// The stored answer's status, once completed.
+    pub response_status: Option<i16>,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// A charge with its key record, for `idem charges show` and the console.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ChargeRecord {
+    pub charge: ChargeDetail,
+    pub key: Option<KeyDetail>,
+}
+
+impl ChargeDetail {
+    pub fn awaiting_review(&self) -> bool {
+        self.status == "processing" && self.review_since.is_some()
+    }
 }

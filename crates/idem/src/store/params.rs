@@ -6,7 +6,7 @@
 
 use sqlx::{Arguments, Encode, Type};
 
-use super::model::{NewClaim, NewEvent};
+use super::model::{AuditEntry, NewClaim, NewEvent};
 use crate::domain::{AcquirerReference, ChargeId, EVENTS_EXCHANGE};
 
 /// One parameter's value, in the few types these statements bind.
@@ -123,6 +123,8 @@ pub struct FinalizeValues<'a> {
     pub(super) capture_id: Option<&'a str>,
     pub(super) decline_reason: Option<&'a str>,
     pub(super) event: Option<&'a NewEvent<'a>>,
+    /// Not a parameter of the statement: recorded beside it (see [`Settlement`]).
+    pub(super) audit: Option<&'a AuditEntry<'a>>,
 }
 
 impl FinalizeValues<'_> {

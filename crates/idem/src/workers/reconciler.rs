@@ -21,7 +21,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::idempotency::{Engine, Outcome, Reconciled};
-use crate::store::{Orphan, StoreError};
+use crate::store::{Audit, AuditEntry, Orphan, StoreError};
+
+/// The reconciler's name in the audit trail.
+pub const RECONCILER_ACTOR: &str = "reconciler";
 
 /// Orphans taken per pass: enough to drain a crash's backlog quickly, few
 /// enough that one pass stays short.
@@ -144,24 +147,50 @@ impl Reconciler {
     /// pass goes on to the next.
     async fn settle(&self, orphan: &Orphan, report: &mut PassReport) {
         let backoff = self.config.backoff(orphan.reconcile_attempts);
-        match self.engine.settle_orphan(orphan, backoff).await {
-            Ok(Some(Reconciled::Outcome(Outcome::Completed { .. }))) => {
+        let history = match self.engine.settle_orphan(orphan, backoff).await {
+            Ok(Some(Reconciled::Outcome(Outcome::Completed { response, .. }))) => {
                 tracing::info!("settled");
                 report.settled += 1;
+                format!("the acquirer's outcome stored (answer {})", response.status)
             }
             // Released with the next look already scheduled, in one statement.
-            Ok(Some(Reconciled::Outcome(Outcome::Unknown { .. }))) => report.backed_off += 1,
+            Ok(Some(Reconciled::Outcome(Outcome::Unknown { retry_after, .. }))) => {
+                report.backed_off += 1;
+                format!(
+                    "outcome unknown; next look in {} s or later",
+                    backoff.max(retry_after).as_secs()
+                )
+            }
             Ok(Some(Reconciled::NoOutcome)) => {
                 tracing::warn!(
                     "no outcome at the acquirer within the settle deadline; marked for review"
                 );
                 report.marked_for_review += 1;
+                "no outcome at the acquirer by the settle deadline: marked for review".to_owned()
             }
-            Ok(_) => report.skipped += 1,
+            Ok(_) => {
+                report.skipped += 1;
+                return;
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "could not settle");
                 report.errors += 1;
+                return;
             }
+        };
+        // The charge's history, for `idem charges show`; losing a line of it
+        // never undoes what was stored.
+        let entry = AuditEntry {
+            audit: Audit {
+                actor: RECONCILER_ACTOR,
+                reason: None,
+            },
+            action: "charge.reconcile",
+            subject: orphan.charge_id.as_str(),
+            detail: &history,
+        };
+        if let Err(e) = self.engine.store().record_audit(&entry).await {
+            tracing::warn!(error = %e, "could not record the reconciler's look in the audit trail");
         }
     }
 }

@@ -17,6 +17,7 @@ mod ha;
 mod hostile;
 mod keys;
 mod openapi;
+mod operators;
 mod outcomes;
 mod queue;
 mod race;

@@ -90,6 +90,7 @@ async fn a_stale_holder_cannot_finalize_after_a_take_over() {
         decline_reason: None,
         response: r,
         event: None,
+        audit: None,
     };
     let stale_answer: &'static StoredResponse = Box::leak(Box::new(response("stale")));
     let fresh_answer: &'static StoredResponse = Box::leak(Box::new(response("fresh")));
@@ -172,6 +173,7 @@ async fn a_claim_racing_the_sweeper_on_an_expired_key_never_fails() {
                     decline_reason: None,
                     response: &response,
                     event: None,
+                    audit: None,
                 };
                 // Expired the moment it is stored: the next round reuses the key.
                 assert!(db

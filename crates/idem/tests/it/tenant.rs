@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::helpers::{run_idem, run_idem_env, Client, ServeProcess, TestDb, TestSim};
+use crate::helpers::{run_idem, Client, ServeProcess, TestDb, TestSim};
 use idem::sim::Faults;
 use idem::store::Backend;
 
@@ -225,17 +225,16 @@ async fn tenant_list_shows_states_and_expiries_never_secrets_and_every_change_is
         "{stderr}"
     );
 
-    // The actor defaults to the login name, and someone must be named.
-    let (status, _, stderr) =
-        run_idem_env(&db, &["tenant", "enable", "outra"], &[("USER", "bea")]).await;
+    // The actor defaults to the OS user, and someone must be named.
+    let (status, _, stderr) = run_idem(&db, &["tenant", "enable", "outra"]).await;
     assert!(status.success(), "{stderr}");
-    let (status, _, stderr) = run_idem_env(
-        &db,
-        &["tenant", "rotate", "loja"],
-        &[("USER", ""), ("LOGNAME", "")],
-    )
-    .await;
+    let (status, _, stderr) = run_idem(&db, &["tenant", "rotate", "loja", "--actor", " "]).await;
     assert!(!status.success() && stderr.contains("--actor"), "{stderr}");
+    let os_user = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .unwrap();
+    let os_user = String::from_utf8(os_user.stdout).unwrap().trim().to_owned();
 
     let trail = db.store.audit_trail(None, 100).await.unwrap();
     let seen: Vec<(&str, &str, &str, Option<&str>)> = trail
@@ -257,7 +256,7 @@ async fn tenant_list_shows_states_and_expiries_never_secrets_and_every_change_is
             ("ana", "tenant.create", "outra", None),
             ("ana", "tenant.rotate", "loja", None),
             ("ana", "tenant.disable", "outra", Some("contract ended")),
-            ("bea", "tenant.enable", "outra", None),
+            (os_user.as_str(), "tenant.enable", "outra", None),
         ]
     );
     assert!(

@@ -5,25 +5,22 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
 use super::PgStore;
-use crate::store::model::{Audit, AuditRecord};
+use crate::store::model::{AuditEntry, AuditRecord};
 use crate::store::StoreError;
 
-/// Records `action` on `subject` by `audit`'s actor, in the caller's transaction.
+/// Appends `entry`, in the caller's transaction.
 pub(super) async fn record(
     db: &mut PgConnection,
-    audit: &Audit<'_>,
-    action: &str,
-    subject: &str,
-    detail: &str,
+    entry: &AuditEntry<'_>,
 ) -> Result<(), StoreError> {
     sqlx::query(
         "insert into audit_log (actor, action, subject, reason, detail) values ($1, $2, $3, $4, $5)",
     )
-    .bind(audit.actor)
-    .bind(action)
-    .bind(subject)
-    .bind(audit.reason)
-    .bind(detail)
+    .bind(entry.audit.actor)
+    .bind(entry.action)
+    .bind(entry.subject)
+    .bind(entry.audit.reason)
+    .bind(entry.detail)
     .execute(db)
     .await?;
     Ok(())
@@ -40,6 +37,13 @@ type Row = (
 );
 
 impl PgStore {
+    pub(in crate::store) async fn record_audit(
+        &self,
+        entry: &AuditEntry<'_>,
+    ) -> Result<(), StoreError> {
+        self.on_conn(async |db| record(db, entry).await).await
+    }
+
     pub(in crate::store) async fn audit_trail(
         &self,
         subject: Option<&str>,

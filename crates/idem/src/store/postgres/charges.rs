@@ -3,7 +3,10 @@
 
 use super::PgStore;
 use crate::domain::{AcquirerReference, Charge, ChargeId};
-use crate::store::model::{ProcessingStats, StuckCharge};
+use crate::store::model::{
+    ChargeDetail, ChargeFilter, ChargeRecord, ChargeSummary, KeyDetail, ProcessingStats,
+    StuckCharge,
+};
 use crate::store::rows::ChargeRow;
 use crate::store::StoreError;
 
@@ -18,7 +21,77 @@ const CHARGE_SQL: &str = const_format::concatcp!(
     " from charges c where c.id = $1 and c.merchant_id = $2"
 );
 
+/// `$1` status, `$2` awaiting review only, `$3` since, `$4` order id, `$5` limit.
+const LIST_SQL: &str = "
+    select c.id, m.name as merchant, c.order_id, c.amount_cents, c.currency, c.status,
+           c.created_at, c.review_since, c.review_reason
+      from charges c join merchants m on m.id = c.merchant_id
+     where ($1::text is null or c.status = $1)
+       and (not $2 or (c.status = 'processing' and c.review_since is not null))
+       and ($3::timestamptz is null or c.created_at >= $3)
+       and ($4::bigint is null or c.order_id = $4)
+     order by c.created_at desc, c.id
+     limit $5";
+
+const DETAIL_SQL: &str = "
+    select c.id, m.name as merchant, c.merchant_id, c.order_id, c.amount_cents, c.currency,
+           c.description, c.status, c.acquirer_reference, c.acquirer_capture_id,
+           c.decline_reason, c.created_at, c.updated_at, c.reconcile_attempts,
+           c.next_reconcile_at, c.review_since, c.review_reason, c.idempotency_key
+      from charges c join merchants m on m.id = c.merchant_id
+     where c.id = $1";
+
+/// `$1` merchant, `$2` key (null for a charge made before charges kept
+/// theirs: then among the in-flight records, which the partial index holds),
+/// `$3` charge.
+const KEY_DETAIL_SQL: &str = "
+    select idempotency_key, state, attempt, locked_until, response_status, expires_at
+      from idempotency_keys
+     where merchant_id = $1 and charge_id = $3
+       and (idempotency_key = $2 or ($2 is null and state = 'in_flight'))";
+
 impl PgStore {
+    pub(in crate::store) async fn charges(
+        &self,
+        filter: &ChargeFilter,
+    ) -> Result<Vec<ChargeSummary>, StoreError> {
+        Ok(self
+            .on_conn(async |db| {
+                sqlx::query_as(LIST_SQL)
+                    .bind(filter.status.map(|s| s.as_str()))
+                    .bind(filter.awaiting_review)
+                    .bind(filter.since)
+                    .bind(filter.order_id)
+                    .bind(filter.limit)
+                    .fetch_all(db)
+                    .await
+            })
+            .await?)
+    }
+
+    pub(in crate::store) async fn charge_record(
+        &self,
+        id: &str,
+    ) -> Result<Option<ChargeRecord>, StoreError> {
+        self.on_conn(async |db| {
+            let charge: Option<ChargeDetail> = sqlx::query_as(DETAIL_SQL)
+                .bind(id)
+                .fetch_optional(&mut *db)
+                .await?;
+            let Some(charge) = charge else {
+                return Ok(None);
+            };
+            let key: Option<KeyDetail> = sqlx::query_as(KEY_DETAIL_SQL)
+                .bind(charge.merchant_id)
+                .bind(charge.idempotency_key.as_deref())
+                .bind(&charge.id)
+                .fetch_optional(db)
+                .await?;
+            Ok(Some(ChargeRecord { charge, key }))
+        })
+        .await
+    }
+
     pub(in crate::store) async fn charge(
         &self,
         merchant_id: i64,

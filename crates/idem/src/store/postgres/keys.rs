@@ -36,8 +36,9 @@ const CLAIM_ROUNDS: usize = 3;
 /// Parameters as [`ClaimValues::params`] names them.
 const CREATE_CHARGE_OF_K: &str = "c as (
             insert into charges
-                (id, merchant_id, order_id, amount_cents, currency, description, acquirer_reference)
-            select k.charge_id, $1, $7, $8, $9, $10, $11 from k
+                (id, merchant_id, order_id, amount_cents, currency, description, acquirer_reference,
+                 idempotency_key)
+            select k.charge_id, $1, $7, $8, $9, $10, $11, $2 from k
             returning *
         )";
 
@@ -341,14 +342,27 @@ impl PgStore {
         values: &FinalizeValues<'_>,
     ) -> Result<bool, StoreError> {
         let args: PgArguments = arguments(&values.params())?;
-        let settled: Option<(String,)> = self
-            .on_conn(async |db| {
-                sqlx::query_as_with(FINALIZE_SQL, args)
-                    .fetch_optional(db)
-                    .await
-            })
-            .await?;
-        Ok(settled.is_some())
+        let Some(entry) = values.audit else {
+            let settled: Option<(String,)> = self
+                .on_conn(async |db| {
+                    sqlx::query_as_with(FINALIZE_SQL, args)
+                        .fetch_optional(db)
+                        .await
+                })
+                .await?;
+            return Ok(settled.is_some());
+        };
+        // An operator's decision: the outcome and its audit record together.
+        self.in_tx(async |db| {
+            let settled: Option<(String,)> = sqlx::query_as_with(FINALIZE_SQL, args)
+                .fetch_optional(&mut *db)
+                .await?;
+            if settled.is_some() {
+                super::audit::record(db, entry).await?;
+            }
+            Ok(settled.is_some())
+        })
+        .await
     }
 
     pub(in crate::store) async fn orphans(

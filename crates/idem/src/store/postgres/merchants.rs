@@ -9,7 +9,9 @@ use sqlx::PgConnection;
 
 use super::{audit, PgStore};
 use crate::domain::{Merchant, SecretHash};
-use crate::store::model::{Audit, MerchantError, Rotation, SecretInfo, SecretMatch, Tenant};
+use crate::store::model::{
+    Audit, AuditEntry, MerchantError, Rotation, SecretInfo, SecretMatch, Tenant,
+};
 use crate::store::StoreError;
 
 /// The merchant a live secret authenticates, and the seconds that secret has left.
@@ -39,14 +41,13 @@ impl PgStore {
                         .fetch_one(&mut *db)
                         .await?;
                 add_secret(&mut *db, id, secret_hash).await?;
-                audit::record(
-                    &mut *db,
-                    audit,
-                    "tenant.create",
-                    name,
-                    "created with one secret",
-                )
-                .await?;
+                let entry = AuditEntry {
+                    audit: *audit,
+                    action: "tenant.create",
+                    subject: name,
+                    detail: "created with one secret",
+                };
+                audit::record(&mut *db, &entry).await?;
                 Ok(id)
             })
             .await;
@@ -189,7 +190,16 @@ impl PgStore {
                     ),
                     None => "new secret; no older secret was live".to_owned(),
                 };
-                audit::record(&mut *db, audit, "tenant.rotate", name, &detail).await?;
+                audit::record(
+                    &mut *db,
+                    &AuditEntry {
+                        audit: *audit,
+                        action: "tenant.rotate",
+                        subject: name,
+                        detail: &detail,
+                    },
+                )
+                .await?;
                 Ok(Some(Rotation {
                     retired: retired.unsigned_abs(),
                     retired_until: until,
@@ -227,7 +237,16 @@ impl PgStore {
                 } else {
                     ("tenant.enable", "live secrets accepted again")
                 };
-                audit::record(&mut *db, audit, action, name, detail).await?;
+                audit::record(
+                    &mut *db,
+                    &AuditEntry {
+                        audit: *audit,
+                        action,
+                        subject: name,
+                        detail,
+                    },
+                )
+                .await?;
                 Ok(Some(true))
             })
             .await?;

@@ -5,7 +5,7 @@ use const_format::concatcp;
 use sqlx::SqliteConnection;
 
 use super::{from_millis, SqliteStore, NOW};
-use crate::store::model::{Audit, AuditRecord};
+use crate::store::model::{AuditEntry, AuditRecord};
 use crate::store::StoreError;
 
 const RECORD_SQL: &str = concatcp!(
@@ -14,20 +14,17 @@ const RECORD_SQL: &str = concatcp!(
     ", $1, $2, $3, $4, $5)"
 );
 
-/// Records `action` on `subject` by `audit`'s actor, in the caller's transaction.
+/// Appends `entry`, in the caller's transaction.
 pub(super) async fn record(
     db: &mut SqliteConnection,
-    audit: &Audit<'_>,
-    action: &str,
-    subject: &str,
-    detail: &str,
+    entry: &AuditEntry<'_>,
 ) -> Result<(), StoreError> {
     sqlx::query(RECORD_SQL)
-        .bind(audit.actor)
-        .bind(action)
-        .bind(subject)
-        .bind(audit.reason)
-        .bind(detail)
+        .bind(entry.audit.actor)
+        .bind(entry.action)
+        .bind(entry.subject)
+        .bind(entry.audit.reason)
+        .bind(entry.detail)
         .execute(db)
         .await?;
     Ok(())
@@ -44,6 +41,13 @@ type Row = (
 );
 
 impl SqliteStore {
+    pub(in crate::store) async fn record_audit(
+        &self,
+        entry: &AuditEntry<'_>,
+    ) -> Result<(), StoreError> {
+        self.write(async |tx| record(tx, entry).await).await
+    }
+
     pub(in crate::store) async fn audit_trail(
         &self,
         subject: Option<&str>,

@@ -5,7 +5,10 @@ use const_format::concatcp;
 
 use super::{SqliteStore, NOW};
 use crate::domain::{AcquirerReference, Charge, ChargeId};
-use crate::store::model::{ProcessingStats, StuckCharge};
+use crate::store::model::{
+    ChargeDetail, ChargeFilter, ChargeRecord, ChargeSummary, KeyDetail, ProcessingStats,
+    StuckCharge,
+};
 use crate::store::rows::ChargeRow;
 use crate::store::StoreError;
 
@@ -37,7 +40,80 @@ const PROCESSING_STATS_SQL: &str = concatcp!(
        from charges where status = 'processing'"
 );
 
+/// As on PostgreSQL: `$1` status, `$2` awaiting review only, `$3` since (ms),
+/// `$4` order id, `$5` limit. Times as the RFC 3339 text they decode from.
+const LIST_SQL: &str = "
+    select c.id, m.name as merchant, c.order_id, c.amount_cents, c.currency, c.status,
+           strftime('%Y-%m-%dT%H:%M:%fZ', c.created_at / 1000.0, 'unixepoch') as created_at,
+           strftime('%Y-%m-%dT%H:%M:%fZ', c.review_since / 1000.0, 'unixepoch') as review_since,
+           c.review_reason
+      from charges c join merchants m on m.id = c.merchant_id
+     where ($1 is null or c.status = $1)
+       and (not $2 or (c.status = 'processing' and c.review_since is not null))
+       and ($3 is null or c.created_at >= $3)
+       and ($4 is null or c.order_id = $4)
+     order by c.created_at desc, c.id
+     limit $5";
+
+const DETAIL_SQL: &str = "
+    select c.id, m.name as merchant, c.merchant_id, c.order_id, c.amount_cents, c.currency,
+           c.description, c.status, c.acquirer_reference, c.acquirer_capture_id,
+           c.decline_reason,
+           strftime('%Y-%m-%dT%H:%M:%fZ', c.created_at / 1000.0, 'unixepoch') as created_at,
+           strftime('%Y-%m-%dT%H:%M:%fZ', c.updated_at / 1000.0, 'unixepoch') as updated_at,
+           c.reconcile_attempts,
+           strftime('%Y-%m-%dT%H:%M:%fZ', c.next_reconcile_at / 1000.0, 'unixepoch')
+             as next_reconcile_at,
+           strftime('%Y-%m-%dT%H:%M:%fZ', c.review_since / 1000.0, 'unixepoch') as review_since,
+           c.review_reason, c.idempotency_key
+      from charges c join merchants m on m.id = c.merchant_id
+     where c.id = $1";
+
+/// As on PostgreSQL.
+const KEY_DETAIL_SQL: &str = "
+    select idempotency_key, state, attempt,
+           strftime('%Y-%m-%dT%H:%M:%fZ', locked_until / 1000.0, 'unixepoch') as locked_until,
+           response_status,
+           strftime('%Y-%m-%dT%H:%M:%fZ', expires_at / 1000.0, 'unixepoch') as expires_at
+      from idempotency_keys
+     where merchant_id = $1 and charge_id = $3
+       and (idempotency_key = $2 or ($2 is null and state = 'in_flight'))";
+
 impl SqliteStore {
+    pub(in crate::store) async fn charges(
+        &self,
+        filter: &ChargeFilter,
+    ) -> Result<Vec<ChargeSummary>, StoreError> {
+        Ok(sqlx::query_as(LIST_SQL)
+            .bind(filter.status.map(|s| s.as_str()))
+            .bind(filter.awaiting_review)
+            .bind(filter.since.map(|t| t.timestamp_millis()))
+            .bind(filter.order_id)
+            .bind(filter.limit)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    pub(in crate::store) async fn charge_record(
+        &self,
+        id: &str,
+    ) -> Result<Option<ChargeRecord>, StoreError> {
+        let charge: Option<ChargeDetail> = sqlx::query_as(DETAIL_SQL)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(charge) = charge else {
+            return Ok(None);
+        };
+        let key: Option<KeyDetail> = sqlx::query_as(KEY_DETAIL_SQL)
+            .bind(charge.merchant_id)
+            .bind(charge.idempotency_key.as_deref())
+            .bind(&charge.id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(Some(ChargeRecord { charge, key }))
+    }
+
     pub(in crate::store) async fn charge(
         &self,
         merchant_id: i64,

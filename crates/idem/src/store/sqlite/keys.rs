@@ -49,8 +49,8 @@ const INSERT_KEY_SQL: &str = concatcp!(
 const INSERT_CHARGE_SQL: &str = concatcp!(
     "insert into charges
         (id, merchant_id, order_id, amount_cents, currency, description, acquirer_reference,
-         created_at, updated_at)
-     values ($4, $1, $7, $8, $9, $10, $11, ",
+         idempotency_key, created_at, updated_at)
+     values ($4, $1, $7, $8, $9, $10, $11, $2, ",
     NOW,
     ", ",
     NOW,
@@ -404,6 +404,9 @@ impl SqliteStore {
             sqlx::query_with(FINALIZE_CHARGE_SQL, args()?)
                 .execute(&mut *tx)
                 .await?;
+            if let Some(entry) = values.audit {
+                super::audit::record(tx, entry).await?;
+            }
             Ok(true)
         })
         .await

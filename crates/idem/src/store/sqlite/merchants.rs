@@ -8,7 +8,9 @@ use sqlx::SqliteConnection;
 
 use super::{from_millis, SqliteStore, NOW};
 use crate::domain::{Merchant, SecretHash};
-use crate::store::model::{Audit, MerchantError, Rotation, SecretInfo, SecretMatch, Tenant};
+use crate::store::model::{
+    Audit, AuditEntry, MerchantError, Rotation, SecretInfo, SecretMatch, Tenant,
+};
 use crate::store::StoreError;
 
 /// `secret_hash` here is the first secret's, read by nothing (see
@@ -80,8 +82,16 @@ impl SqliteStore {
                     .fetch_one(&mut *tx)
                     .await?;
                 add_secret(&mut *tx, id, secret_hash).await?;
-                super::audit::record(tx, audit, "tenant.create", name, "created with one secret")
-                    .await?;
+                super::audit::record(
+                    tx,
+                    &AuditEntry {
+                        audit: *audit,
+                        action: "tenant.create",
+                        subject: name,
+                        detail: "created with one secret",
+                    },
+                )
+                .await?;
                 Ok(id)
             })
             .await;
@@ -203,7 +213,16 @@ impl SqliteStore {
                     ),
                     None => "new secret; no older secret was live".to_owned(),
                 };
-                super::audit::record(tx, audit, "tenant.rotate", name, &detail).await?;
+                super::audit::record(
+                    tx,
+                    &AuditEntry {
+                        audit: *audit,
+                        action: "tenant.rotate",
+                        subject: name,
+                        detail: &detail,
+                    },
+                )
+                .await?;
                 Ok(Some(Rotation {
                     retired: retired.len() as u64,
                     retired_until: until,
@@ -238,7 +257,16 @@ impl SqliteStore {
                 } else {
                     ("tenant.enable", "live secrets accepted again")
                 };
-                super::audit::record(tx, audit, action, name, detail).await?;
+                super::audit::record(
+                    tx,
+                    &AuditEntry {
+                        audit: *audit,
+                        action,
+                        subject: name,
+                        detail,
+                    },
+                )
+                .await?;
                 Ok(Some(true))
             })
             .await?;
