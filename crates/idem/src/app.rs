@@ -80,6 +80,13 @@ pub(crate) struct Queue {
     pub(crate) outbox_retention: Duration,
 }
 
+/// The operator console: where, and the flag's token (named tokens are in the database).
+#[derive(Debug, Clone)]
+pub(crate) struct Console {
+    pub(crate) listen: SocketAddr,
+    pub(crate) token: Option<String>,
+}
+
 /// `idem serve`: the API, and beside it what its settings ask for.
 #[derive(Debug, Clone)]
 pub(crate) struct Serve {
@@ -87,6 +94,8 @@ pub(crate) struct Serve {
     pub(crate) listen: SocketAddr,
     /// `/healthz`, `/readyz` and `/metrics` on this address instead of the API's.
     pub(crate) metrics_listen: Option<SocketAddr>,
+    /// The operator console, when asked for.
+    pub(crate) console: Option<Console>,
     /// How long a connection may take to send a request's head (see [`http::Limits`]).
     pub(crate) header_read_timeout: Duration,
     /// /v1 requests worked at once.
@@ -148,6 +157,18 @@ pub(crate) async fn serve(config: Serve, shutdown: CancellationToken) -> anyhow:
     );
     if let Some(addr) = config.metrics_listen {
         spawn_metrics(&workers, addr, state.clone(), &shutdown).await?;
+    }
+    if let Some(console) = &config.console {
+        let listener = TcpListener::bind(console.listen)
+            .await
+            .with_context(|| format!("binding {}", console.listen))?;
+        tracing::info!(listen = %listener.local_addr()?, "serving the operator console");
+        workers.spawn(http::serve_console(
+            listener,
+            engine.clone(),
+            console.token.clone(),
+            shutdown.clone(),
+        ));
     }
     spawn_workers(&workers, &engine, config.workers.as_ref(), &shutdown);
     if config.queue.is_some() {

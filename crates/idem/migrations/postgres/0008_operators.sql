@@ -56,3 +56,12 @@ create trigger audit_log_no_update before update or delete on audit_log
     for each row execute function audit_log_append_only();
 create trigger audit_log_no_truncate before truncate on audit_log
     for each statement execute function audit_log_append_only();
+
+-- Tokens for the operator console (`idem admin token`), by hash; the name is
+-- the actor the console's actions are audited under.
+create table admin_tokens (
+    id         bigint generated always as identity primary key,
+    name       text not null check (length(name) between 1 and 100),
+    token_hash bytea not null unique,
+    created_at timestamptz not null default now()
+);

@@ -36,3 +36,10 @@ create trigger audit_log_no_update before update on audit_log
     begin select raise(abort, 'audit_log is append-only: UPDATE refused'); end;
 create trigger audit_log_no_delete before delete on audit_log
     begin select raise(abort, 'audit_log is append-only: DELETE refused'); end;
+
+create table admin_tokens (
+    id         integer primary key,
+    name       text not null check (length(name) between 1 and 100),
+    token_hash blob not null unique,
+    created_at integer not null
+);

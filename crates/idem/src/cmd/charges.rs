@@ -118,6 +118,7 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<()> {
                 awaiting_review: matches!(status, Some(StatusFilter::Review)),
                 since,
                 order_id,
+                oldest_first: false,
                 limit: limit.max(0),
             };
             list(&filter, &db).await

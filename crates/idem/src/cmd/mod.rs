@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::LOG_ENV;
 
 mod acquirer_sim;
+mod admin;
 mod args;
 mod bench;
 mod charge;
@@ -75,6 +76,11 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: charges::Command,
     },
+    /// Access to the operator console (`serve --admin-listen`).
+    Admin {
+        #[command(subcommand)]
+        command: admin::Command,
+    },
     /// Whether the deployment writes charge events (a relay turns them on).
     Events {
         #[command(subcommand)]
@@ -120,6 +126,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(args).await,
         Command::Charges { command } => charges::run(command).await,
         Command::Events { command } => events::run(command).await,
+        Command::Admin { command } => admin::run(command).await,
         Command::Openapi => openapi::run(),
     }
 }

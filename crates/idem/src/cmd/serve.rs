@@ -27,6 +27,20 @@ pub(crate) struct Args {
     /// the API's: keep it off the public port in production.
     #[arg(long, env = "IDEM_METRICS_LISTEN")]
     pub(crate) metrics_listen: Option<SocketAddr>,
+    /// Serve the operator console on this address (off by default; keep it
+    /// off the public network). Sign in with --admin-token or a token made
+    /// by `idem admin token`.
+    #[arg(long, env = "IDEM_ADMIN_LISTEN")]
+    pub(crate) admin_listen: Option<SocketAddr>,
+    /// A token that signs in to the console (its actions are audited as
+    /// "console (--admin-token)"); named tokens from `idem admin token` work too.
+    #[arg(
+        long,
+        env = "IDEM_ADMIN_TOKEN",
+        requires = "admin_listen",
+        hide_env_values = true
+    )]
+    pub(crate) admin_token: Option<String>,
     /// How long a connection may take to send a request's head, from when it
     /// opens or its previous answer goes out; also how long an idle kept-alive
     /// connection stays open. Keep a load balancer's idle timeout below it.
@@ -57,6 +71,10 @@ pub(crate) async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Resu
         engine: args.engine.settings()?,
         listen: args.listen,
         metrics_listen: args.metrics_listen,
+        console: args.admin_listen.map(|listen| app::Console {
+            listen,
+            token: args.admin_token.clone(),
+        }),
         header_read_timeout: args.header_read_timeout,
         max_in_flight: args.max_in_flight,
         queue: args.amqp_url.map(|url| args.queue.queue(url)),

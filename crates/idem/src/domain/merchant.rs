@@ -51,8 +51,18 @@ pub struct MerchantSecret(String);
 
 impl MerchantSecret {
     pub fn generate() -> Self {
+        Self::with_prefix("sk_")
+    }
+
+    /// A token for the operator console (`idem admin token`): minted and
+    /// hashed as a merchant's secret is, told apart by its prefix.
+    pub fn admin_token() -> Self {
+        Self::with_prefix("adm_")
+    }
+
+    fn with_prefix(prefix: &str) -> Self {
         Self(format!(
-            "sk_{}",
+            "{prefix}{}",
             Alphanumeric.sample_string(&mut rand::rng(), SECRET_RANDOM_LEN)
         ))
     }

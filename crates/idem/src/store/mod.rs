@@ -467,6 +467,38 @@ impl Store {
         }
     }
 
+    /// Adds a console token named `name` (the actor its actions are audited as).
+    pub async fn create_admin_token(
+        &self,
+        name: &str,
+        token_hash: &SecretHash,
+        by: &Audit<'_>,
+    ) -> Result<(), StoreError> {
+        match self {
+            Self::Postgres(s) => s.create_admin_token(name, token_hash, by).await,
+            Self::Sqlite(s) => s.create_admin_token(name, token_hash, by).await,
+        }
+    }
+
+    /// The name of the console token that hashes to `token_hash`, if any.
+    pub async fn admin_token_name(
+        &self,
+        token_hash: &SecretHash,
+    ) -> Result<Option<String>, StoreError> {
+        match self {
+            Self::Postgres(s) => s.admin_token_name(token_hash).await,
+            Self::Sqlite(s) => s.admin_token_name(token_hash).await,
+        }
+    }
+
+    /// Charges made within `window`, counted by status.
+    pub async fn outcome_counts(&self, window: Duration) -> Result<Vec<(String, i64)>, StoreError> {
+        match self {
+            Self::Postgres(s) => s.outcome_counts(window).await,
+            Self::Sqlite(s) => s.outcome_counts(window).await,
+        }
+    }
+
     /// The audit trail, newest first: of `subject` (a merchant's name or a
     /// charge's id), or of everything.
     pub async fn audit_trail(

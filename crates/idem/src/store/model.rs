@@ -282,6 +282,8 @@ pub struct ChargeFilter {
     /// Made at or after.
     pub since: Option<DateTime<Utc>>,
     pub order_id: Option<i64>,
+    /// Oldest first instead.
+    pub oldest_first: bool,
     pub limit: i64,
 }
 

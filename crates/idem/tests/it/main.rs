@@ -10,6 +10,7 @@ mod acquirer;
 mod api;
 mod bench;
 mod concurrency;
+mod console;
 mod crash;
 mod demo;
 mod events;

@@ -30,7 +30,8 @@ const LIST_SQL: &str = "
        and (not $2 or (c.status = 'processing' and c.review_since is not null))
        and ($3::timestamptz is null or c.created_at >= $3)
        and ($4::bigint is null or c.order_id = $4)
-     order by c.created_at desc, c.id
+     order by case when $6 then c.created_at end,
+              case when not $6 then c.created_at end desc, c.id
      limit $5";
 
 const DETAIL_SQL: &str = "
@@ -63,6 +64,8 @@ impl PgStore {
                     .bind(filter.since)
                     .bind(filter.order_id)
                     .bind(filter.limit)
+                    .bind(filter.oldest_first)
+                    .bind(filter.oldest_first)
                     .fetch_all(db)
                     .await
             })

@@ -52,7 +52,8 @@ const LIST_SQL: &str = "
        and (not $2 or (c.status = 'processing' and c.review_since is not null))
        and ($3 is null or c.created_at >= $3)
        and ($4 is null or c.order_id = $4)
-     order by c.created_at desc, c.id
+     order by case when $6 then c.created_at end,
+              case when not $6 then c.created_at end desc, c.id
      limit $5";
 
 const DETAIL_SQL: &str = "
@@ -90,6 +91,7 @@ impl SqliteStore {
             .bind(filter.since.map(|t| t.timestamp_millis()))
             .bind(filter.order_id)
             .bind(filter.limit)
+            .bind(filter.oldest_first)
             .fetch_all(&self.pool)
             .await?)
     }

@@ -13,6 +13,7 @@
 
 mod audit;
 mod charges;
+mod console;
 mod keys;
 mod merchants;
 mod outbox;

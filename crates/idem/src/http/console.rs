@@ -1,0 +1,484 @@
+//! The operator console (`idem serve --admin-listen ADDR`): one server-rendered
+//! page, no JavaScript, no asset from anywhere but itself. It shows the charges
+//! awaiting review (with "retry" and "resolve", the very operations of `idem
+//! charges`, audited under the token's name), the oldest `processing` charges,
+//! the outbox backlog, the merchants and their secrets' expiry, and the last
+//! day's outcomes as a chart.
+//!
+//! Signing in: a token (`--admin-token`, or one made by `idem admin token`)
+//! posted once to `/login` becomes an `HttpOnly`, `SameSite=Strict` cookie;
+//! every request checks it again (a token hash, one indexed read), so a
+//! deleted token stops working at once. `SameSite=Strict` keeps other sites'
+//! pages from posting the console's forms with it (cross-site request
+//! forgery). Actions are `POST`s answered `303 See Other` back to the page,
+//! with what came of them in the address.
+
+use std::time::Duration;
+
+use axum::extract::{Form, FromRequestParts, Path, Query, State};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use chrono::Utc;
+use maud::{html, Markup, DOCTYPE};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::SecretHash;
+use crate::idempotency::{Engine, Outcome, Resolution};
+use crate::store::{Audit, ChargeFilter, ChargeSummary, Tenant};
+
+/// The cookie that carries the console token.
+const COOKIE_NAME: &str = "idem_admin";
+
+/// Rows per list on the page.
+const LIST_LIMIT: i64 = 50;
+
+/// The window of the outcome chart.
+const CHART_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
+/// The actor of actions signed in with `--admin-token`, which has no name.
+pub const FLAG_TOKEN_ACTOR: &str = "console (--admin-token)";
+
+const CSS: &str = include_str!("console.css");
+
+#[derive(Clone)]
+struct Console {
+    engine: Engine,
+    /// `--admin-token`, hashed.
+    flag_token: Option<SecretHash>,
+}
+
+/// Serves the console on `listener` until `shutdown`.
+pub async fn serve_console(
+    listener: TcpListener,
+    engine: Engine,
+    flag_token: Option<String>,
+    shutdown: CancellationToken,
+) {
+    let console = Console {
+        engine,
+        flag_token: flag_token.map(|t| SecretHash::of(t.trim().as_bytes())),
+    };
+    let app = Router::new()
+        .route("/", get(page))
+        .route("/login", get(login_page).post(login))
+        .route("/logout", post(logout))
+        .route("/charges/{id}/retry", post(retry))
+        .route("/charges/{id}/resolve", post(resolve))
+        .route("/console.css", get(css))
+        .with_state(console);
+    super::run_server(listener, app, super::HEADER_READ_TIMEOUT, None, shutdown).await;
+}
+
+/// A signed-in operator: the actor their actions are audited as.
+struct Operator(String);
+
+impl FromRequestParts<Console> for Operator {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, console: &Console) -> Result<Self, Response> {
+        let token = parts
+            .headers
+            .get_all(COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(';'))
+            .filter_map(|c| c.trim().split_once('='))
+            .find(|(name, _)| *name == COOKIE_NAME)
+            .map(|(_, value)| value.to_owned());
+        match token {
+            Some(token) => match console.actor(&token).await {
+                Ok(Some(actor)) => Ok(Self(actor)),
+                Ok(None) => Err(see_other("/login?error=signed-out")),
+                Err(e) => Err(unavailable(&e)),
+            },
+            None => Err(see_other("/login")),
+        }
+    }
+}
+
+impl Console {
+    /// Who `token` stands for: the flag's, or a named token's; `None` if neither.
+    async fn actor(&self, token: &str) -> Result<Option<String>, crate::store::StoreError> {
+        let hash = SecretHash::of(token.trim().as_bytes());
+        if self.flag_token == Some(hash) {
+            return Ok(Some(FLAG_TOKEN_ACTOR.to_owned()));
+        }
+        self.engine.store().admin_token_name(&hash).await
+    }
+}
+
+fn see_other(to: &str) -> Response {
+    let mut r = StatusCode::SEE_OTHER.into_response();
+    if let Ok(v) = HeaderValue::from_str(to) {
+        r.headers_mut().insert(LOCATION, v);
+    }
+    r
+}
+
+fn unavailable(e: &dyn std::fmt::Display) -> Response {
+    tracing::warn!(error = %e, "console: the database did not answer");
+    let body = layout(
+        "idem console",
+        html! { p.notice.bad { "The database did not answer. Reload in a moment." } },
+    );
+    (StatusCode::SERVICE_UNAVAILABLE, Html(body.into_string())).into_response()
+}
+
+async fn css() -> Response {
+    (
+        [
+            (CONTENT_TYPE, "text/css; charset=utf-8"),
+            (CACHE_CONTROL, "max-age=300"),
+        ],
+        CSS,
+    )
+        .into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct LoginQuery {
+    error: Option<String>,
+}
+
+async fn login_page(Query(q): Query<LoginQuery>) -> Html<String> {
+    let error = match q.error.as_deref() {
+        Some("wrong-token") => Some("That token is not one of this deployment's."),
+        Some("signed-out") => Some("Your token no longer works; sign in again."),
+        _ => None,
+    };
+    Html(
+        layout(
+            "Sign in · idem console",
+            html! {
+                h1 { "idem console" }
+                @if let Some(error) = error { p.notice.bad { (error) } }
+                form method="post" action="/login" {
+                    label for="token" { "Console token" }
+                    input #token type="password" name="token" autocomplete="off" required;
+                    button type="submit" { "Sign in" }
+                }
+                p.hint { "A token comes from " code { "idem admin token" } " or the server's " code { "--admin-token" } "." }
+            },
+        )
+        .into_string(),
+    )
+}
+
+#[derive(serde::Deserialize)]
+struct LoginForm {
+    token: String,
+}
+
+async fn login(State(console): State<Console>, Form(form): Form<LoginForm>) -> Response {
+    match console.actor(&form.token).await {
+        Ok(Some(actor)) => {
+            tracing::info!(actor, "console: signed in");
+            let mut r = see_other("/");
+            let cookie = format!(
+                "{COOKIE_NAME}={}; HttpOnly; SameSite=Strict; Path=/",
+                form.token.trim()
+            );
+            if let Ok(v) = HeaderValue::from_str(&cookie) {
+                r.headers_mut().insert(SET_COOKIE, v);
+            }
+            r
+        }
+        Ok(None) => see_other("/login?error=wrong-token"),
+        Err(e) => unavailable(&e),
+    }
+}
+
+async fn logout() -> Response {
+    let mut r = see_other("/login");
+    r.headers_mut().insert(
+        SET_COOKIE,
+        HeaderValue::from_static("idem_admin=; Max-Age=0; HttpOnly; SameSite=Strict; Path=/"),
+    );
+    r
+}
+
+#[derive(serde::Deserialize)]
+struct Notice {
+    done: Option<String>,
+    failed: Option<String>,
+}
+
+async fn retry(
+    State(console): State<Console>,
+    Operator(actor): Operator,
+    Path(id): Path<String>,
+) -> Response {
+    let audit = Audit {
+        actor: &actor,
+        reason: None,
+    };
+    acted(&id, console.engine.retry_charge(&id, audit).await)
+}
+
+#[derive(serde::Deserialize)]
+struct ResolveForm {
+    #[serde(rename = "as")]
+    resolution: String,
+    reason: String,
+}
+
+async fn resolve(
+    State(console): State<Console>,
+    Operator(actor): Operator,
+    Path(id): Path<String>,
+    Form(form): Form<ResolveForm>,
+) -> Response {
+    let resolution = match form.resolution.as_str() {
+        "captured" => Resolution::Captured,
+        "failed" => Resolution::Failed,
+        _ => return back_with("failed", &format!("{id}: choose captured or failed")),
+    };
+    let reason = form.reason.trim();
+    if reason.is_empty() {
+        return back_with("failed", &format!("{id}: say why (the reason is audited)"));
+    }
+    let audit = Audit {
+        actor: &actor,
+        reason: Some(reason),
+    };
+    acted(
+        &id,
+        console.engine.resolve_charge(&id, resolution, audit).await,
+    )
+}
+
+/// Back to the page, saying what an action came to.
+fn acted(id: &str, result: Result<Outcome, crate::idempotency::OperatorError>) -> Response {
+    match result {
+        Ok(Outcome::Completed { response, .. }) => back_with(
+            "done",
+            &format!("{id}: final; answer {} stored", response.status),
+        ),
+        Ok(Outcome::Unknown { .. }) => back_with(
+            "failed",
+            &format!("{id}: the acquirer's outcome is still unknown"),
+        ),
+        Ok(other) => back_with(
+            "failed",
+            &format!("{id}: another attempt holds it ({})", other.label()),
+        ),
+        Err(e) => back_with("failed", &e.to_string()),
+    }
+}
+
+fn back_with(kind: &str, message: &str) -> Response {
+    let query = serde_urlencoded::to_string([(kind, message)]).unwrap_or_default();
+    see_other(&format!("/?{query}"))
+}
+
+async fn page(
+    State(console): State<Console>,
+    Operator(actor): Operator,
+    Query(notice): Query<Notice>,
+) -> Response {
+    let store = console.engine.store();
+    let review = ChargeFilter {
+        awaiting_review: true,
+        oldest_first: true,
+        limit: LIST_LIMIT,
+        ..ChargeFilter::default()
+    };
+    let processing = ChargeFilter {
+        status: Some(crate::domain::ChargeStatus::Processing),
+        oldest_first: true,
+        limit: 10,
+        ..ChargeFilter::default()
+    };
+    let loaded = async {
+        Ok::<_, crate::store::StoreError>((
+            store.charges(&review).await?,
+            store.charges(&processing).await?,
+            store.outbox_backlog().await?,
+            store.tenants().await?,
+            store.outcome_counts(CHART_WINDOW).await?,
+        ))
+    }
+    .await;
+    let (review, processing, backlog, tenants, counts) = match loaded {
+        Ok(l) => l,
+        Err(e) => return unavailable(&e),
+    };
+    let body = html! {
+        header {
+            h1 { "idem console" }
+            form.logout method="post" action="/logout" {
+                span { "Signed in as " strong { (actor) } }
+                button type="submit" { "Sign out" }
+            }
+        }
+        @if let Some(done) = &notice.done { p.notice.good role="status" { (done) } }
+        @if let Some(failed) = &notice.failed { p.notice.bad role="alert" { (failed) } }
+        (review_section(&review))
+        (processing_section(&processing))
+        section #outbox {
+            h2 { "Outbox" }
+            p { strong { (backlog.0) } " message(s) waiting to be published; the oldest for "
+                (format!("{:.0}", backlog.1)) " s." }
+        }
+        (merchants_section(&tenants))
+        (chart_section(&counts))
+    };
+    Html(layout("idem console", body).into_string()).into_response()
+}
+
+fn layout(title: &str, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) }
+                link rel="stylesheet" href="/console.css";
+            }
+            body { main { (body) } }
+        }
+    }
+}
+
+fn money(c: &ChargeSummary) -> String {
+    format!(
+        "{}.{:02} {}",
+        c.amount_cents / 100,
+        c.amount_cents % 100,
+        c.currency
+    )
+}
+
+fn review_section(charges: &[ChargeSummary]) -> Markup {
+    html! {
+        section #review {
+            h2 { "Awaiting review (" (charges.len()) ")" }
+            @if charges.is_empty() {
+                p.empty { "No charge awaits a person." }
+            } @else {
+                p.hint { "Past the settle deadline with no outcome at the acquirer. Retry asks the acquirer again (and captures under the same reference only if it has nothing); resolve records what the acquirer's own records show." }
+                table {
+                    thead { tr { th { "charge" } th { "merchant" } th { "order" } th { "amount" } th { "since" } th { "why" } th { "act" } } }
+                    tbody {
+                        @for c in charges {
+                            tr data-charge=(c.id) {
+                                td { code { (c.id) } }
+                                td { (c.merchant) }
+                                td { (c.order_id) }
+                                td.num { (money(c)) }
+                                td { (c.review_since.map(|t| t.format("%Y-%m-%d %H:%M UTC").to_string()).unwrap_or_default()) }
+                                td { (c.review_reason.as_deref().unwrap_or("")) }
+                                td.actions {
+                                    form method="post" action=(format!("/charges/{}/retry", c.id)) {
+                                        button.retry type="submit" { "Retry" }
+                                    }
+                                    form.resolve method="post" action=(format!("/charges/{}/resolve", c.id)) {
+                                        select name="as" aria-label="resolve as" {
+                                            option value="captured" { "captured" }
+                                            option value="failed" { "failed" }
+                                        }
+                                        input type="text" name="reason" placeholder="reason (audited)" required;
+                                        button.resolve type="submit" { "Resolve" }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn processing_section(charges: &[ChargeSummary]) -> Markup {
+    let now = Utc::now();
+    html! {
+        section #processing {
+            h2 { "Oldest processing" }
+            @if charges.is_empty() {
+                p.empty { "No charge is processing." }
+            } @else {
+                table {
+                    thead { tr { th { "charge" } th { "merchant" } th { "order" } th { "amount" } th { "age" } th { "state" } } }
+                    tbody {
+                        @for c in charges {
+                            tr {
+                                td { code { (c.id) } }
+                                td { (c.merchant) }
+                                td { (c.order_id) }
+                                td.num { (money(c)) }
+                                td.num { (humantime::format_duration(Duration::from_secs((now - c.created_at).num_seconds().max(0).unsigned_abs()))) }
+                                td { @if c.review_since.is_some() { "awaiting review" } @else { "the reconciler is on it" } }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn merchants_section(tenants: &[Tenant]) -> Markup {
+    let now = Utc::now();
+    html! {
+        section #merchants {
+            h2 { "Merchants" }
+            table {
+                thead { tr { th { "name" } th { "state" } th { "secrets" } } }
+                tbody {
+                    @for t in tenants {
+                        tr {
+                            td { (t.merchant.name) }
+                            td { @match t.disabled_at { Some(at) => { "disabled since " (at.format("%Y-%m-%d %H:%M UTC")) }, None => "enabled" } }
+                            td {
+                                ul.secrets {
+                                    @for s in &t.secrets {
+                                        li {
+                                            "#" (s.id) " made " (s.created_at.format("%Y-%m-%d")) ": "
+                                            @match s.expires_at {
+                                                None => "live",
+                                                Some(at) if at > now => { "live until " (at.format("%Y-%m-%d %H:%M UTC")) },
+                                                Some(at) => { "expired " (at.format("%Y-%m-%d %H:%M UTC")) },
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Charges of the last day by status, as horizontal bars in inline SVG.
+fn chart_section(counts: &[(String, i64)]) -> Markup {
+    const WIDTH: i64 = 400;
+    const ROW: i64 = 28;
+    let max = counts.iter().map(|(_, n)| *n).max().unwrap_or(0).max(1);
+    let height = ROW * i64::try_from(counts.len()).unwrap_or(0).max(1);
+    html! {
+        section #outcomes {
+            h2 { "Outcomes, last 24 h" }
+            @if counts.is_empty() {
+                p.empty { "No charge in the last 24 hours." }
+            } @else {
+                svg width=(WIDTH + 200) height=(height) role="img" aria-label="charges by status, last 24 hours" {
+                    @for (i, (status, n)) in counts.iter().enumerate() {
+                        @let y = ROW * i64::try_from(i).unwrap_or(0);
+                        text x="0" y=(y + 18) { (status) }
+                        rect class=(format!("bar {status}")) x="100" y=(y + 4) height="20" width=((WIDTH * n / max).max(1)) {}
+                        text x=(110 + WIDTH * n / max) y=(y + 18) { (n) }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! What the operator console reads and writes on SQLite: as in
+//! `postgres/console.rs`.
+
+use std::time::Duration;
+
+use const_format::concatcp;
+
+use super::{SqliteStore, NOW};
+use crate::domain::SecretHash;
+use crate::store::model::{Audit, AuditEntry};
+use crate::store::StoreError;
+
+const CREATE_TOKEN_SQL: &str = concatcp!(
+    "insert into admin_tokens (name, token_hash, created_at) values ($1, $2, ",
+    NOW,
+    ")"
+);
+
+const OUTCOME_COUNTS_SQL: &str = concatcp!(
+    "select status, count(*) from charges where created_at >= ",
+    NOW,
+    " - $1 group by status order by status"
+);
+
+impl SqliteStore {
+    pub(in crate::store) async fn create_admin_token(
+        &self,
+        name: &str,
+        token_hash: &SecretHash,
+        by: &Audit<'_>,
+    ) -> Result<(), StoreError> {
+        self.write(async |tx| {
+            sqlx::query(CREATE_TOKEN_SQL)
+                .bind(name)
+                .bind(token_hash.as_bytes())
+                .execute(&mut *tx)
+                .await?;
+            let entry = AuditEntry {
+                audit: *by,
+                action: "admin.token",
+                subject: name,
+                detail: "a console token made",
+            };
+            super::audit::record(tx, &entry).await
+        })
+        .await
+    }
+
+    pub(in crate::store) async fn admin_token_name(
+        &self,
+        token_hash: &SecretHash,
+    ) -> Result<Option<String>, StoreError> {
+        let row: Option<(String,)> =
+            sqlx::query_as("select name from admin_tokens where token_hash = $1")
+                .bind(token_hash.as_bytes())
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|(name,)| name))
+    }
+
+    pub(in crate::store) async fn outcome_counts(
+        &self,
+        window: Duration,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        Ok(sqlx::query_as(OUTCOME_COUNTS_SQL)
+            .bind(i64::try_from(window.as_millis()).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?)
+    }
+}

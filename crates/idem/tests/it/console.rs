@@ -1,0 +1,315 @@
+//! The operator console in a real browser: headless Chromium from Debian,
+//! driven through ChromeDriver (WebDriver), signs in and clicks "Resolve" on
+//! a charge awaiting review; the API then replays the charge as resolved.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{ClientBuilder, Locator};
+use idem::sim::{Fault, Faults};
+use idem::workers::{Reconciler, ReconcilerConfig};
+
+use crate::helpers::*;
+
+const TOKEN: &str = "adm_console_test_token_0123456789";
+
+/// A program the test set-up installs (scripts/ensure-chromium), by its
+/// variable or its Debian path.
+fn program(var: &str, debian: &str) -> String {
+    let path = std::env::var(var).unwrap_or_else(|_| debian.to_owned());
+    assert!(
+        std::path::Path::new(&path).exists(),
+        "NO {path}: run scripts/ensure-chromium (scripts/test and CI do) or set {var}"
+    );
+    path
+}
+
+/// ChromeDriver on a port of its own, killed when dropped.
+struct Driver {
+    child: Child,
+    url: String,
+}
+
+impl Driver {
+    async fn start() -> Self {
+        let port = free_port();
+        let child = Command::new(program("IDEM_TEST_CHROMEDRIVER", "/usr/bin/chromedriver"))
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver");
+        let url = format!("http://127.0.0.1:{port}");
+        let started = Instant::now();
+        while reqwest::get(format!("{url}/status")).await.is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "chromedriver did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Self { child, url }
+    }
+
+    async fn browser(&self) -> fantoccini::Client {
+        let profile = std::env::temp_dir().join(format!("idem-console-{}", uuid::Uuid::new_v4()));
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".to_owned(),
+            serde_json::json!({
+                "binary": program("IDEM_TEST_CHROMIUM", "/usr/bin/chromium"),
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                         "--disable-background-networking", "--disable-component-update",
+                         format!("--user-data-dir={}", profile.display())],
+            }),
+        );
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        ClientBuilder::new(connector)
+            .capabilities(caps)
+            .connect(&self.url)
+            .await
+            .expect("a Chromium session")
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn a_person_resolves_a_charge_in_the_console_and_the_api_replays_it_resolved() {
+    let db = TestDb::new().await;
+    let sim = TestSim::start(Faults::default()).await;
+    let secret = db.merchant("loja").await;
+    let admin = format!("127.0.0.1:{}", free_port());
+    let server = ServeProcess::start(
+        &db,
+        &sim,
+        &[
+            "--no-workers",
+            "--admin-listen",
+            &admin,
+            "--admin-token",
+            TOKEN,
+        ],
+    )
+    .await;
+    let client = Client::new(&server.url, &secret);
+
+    // A charge awaiting review: the capture failed before the acquirer saw
+    // it, and the reconciler's last look found nothing.
+    sim.set_faults(failing(Fault::ErrorBefore)).await;
+    let (key, body) = (new_key(), body(42, 25_000));
+    assert_eq!(client.charge(&key, &body).await.status, 503);
+    sim.set_faults(Faults::default()).await;
+    let engine = test_engine(
+        db.store.clone(),
+        &sim,
+        test_config(),
+        Duration::from_secs(2),
+    );
+    let reconciler = Reconciler::new(
+        engine,
+        ReconcilerConfig::new(Duration::from_millis(50), Duration::ZERO),
+    );
+    assert_eq!(reconciler.pass().await.unwrap().marked_for_review, 1);
+    let (id,): (String,) = sqlx::query_as("select id from charges")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+
+    let driver = Driver::start().await;
+    let browser = driver.browser().await;
+    let console = format!("http://{admin}");
+
+    // Not signed in: the login page; a wrong token is told so.
+    browser.goto(&console).await.unwrap();
+    assert!(browser
+        .current_url()
+        .await
+        .unwrap()
+        .path()
+        .ends_with("/login"));
+    browser
+        .find(Locator::Css("#token"))
+        .await
+        .unwrap()
+        .send_keys("adm_wrong")
+        .await
+        .unwrap();
+    browser
+        .find(Locator::Css("button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let refused = browser
+        .wait()
+        .for_element(Locator::Css(".notice.bad"))
+        .await
+        .unwrap();
+    assert!(refused
+        .text()
+        .await
+        .unwrap()
+        .contains("not one of this deployment's"));
+
+    // Signed in: the page shows the charge awaiting review, the merchants, the outbox.
+    browser
+        .find(Locator::Css("#token"))
+        .await
+        .unwrap()
+        .send_keys(TOKEN)
+        .await
+        .unwrap();
+    browser
+        .find(Locator::Css("button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let row = browser
+        .wait()
+        .for_element(Locator::Css(&format!("#review tr[data-charge='{id}']")))
+        .await
+        .expect("the charge awaiting review is listed");
+    let page = browser.source().await.unwrap();
+    assert!(page.contains("Signed in as") && page.contains("console (--admin-token)"));
+    assert!(browser
+        .find(Locator::Css("#merchants"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+        .contains("loja"));
+    assert!(browser.find(Locator::Css("#outbox")).await.is_ok());
+    assert!(
+        browser.find(Locator::Css("#outcomes svg")).await.is_ok(),
+        "the chart"
+    );
+
+    // Resolve as captured, with a reason.
+    row.find(Locator::Css("select[name=as]"))
+        .await
+        .unwrap()
+        .select_by_value("captured")
+        .await
+        .unwrap();
+    row.find(Locator::Css("input[name=reason]"))
+        .await
+        .unwrap()
+        .send_keys("acquirer portal shows it captured")
+        .await
+        .unwrap();
+    row.find(Locator::Css("button.resolve"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let done = browser
+        .wait()
+        .for_element(Locator::Css(".notice.good"))
+        .await
+        .unwrap();
+    let said = done.text().await.unwrap();
+    assert!(
+        said.contains(&id) && said.contains("answer 201 stored"),
+        "{said}"
+    );
+    assert!(
+        browser
+            .find(Locator::Css(&format!("tr[data-charge='{id}']")))
+            .await
+            .is_err(),
+        "no longer awaiting review"
+    );
+    browser.close().await.unwrap();
+
+    // The API replays the charge as resolved; no money moved at idem's hand.
+    let late = client.charge(&key, &body).await;
+    assert_eq!((late.status, late.replayed()), (201, true));
+    assert_eq!(late.json()["status"], "captured");
+    assert!(sim.ledger().await.captures.is_empty());
+    let trail = db.store.audit_trail(Some(&id), 10).await.unwrap();
+    let resolve = trail
+        .iter()
+        .find(|a| a.action == "charge.resolve")
+        .expect("audited");
+    assert_eq!(resolve.actor, "console (--admin-token)");
+    assert_eq!(
+        resolve.reason.as_deref(),
+        Some("acquirer portal shows it captured")
+    );
+}
+
+#[tokio::test]
+async fn the_console_signs_in_only_with_a_known_token_and_audits_under_its_name() {
+    let db = TestDb::new().await;
+    let sim = TestSim::start(Faults::default()).await;
+    let admin = format!("127.0.0.1:{}", free_port());
+    let _server = ServeProcess::start(&db, &sim, &["--no-workers", "--admin-listen", &admin]).await;
+    let (status, token, err) = run_idem(
+        &db,
+        &["admin", "token", "--name", "ana", "--actor", "root-ops"],
+    )
+    .await;
+    assert!(status.success(), "{err}");
+    let token = token.trim();
+    assert!(token.starts_with("adm_"), "{token}");
+
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let console = format!("http://{admin}");
+    let anonymous = http.get(&console).send().await.unwrap();
+    assert_eq!(anonymous.status(), 303);
+    assert_eq!(anonymous.headers()["location"], "/login");
+    for (cookie, expect) in [("idem_admin=adm_made_up", 303), ("other=1", 303)] {
+        let r = http
+            .get(&console)
+            .header("cookie", cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), expect, "{cookie}");
+    }
+    let login = http
+        .post(format!("{console}/login"))
+        .form(&[("token", token)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status(), 303);
+    let cookie = login.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let page = http
+        .get(&console)
+        .header("cookie", cookie.split(';').next().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let html = page.text().await.unwrap();
+    assert!(html.contains("Signed in as <strong>ana</strong>"), "{html}");
+    assert!(!html.contains("<script"), "no JavaScript");
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "no asset from elsewhere"
+    );
+    let trail = db.store.audit_trail(Some("ana"), 10).await.unwrap();
+    assert_eq!(
+        (trail[0].actor.as_str(), trail[0].action.as_str()),
+        ("root-ops", "admin.token")
+    );
+}
