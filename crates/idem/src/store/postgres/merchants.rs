@@ -9,9 +9,8 @@ use sqlx::PgConnection;
 
 use super::{audit, PgStore};
 use crate::domain::{Merchant, SecretHash};
-use crate::store::model::{
-    Audit, AuditEntry, MerchantError, Rotation, SecretInfo, SecretMatch, Tenant,
-};
+use crate::store::model::{Audit, AuditEntry, MerchantError, Rotation, SecretMatch, Tenant};
+use crate::store::rows::{self, TenantRow};
 use crate::store::StoreError;
 
 /// The merchant a live secret authenticates, and the seconds that secret has left.
@@ -112,16 +111,7 @@ impl PgStore {
     }
 
     pub(in crate::store) async fn tenants(&self) -> Result<Vec<Tenant>, StoreError> {
-        type Row = (
-            i64,
-            String,
-            DateTime<Utc>,
-            Option<DateTime<Utc>>,
-            Option<i64>,
-            Option<DateTime<Utc>>,
-            Option<DateTime<Utc>>,
-        );
-        let rows: Vec<Row> = self
+        let rows: Vec<TenantRow> = self
             .on_conn(async |db| {
                 sqlx::query_as(
                     "select m.id, m.name, m.created_at, m.disabled_at, s.id, s.created_at, s.expires_at
@@ -132,27 +122,7 @@ impl PgStore {
                 .await
             })
             .await?;
-        let mut tenants: Vec<Tenant> = Vec::new();
-        for (id, name, created_at, disabled_at, secret_id, secret_created, expires_at) in rows {
-            if tenants.last().is_none_or(|t| t.merchant.id != id) {
-                tenants.push(Tenant {
-                    merchant: Merchant { id, name },
-                    created_at,
-                    disabled_at,
-                    secrets: Vec::new(),
-                });
-            }
-            if let (Some(id), Some(created_at), Some(tenant)) =
-                (secret_id, secret_created, tenants.last_mut())
-            {
-                tenant.secrets.push(SecretInfo {
-                    id,
-                    created_at,
-                    expires_at,
-                });
-            }
-        }
-        Ok(tenants)
+        Ok(rows::tenants(rows))
     }
 
     pub(in crate::store) async fn rotate_secret(

@@ -8,9 +8,8 @@ use sqlx::SqliteConnection;
 
 use super::{from_millis, SqliteStore, NOW};
 use crate::domain::{Merchant, SecretHash};
-use crate::store::model::{
-    Audit, AuditEntry, MerchantError, Rotation, SecretInfo, SecretMatch, Tenant,
-};
+use crate::store::model::{Audit, AuditEntry, MerchantError, Rotation, SecretMatch, Tenant};
+use crate::store::rows::{self, TenantRow};
 use crate::store::StoreError;
 
 /// `secret_hash` here is the first secret's, read by nothing (see
@@ -54,6 +53,17 @@ const DISABLE_SQL: &str = concatcp!(
     NOW,
     " end where id = $1 and (disabled_at is null) = $2"
 );
+
+/// As on PostgreSQL, times as the RFC 3339 text they decode from.
+const TENANTS_SQL: &str = "
+    select m.id, m.name,
+           strftime('%Y-%m-%dT%H:%M:%fZ', m.created_at / 1000.0, 'unixepoch'),
+           strftime('%Y-%m-%dT%H:%M:%fZ', m.disabled_at / 1000.0, 'unixepoch'),
+           s.id,
+           strftime('%Y-%m-%dT%H:%M:%fZ', s.created_at / 1000.0, 'unixepoch'),
+           strftime('%Y-%m-%dT%H:%M:%fZ', s.expires_at / 1000.0, 'unixepoch')
+      from merchants m left join merchant_secrets s on s.merchant_id = m.id
+     order by m.name, s.id";
 
 /// As on PostgreSQL: every instance forgets its cached merchants when this moves.
 const BUMP_VERSION_SQL: &str = "update settings set merchants_version = merchants_version + 1";
@@ -140,43 +150,8 @@ impl SqliteStore {
     }
 
     pub(in crate::store) async fn tenants(&self) -> Result<Vec<Tenant>, StoreError> {
-        type Row = (
-            i64,
-            String,
-            i64,
-            Option<i64>,
-            Option<i64>,
-            Option<i64>,
-            Option<i64>,
-        );
-        let rows: Vec<Row> = sqlx::query_as(
-            "select m.id, m.name, m.created_at, m.disabled_at, s.id, s.created_at, s.expires_at
-               from merchants m left join merchant_secrets s on s.merchant_id = m.id
-              order by m.name, s.id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        let mut tenants: Vec<Tenant> = Vec::new();
-        for (id, name, created_at, disabled_at, secret_id, secret_created, expires_at) in rows {
-            if tenants.last().is_none_or(|t| t.merchant.id != id) {
-                tenants.push(Tenant {
-                    merchant: Merchant { id, name },
-                    created_at: from_millis(created_at)?,
-                    disabled_at: disabled_at.map(from_millis).transpose()?,
-                    secrets: Vec::new(),
-                });
-            }
-            if let (Some(id), Some(created_at), Some(tenant)) =
-                (secret_id, secret_created, tenants.last_mut())
-            {
-                tenant.secrets.push(SecretInfo {
-                    id,
-                    created_at: from_millis(created_at)?,
-                    expires_at: expires_at.map(from_millis).transpose()?,
-                });
-            }
-        }
-        Ok(tenants)
+        let rows: Vec<TenantRow> = sqlx::query_as(TENANTS_SQL).fetch_all(&self.pool).await?;
+        Ok(rows::tenants(rows))
     }
 
     pub(in crate::store) async fn rotate_secret(
