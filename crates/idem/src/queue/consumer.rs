@@ -84,6 +84,11 @@ const RETRY_PAUSE: Duration = Duration::from_secs(1);
 /// The longest pause: the delivery is held (a prefetch slot) while it waits,
 /// and a recovered database should be noticed within half a minute.
 const RETRY_PAUSE_CAP: Duration = Duration::from_secs(30);
+/// How long a copy this consumer publishes itself (a dead letter, a command
+/// to try again) may wait for the broker's confirm before the delivery is
+/// settled the other way (rejected to the broker's own dead-lettering, or
+/// requeued).
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 /// The broker's count of a message's failed deliveries; quorum queues only.
 const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
 
@@ -496,26 +501,37 @@ async fn retry_later(
 }
 
 /// Publishes `body` to `queue` (through the default exchange) and waits for
-/// the broker's confirm; `false` if it did not confirm it.
+/// the broker's confirm, at most [`CONFIRM_TIMEOUT`]; `false` if it did not
+/// confirm it in that time. The delivery being settled holds a prefetch slot
+/// while this waits, so the wait is bounded like every other.
 async fn publish_confirmed(
     channel: &Channel,
     queue: &str,
     body: &[u8],
     properties: BasicProperties,
 ) -> bool {
-    match channel
-        .basic_publish(
-            "".into(),
-            queue.into(),
-            BasicPublishOptions::default(),
-            body,
-            properties,
-        )
-        .await
-    {
-        Ok(confirm) => matches!(confirm.await, Ok(c) if c.is_ack()),
-        Err(_) => false,
-    }
+    let published = channel.basic_publish(
+        "".into(),
+        queue.into(),
+        BasicPublishOptions::default(),
+        body,
+        properties,
+    );
+    let confirmed = tokio::time::timeout(CONFIRM_TIMEOUT, async {
+        match published.await {
+            Ok(confirm) => matches!(confirm.await, Ok(c) if c.is_ack()),
+            Err(_) => false,
+        }
+    })
+    .await;
+    confirmed.unwrap_or_else(|_| {
+        tracing::warn!(
+            queue,
+            timeout_s = CONFIRM_TIMEOUT.as_secs(),
+            "the broker did not confirm a copy in time"
+        );
+        false
+    })
 }
 
 /// Sends a message that will never succeed to the dead-letter queue, with its

@@ -463,13 +463,21 @@ async fn scrape(metrics: &str) -> String {
         .expect("metrics text")
 }
 
-/// Scrapes until every one of `lines` is in the consumer's metrics.
+/// Scrapes until every one of `lines` is in the consumer's metrics; fails
+/// showing the last scrape's `idem_` lines otherwise.
 async fn wait_for_metrics(metrics: &str, lines: &[&str]) {
-    wait_for(|| async {
+    let started = std::time::Instant::now();
+    loop {
         let scraped = scrape(metrics).await;
-        lines.iter().all(|l| scraped.contains(l))
-    })
-    .await;
+        if lines.iter().all(|l| scraped.contains(l)) {
+            return;
+        }
+        if started.elapsed() > WITHIN {
+            let ours: Vec<&str> = scraped.lines().filter(|l| l.starts_with("idem_")).collect();
+            panic!("not in the metrics within {WITHIN:?}: {lines:#?}\nlast scrape: {ours:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
 }
 
 /// The value of `idem_queue_commands_total{result="..."}` (0 when not yet counted).
@@ -544,8 +552,8 @@ async fn text_the_database_cannot_store_is_dead_lettered_at_once_and_never_loops
     // Once each: no delivery went back to the queue, nothing is left there,
     // and only the good command charged. (A dead letter is counted after its
     // copy is confirmed and the delivery acked, so it can be read before.)
-    wait_for(|| async { commands_counted(&metrics, "dead_lettered").await >= 3 }).await;
-    assert_eq!(commands_counted(&metrics, "dead_lettered").await, 3);
+    let dead_lettered = r#"idem_queue_commands_total{result="dead_lettered"} 3"#;
+    wait_for_metrics(&metrics, &[dead_lettered]).await;
     assert_eq!(commands_counted(&metrics, "requeued").await, 0);
     assert_eq!(env.amqp.ready(COMMANDS_QUEUE).await, 0);
     assert_eq!(env.sim.ledger().await.captures.len(), 1);
