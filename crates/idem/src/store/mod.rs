@@ -19,6 +19,7 @@
 //! and give ([`model`]), the rows they read ([`rows`]), the parameters of the
 //! claim and the finalize in their order ([`params`]).
 
+mod batch;
 mod error;
 mod merchant_cache;
 mod model;
@@ -52,6 +53,14 @@ pub use postgres::{CLAIM_SQL, FINALIZE_SQL};
 /// long enough to ride out a burst, short enough that a client retries on a
 /// healthy instance instead of hanging on a sick one.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Batches of claims (and of finalizes) at the database at once, per store:
+/// while they are there, the next requests queue up to go together.
+const BATCHES_AT_ONCE: usize = 2;
+
+/// Requests per batch at most: a batch's statement (and, on SQLite, its write
+/// transaction) stays short, so the requests behind it do not wait long.
+const BATCH_CAP: usize = 64;
 
 /// The URL used when none is given: an embedded SQLite file in the working
 /// directory, so that idem runs with nothing installed.
@@ -160,6 +169,41 @@ impl Store {
             Self::Postgres(s) => s.claim(new).await,
             Self::Sqlite(s) => s.claim(new).await,
         };
+        self.late_retry(new, claimed).await
+    }
+
+    /// `claims` as one batch, however many other requests are waiting: each
+    /// answered as [`Store::claim`] answers it (the property tests compare the
+    /// two). Claims of the same key within it are racing requests: one wins.
+    pub async fn claim_batch(&self, claims: &[NewClaim<'_>]) -> Vec<Result<Claim, StoreError>> {
+        let claimed = match self {
+            Self::Postgres(s) => s.claim_batch(claims).await,
+            Self::Sqlite(s) => s.claim_batch(claims).await,
+        };
+        let mut out = Vec::with_capacity(claims.len());
+        for (new, claimed) in claims.iter().zip(claimed) {
+            out.push(self.late_retry(new, claimed).await);
+        }
+        out
+    }
+
+    /// [`Store::claim`] on the one-row path, never batched: what a batch must
+    /// agree with (the property tests compare the two).
+    pub async fn claim_alone(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
+        let claimed = match self {
+            Self::Postgres(s) => s.claim_alone(new).await,
+            Self::Sqlite(s) => s.claim_alone(new).await,
+        };
+        self.late_retry(new, claimed).await
+    }
+
+    /// A claim's answer, where the same request came back after its key
+    /// expired: [`Claim::Expired`].
+    async fn late_retry(
+        &self,
+        new: &NewClaim<'_>,
+        claimed: Result<Claim, StoreError>,
+    ) -> Result<Claim, StoreError> {
         let claim = match claimed {
             // Past its tombstone too: the charge itself remembers the intent.
             Err(e) if error::is_reference_taken(&e) => {
@@ -282,7 +326,7 @@ impl Store {
             charge_status: settlement.status.as_str(),
             capture_id: settlement.capture_id,
             decline_reason: settlement.decline_reason,
-            event: settlement.event,
+            event: settlement.event.map(Into::into),
             audit: settlement.audit,
         };
         match self {

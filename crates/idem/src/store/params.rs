@@ -90,6 +90,18 @@ impl ClaimValues {
         }
     }
 
+    pub(super) fn merchant_id(&self) -> i64 {
+        self.merchant_id
+    }
+
+    pub(super) fn key(&self) -> &str {
+        &self.key
+    }
+
+    pub(super) fn fingerprint(&self) -> &[u8] {
+        &self.fingerprint
+    }
+
     /// `$1..$11`: the key record's columns, then the new charge's. A statement
     /// that uses fewer of them ignores the rest (SQLite's).
     pub fn params(&self) -> Params<'_, 11> {
@@ -122,9 +134,98 @@ pub struct FinalizeValues<'a> {
     pub(super) charge_status: &'a str,
     pub(super) capture_id: Option<&'a str>,
     pub(super) decline_reason: Option<&'a str>,
-    pub(super) event: Option<&'a NewEvent<'a>>,
+    pub(super) event: Option<EventValues<'a>>,
     /// Not a parameter of the statement: recorded beside it (see [`Settlement`]).
     pub(super) audit: Option<&'a AuditEntry<'a>>,
+}
+
+/// The charge event a finalize writes to the outbox.
+#[derive(Debug, Clone, Copy)]
+pub struct EventValues<'a> {
+    pub(super) message_id: &'a str,
+    /// Also its routing key.
+    pub(super) event_type: &'a str,
+    pub(super) tenant: &'a str,
+    pub(super) body: &'a [u8],
+}
+
+impl<'a> From<&'a NewEvent<'a>> for EventValues<'a> {
+    fn from(e: &'a NewEvent<'a>) -> Self {
+        Self {
+            message_id: e.message_id.as_str(),
+            event_type: e.event_type,
+            tenant: e.tenant,
+            body: e.body.as_ref(),
+        }
+    }
+}
+
+/// A finalize's values, owned: what a batch carries to its worker. Never an
+/// operator's (those are recorded with their audit entry, alone).
+#[derive(Debug)]
+pub struct FinalizeRow {
+    merchant_id: i64,
+    key: String,
+    charge_id: String,
+    attempt: i64,
+    status: i16,
+    body: Vec<u8>,
+    key_ttl_ms: i64,
+    charge_status: String,
+    capture_id: Option<String>,
+    decline_reason: Option<String>,
+    /// Message id, type, tenant, body.
+    event: Option<(String, String, String, Vec<u8>)>,
+}
+
+impl FinalizeRow {
+    pub(super) fn new(v: &FinalizeValues<'_>) -> Self {
+        Self {
+            merchant_id: v.merchant_id,
+            key: v.key.to_owned(),
+            charge_id: v.charge_id.to_owned(),
+            attempt: v.attempt,
+            status: v.status,
+            body: v.body.to_vec(),
+            key_ttl_ms: v.key_ttl_ms,
+            charge_status: v.charge_status.to_owned(),
+            capture_id: v.capture_id.map(str::to_owned),
+            decline_reason: v.decline_reason.map(str::to_owned),
+            event: v.event.map(|e| {
+                (
+                    e.message_id.to_owned(),
+                    e.event_type.to_owned(),
+                    e.tenant.to_owned(),
+                    e.body.to_vec(),
+                )
+            }),
+        }
+    }
+
+    pub(super) fn values(&self) -> FinalizeValues<'_> {
+        FinalizeValues {
+            merchant_id: self.merchant_id,
+            key: &self.key,
+            charge_id: &self.charge_id,
+            attempt: self.attempt,
+            status: self.status,
+            body: &self.body,
+            key_ttl_ms: self.key_ttl_ms,
+            charge_status: &self.charge_status,
+            capture_id: self.capture_id.as_deref(),
+            decline_reason: self.decline_reason.as_deref(),
+            event: self
+                .event
+                .as_ref()
+                .map(|(id, kind, tenant, body)| EventValues {
+                    message_id: id,
+                    event_type: kind,
+                    tenant,
+                    body,
+                }),
+            audit: None,
+        }
+    }
 }
 
 impl FinalizeValues<'_> {
@@ -143,20 +244,14 @@ impl FinalizeValues<'_> {
             ("charge_status", Param::Text(self.charge_status)),
             ("capture_id", Param::OptText(self.capture_id)),
             ("decline_reason", Param::OptText(self.decline_reason)),
-            (
-                "event_id",
-                Param::OptText(event.map(|e| e.message_id.as_str())),
-            ),
+            ("event_id", Param::OptText(event.map(|e| e.message_id))),
             (
                 "event_exchange",
                 Param::OptText(event.map(|_| EVENTS_EXCHANGE)),
             ),
             ("event_type", Param::OptText(event.map(|e| e.event_type))),
             ("event_tenant", Param::OptText(event.map(|e| e.tenant))),
-            (
-                "event_body",
-                Param::OptBytes(event.map(|e| e.body.as_ref())),
-            ),
+            ("event_body", Param::OptBytes(event.map(|e| e.body))),
         ]
     }
 }

@@ -8,6 +8,7 @@ mod helpers;
 
 mod acquirer;
 mod api;
+mod batch;
 mod bench;
 mod concurrency;
 mod console;

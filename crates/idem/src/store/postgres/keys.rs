@@ -13,13 +13,14 @@ use sqlx::PgConnection;
 use super::charges::CHARGE_COLUMNS;
 use super::PgStore;
 use crate::domain::{ChargeId, IdempotencyKey};
+use crate::store::batch::Batched;
 use crate::store::model::{Claim, KeyRecord, KeyStatus, NewClaim, Orphan, Reschedule};
-use crate::store::params::{arguments, ClaimValues, FinalizeValues};
+use crate::store::params::{arguments, ClaimValues, FinalizeRow, FinalizeValues};
 use crate::store::rows::{KeyStatusRow, OrphanRow, RecordRow};
 use crate::store::{millis, StoreError};
 
 /// Columns of a key record joined with its charge (aliases `k` and `c`).
-const RECORD_COLUMNS: &str = concatcp!(
+pub(super) const RECORD_COLUMNS: &str = concatcp!(
     CHARGE_COLUMNS,
     ", k.fingerprint, k.state, k.attempt, k.response_status, k.response_body, \
      greatest(0, ceil(extract(epoch from (k.locked_until - now())) * 1000))::bigint \
@@ -233,7 +234,38 @@ struct ClaimRow {
 }
 
 impl PgStore {
+    /// A claim, in the next batch of claims; alone where the batch cannot
+    /// settle it.
     pub(in crate::store) async fn claim(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
+        match self.claims.submit(ClaimValues::new(new)).await {
+            Batched::Done(claim) => claim,
+            Batched::Alone => self.claim_alone(new).await,
+        }
+    }
+
+    /// `claims` as one batch, each answered as [`PgStore::claim`] would.
+    pub(in crate::store) async fn claim_batch(
+        &self,
+        claims: &[NewClaim<'_>],
+    ) -> Vec<Result<Claim, StoreError>> {
+        let values = claims.iter().map(ClaimValues::new).collect();
+        let answers = super::batched::claims(&self.pool, values).await;
+        let mut out = Vec::with_capacity(claims.len());
+        for (new, answer) in claims.iter().zip(answers) {
+            out.push(match answer {
+                Batched::Done(claim) => claim,
+                Batched::Alone => self.claim_alone(new).await,
+            });
+        }
+        out
+    }
+
+    /// A claim on its own: one statement, and where a record was swept between
+    /// statements, another round.
+    pub(in crate::store) async fn claim_alone(
+        &self,
+        new: &NewClaim<'_>,
+    ) -> Result<Claim, StoreError> {
         self.on_conn(async |db| {
             for _ in 0..CLAIM_ROUNDS {
                 if let Some(claim) = try_claim(db, new).await? {
@@ -341,6 +373,11 @@ impl PgStore {
         &self,
         values: &FinalizeValues<'_>,
     ) -> Result<bool, StoreError> {
+        if values.audit.is_none() {
+            if let Batched::Done(settled) = self.finalizes.submit(FinalizeRow::new(values)).await {
+                return settled;
+            }
+        }
         let args: PgArguments = arguments(&values.params())?;
         let Some(entry) = values.audit else {
             let settled: Option<(String,)> = self

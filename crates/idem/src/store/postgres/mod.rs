@@ -4,6 +4,7 @@
 //! idem's own pool ([`pool`]).
 
 mod audit;
+mod batched;
 mod charges;
 mod console;
 mod keys;
@@ -11,12 +12,16 @@ mod merchants;
 mod outbox;
 mod pool;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::PgConnectOptions;
 use sqlx::PgConnection;
 
-use super::{millis, PoolStats, StoreError, ACQUIRE_TIMEOUT};
+use super::batch::Batcher;
+use super::model::Claim;
+use super::params::{ClaimValues, FinalizeRow};
+use super::{millis, PoolStats, StoreError, ACQUIRE_TIMEOUT, BATCHES_AT_ONCE, BATCH_CAP};
 use pool::PgPool;
 
 pub use keys::{CLAIM_SQL, FINALIZE_SQL};
@@ -48,6 +53,9 @@ const TCP_KEEPALIVES: [(&str, &str); 3] = [
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// Claims and finalizes go to the database in batches ([`batched`]).
+    claims: Batcher<ClaimValues, Claim>,
+    finalizes: Batcher<FinalizeRow, bool>,
 }
 
 impl PgStore {
@@ -64,7 +72,25 @@ impl PgStore {
             .options([("statement_timeout", statement_timeout.as_str())])
             .options(TCP_KEEPALIVES);
         let pool = PgPool::new(options, max_connections, ACQUIRE_TIMEOUT)?;
-        Ok(Self { pool })
+        let claims = Batcher::new(BATCHES_AT_ONCE, BATCH_CAP, ACQUIRE_TIMEOUT, {
+            let pool = pool.clone();
+            Arc::new(move |rows| {
+                let pool = pool.clone();
+                Box::pin(async move { batched::claims(&pool, rows).await })
+            })
+        });
+        let finalizes = Batcher::new(BATCHES_AT_ONCE, BATCH_CAP, ACQUIRE_TIMEOUT, {
+            let pool = pool.clone();
+            Arc::new(move |rows| {
+                let pool = pool.clone();
+                Box::pin(async move { batched::finalizes(&pool, rows).await })
+            })
+        });
+        Ok(Self {
+            pool,
+            claims,
+            finalizes,
+        })
     }
 
     /// Like [`PgStore::lazy`], then opens one connection to prove the database answers.
@@ -85,12 +111,7 @@ impl PgStore {
     where
         E: From<sqlx::Error>,
     {
-        let mut conn = self.pool.get().await?;
-        let result = op(conn.raw()).await;
-        if result.is_ok() {
-            conn.release();
-        }
-        result
+        on_pool(&self.pool, op).await
     }
 
     /// Runs `op` as one transaction on one connection (through
@@ -144,4 +165,21 @@ impl PgStore {
     pub(super) async fn close(&self) {
         self.pool.close().await;
     }
+}
+
+/// [`PgStore::on_conn`] on a pool alone (for the batch workers, which must not
+/// hold the store).
+async fn on_pool<T, E>(
+    pool: &PgPool,
+    op: impl AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
+) -> Result<T, E>
+where
+    E: From<sqlx::Error>,
+{
+    let mut conn = pool.get().await?;
+    let result = op(conn.raw()).await;
+    if result.is_ok() {
+        conn.release();
+    }
+    result
 }

@@ -7,13 +7,14 @@
 use std::time::Duration;
 
 use const_format::concatcp;
-use sqlx::sqlite::SqliteArguments;
+use sqlx::sqlite::{SqliteArguments, SqliteConnection};
 
 use super::charges::CHARGE_COLUMNS;
 use super::{SqliteStore, NOW};
 use crate::domain::{ChargeId, IdempotencyKey};
+use crate::store::batch::Batched;
 use crate::store::model::{Claim, KeyRecord, KeyStatus, NewClaim, Orphan, Reschedule};
-use crate::store::params::{arguments, ClaimValues, FinalizeValues};
+use crate::store::params::{arguments, ClaimValues, FinalizeRow, FinalizeValues};
 use crate::store::rows::{KeyStatusRow, OrphanRow, RecordRow};
 use crate::store::{millis, StoreError};
 
@@ -248,47 +249,37 @@ impl SqliteStore {
                 return Ok(Claim::Lost(record));
             }
         }
-        let values = ClaimValues::new(new);
-        let args = || arguments::<SqliteArguments<'_>, 11>(&values.params());
-        self.write(async |tx| {
-            // The same request's tombstone: a late retry, nothing to claim.
-            let tombstone: Option<(String,)> = sqlx::query_as(TOMBSTONE_SQL)
-                .bind(new.merchant_id)
-                .bind(new.key.as_str())
-                .bind(new.fingerprint.as_bytes())
-                .fetch_optional(&mut *tx)
-                .await?;
-            if let Some((charge_id,)) = tombstone {
-                return Ok(Claim::Expired(ChargeId::from_trusted(charge_id)));
-            }
-            let inserted: Option<(String,)> = sqlx::query_as_with(INSERT_KEY_SQL, args()?)
-                .fetch_optional(&mut *tx)
-                .await?;
-            // The key exists: an expired record of another request becomes
-            // this new intent's claim; any other is what the winner left.
-            let won = inserted.is_some()
-                || sqlx::query_with(RECLAIM_SQL, args()?)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected()
-                    == 1;
-            if won {
-                sqlx::query_with(INSERT_CHARGE_SQL, args()?)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            let record = key_record(&mut *tx, new.merchant_id, new.key)
-                .await?
-                .ok_or_else(|| {
-                    StoreError::Corrupt(format!("key {} vanished inside a claim", new.key))
-                })?;
-            Ok(if won {
-                Claim::Won(record)
-            } else {
-                Claim::Lost(record)
-            })
-        })
-        .await
+        match self.claims.submit(ClaimValues::new(new)).await {
+            Batched::Done(claim) => claim,
+            Batched::Alone => self.claim_alone(new).await,
+        }
+    }
+
+    /// A claim in a write transaction of its own, without the read first.
+    pub(in crate::store) async fn claim_alone(
+        &self,
+        new: &NewClaim<'_>,
+    ) -> Result<Claim, StoreError> {
+        self.write(async |tx| claim_in(tx, &ClaimValues::new(new)).await)
+            .await
+    }
+
+    /// `claims` as one batch (one write transaction), each answered as
+    /// [`SqliteStore::claim`] would, but without its read first.
+    pub(in crate::store) async fn claim_batch(
+        &self,
+        claims: &[NewClaim<'_>],
+    ) -> Vec<Result<Claim, StoreError>> {
+        let values = claims.iter().map(ClaimValues::new).collect();
+        let answers = super::batched::claims(&self.pool, &self.turns, values).await;
+        let mut out = Vec::with_capacity(claims.len());
+        for (new, answer) in claims.iter().zip(answers) {
+            out.push(match answer {
+                Batched::Done(claim) => claim,
+                Batched::Alone => self.claim_alone(new).await,
+            });
+        }
+        out
     }
 
     pub(in crate::store) async fn key_record(
@@ -296,7 +287,7 @@ impl SqliteStore {
         merchant_id: i64,
         key: &IdempotencyKey,
     ) -> Result<Option<KeyRecord>, StoreError> {
-        key_record(&self.pool, merchant_id, key).await
+        key_record(&self.pool, merchant_id, key.as_str()).await
     }
 
     pub(in crate::store) async fn key_status(
@@ -330,7 +321,7 @@ impl SqliteStore {
             if taken.rows_affected() == 0 {
                 return Ok(None);
             }
-            key_record(&mut *tx, merchant_id, key).await
+            key_record(&mut *tx, merchant_id, key.as_str()).await
         })
         .await
     }
@@ -389,27 +380,12 @@ impl SqliteStore {
         &self,
         values: &FinalizeValues<'_>,
     ) -> Result<bool, StoreError> {
-        let params = values.params();
-        let args = || arguments::<SqliteArguments<'_>, 15>(&params);
-        self.write(async |tx| {
-            let fenced = sqlx::query_with(FINALIZE_KEY_SQL, args()?)
-                .execute(&mut *tx)
-                .await?;
-            if fenced.rows_affected() == 0 {
-                return Ok(false);
+        if values.audit.is_none() {
+            if let Batched::Done(settled) = self.finalizes.submit(FinalizeRow::new(values)).await {
+                return settled;
             }
-            sqlx::query_with(FINALIZE_EVENT_SQL, args()?)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query_with(FINALIZE_CHARGE_SQL, args()?)
-                .execute(&mut *tx)
-                .await?;
-            if let Some(entry) = values.audit {
-                super::audit::record(tx, entry).await?;
-            }
-            Ok(true)
-        })
-        .await
+        }
+        self.write(async |tx| finalize_in(tx, values).await).await
     }
 
     pub(in crate::store) async fn orphans(
@@ -468,15 +444,85 @@ impl SqliteStore {
 async fn key_record<'c, E>(
     executor: E,
     merchant_id: i64,
-    key: &IdempotencyKey,
+    key: &str,
 ) -> Result<Option<KeyRecord>, StoreError>
 where
     E: sqlx::Executor<'c, Database = sqlx::Sqlite>,
 {
     let row: Option<RecordRow> = sqlx::query_as(KEY_RECORD_SQL)
         .bind(merchant_id)
-        .bind(key.as_str())
+        .bind(key)
         .fetch_optional(executor)
         .await?;
     row.map(KeyRecord::try_from).transpose()
+}
+
+/// A claim inside a write transaction: the statements that PostgreSQL's one
+/// claim statement does.
+pub(super) async fn claim_in(
+    tx: &mut SqliteConnection,
+    values: &ClaimValues,
+) -> Result<Claim, StoreError> {
+    let args = || arguments::<SqliteArguments<'_>, 11>(&values.params());
+    // The same request's tombstone: a late retry, nothing to claim.
+    let tombstone: Option<(String,)> = sqlx::query_as(TOMBSTONE_SQL)
+        .bind(values.merchant_id())
+        .bind(values.key())
+        .bind(values.fingerprint())
+        .fetch_optional(&mut *tx)
+        .await?;
+    if let Some((charge_id,)) = tombstone {
+        return Ok(Claim::Expired(ChargeId::from_trusted(charge_id)));
+    }
+    let inserted: Option<(String,)> = sqlx::query_as_with(INSERT_KEY_SQL, args()?)
+        .fetch_optional(&mut *tx)
+        .await?;
+    // The key exists: an expired record of another request becomes
+    // this new intent's claim; any other is what the winner left.
+    let won = inserted.is_some()
+        || sqlx::query_with(RECLAIM_SQL, args()?)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+            == 1;
+    if won {
+        sqlx::query_with(INSERT_CHARGE_SQL, args()?)
+            .execute(&mut *tx)
+            .await?;
+    }
+    let record = key_record(&mut *tx, values.merchant_id(), values.key())
+        .await?
+        .ok_or_else(|| {
+            StoreError::Corrupt(format!("key {} vanished inside a claim", values.key()))
+        })?;
+    Ok(if won {
+        Claim::Won(record)
+    } else {
+        Claim::Lost(record)
+    })
+}
+
+/// A finalize inside a write transaction; `false`: fenced off.
+pub(super) async fn finalize_in(
+    tx: &mut SqliteConnection,
+    values: &FinalizeValues<'_>,
+) -> Result<bool, StoreError> {
+    let params = values.params();
+    let args = || arguments::<SqliteArguments<'_>, 15>(&params);
+    let fenced = sqlx::query_with(FINALIZE_KEY_SQL, args()?)
+        .execute(&mut *tx)
+        .await?;
+    if fenced.rows_affected() == 0 {
+        return Ok(false);
+    }
+    sqlx::query_with(FINALIZE_EVENT_SQL, args()?)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query_with(FINALIZE_CHARGE_SQL, args()?)
+        .execute(&mut *tx)
+        .await?;
+    if let Some(entry) = values.audit {
+        super::audit::record(tx, entry).await?;
+    }
+    Ok(true)
 }

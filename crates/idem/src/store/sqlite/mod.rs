@@ -12,6 +12,7 @@
 //! milliseconds of the host's clock ([`NOW`]).
 
 mod audit;
+mod batched;
 mod charges;
 mod console;
 mod keys;
@@ -27,7 +28,10 @@ use sqlx::sqlite::{
 };
 use sqlx::SqlitePool;
 
-use super::{PoolStats, StoreError, ACQUIRE_TIMEOUT};
+use super::batch::Batcher;
+use super::model::Claim;
+use super::params::{ClaimValues, FinalizeRow};
+use super::{PoolStats, StoreError, ACQUIRE_TIMEOUT, BATCH_CAP};
 
 /// How long a SQLite statement waits for another process's write transaction
 /// to end. Every write transaction idem opens is a few statements long (never
@@ -51,6 +55,10 @@ pub struct SqliteStore {
     pool: SqlitePool,
     /// This process's writers take turns here (see [`WriteTurns`]).
     turns: WriteTurns,
+    /// Claims and finalizes that arrive together share one write transaction
+    /// (one fsync) ([`batched`]); one batch at a time, as one writer can write.
+    claims: Batcher<ClaimValues, Claim>,
+    finalizes: Batcher<FinalizeRow, bool>,
 }
 
 /// SQLite lets one connection write to a file at a time, and a writer that
@@ -92,9 +100,27 @@ impl SqliteStore {
             .max_connections(max_connections)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .test_before_acquire(false);
+        let pool = pool.connect_lazy_with(options);
+        let turns = WriteTurns::default();
+        let claims = Batcher::new(1, BATCH_CAP, BUSY_TIMEOUT, {
+            let (pool, turns) = (pool.clone(), turns.clone());
+            Arc::new(move |rows| {
+                let (pool, turns) = (pool.clone(), turns.clone());
+                Box::pin(async move { batched::claims(&pool, &turns, rows).await })
+            })
+        });
+        let finalizes = Batcher::new(1, BATCH_CAP, BUSY_TIMEOUT, {
+            let (pool, turns) = (pool.clone(), turns.clone());
+            Arc::new(move |rows| {
+                let (pool, turns) = (pool.clone(), turns.clone());
+                Box::pin(async move { batched::finalizes(&pool, &turns, rows).await })
+            })
+        });
         Ok(Self {
-            pool: pool.connect_lazy_with(options),
-            turns: WriteTurns::default(),
+            pool,
+            turns,
+            claims,
+            finalizes,
         })
     }
 
@@ -112,11 +138,7 @@ impl SqliteStore {
         &self,
         op: impl AsyncFnOnce(&mut SqliteConnection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let _turn = self.turns.take().await?;
-        let mut tx = self.pool.begin_with("begin immediate").await?;
-        let out = op(&mut tx).await?;
-        tx.commit().await?;
-        Ok(out)
+        write(&self.pool, &self.turns, op).await
     }
 
     /// Creates or upgrades the schema; sqlx takes the file's write lock.
@@ -140,4 +162,18 @@ impl SqliteStore {
     pub(super) async fn close(&self) {
         self.pool.close().await;
     }
+}
+
+/// [`SqliteStore::write`] on a pool and its turns alone (for the batch
+/// workers, which must not hold the store).
+async fn write<T>(
+    pool: &SqlitePool,
+    turns: &WriteTurns,
+    op: impl AsyncFnOnce(&mut SqliteConnection) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let _turn = turns.take().await?;
+    let mut tx = pool.begin_with("begin immediate").await?;
+    let out = op(&mut tx).await?;
+    tx.commit().await?;
+    Ok(out)
 }

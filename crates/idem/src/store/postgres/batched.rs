@@ -1,0 +1,240 @@
+//! Claims and finalizes in batches ([`crate::store::batch`]): the requests
+//! waiting together go as one statement over arrays (`unnest`), one round
+//! trip and one commit for all of them. Each statement is the one-row
+//! statement of [`super::keys`] over many rows, so each row means what it
+//! means alone; what one statement cannot settle for a row (a second claim of
+//! a key claimed in the same batch, a record to reclaim, a tombstone) is left
+//! to that row's one-row path, after the batch has committed.
+
+use std::collections::HashSet;
+
+use const_format::concatcp;
+
+use super::keys::RECORD_COLUMNS;
+use super::pool::PgPool;
+use crate::store::batch::{self, Batched};
+use crate::store::model::{Claim, KeyRecord};
+use crate::store::params::{ClaimValues, FinalizeRow, Param};
+use crate::store::rows::RecordRow;
+use crate::store::StoreError;
+
+/// Claims, as [`super::keys::CLAIM_SQL`] does for one: insert first (in key
+/// order, so that two batches inserting the same keys wait for each other in
+/// the same order and never deadlock; of two claims of one key in the batch,
+/// the first to arrive wins, as it would alone), create the winners' charges,
+/// and read the record that won for the others. `n` is the input's place, from 1.
+const CLAIM_BATCH_SQL: &str = concatcp!(
+    "with i as (
+        select * from unnest($1::bigint[], $2::text[], $3::bytea[], $4::text[], $5::bigint[],
+                             $6::bigint[], $7::bigint[], $8::bigint[], $9::text[], $10::text[],
+                             $11::text[])
+            with ordinality as i(merchant_id, idempotency_key, fingerprint, charge_id, lease_ms,
+                                 key_ttl_ms, order_id, amount_cents, currency, description,
+                                 reference, n)
+    ), claimed as (
+        insert into idempotency_keys
+            (merchant_id, idempotency_key, fingerprint, charge_id, locked_until, expires_at)
+        select i.merchant_id, i.idempotency_key, i.fingerprint, i.charge_id,
+               now() + i.lease_ms * interval '1 millisecond',
+               now() + i.key_ttl_ms * interval '1 millisecond'
+          from i
+         where not exists (
+               select 1 from key_tombstones t
+                where t.merchant_id = i.merchant_id and t.idempotency_key = i.idempotency_key
+                  and t.fingerprint = i.fingerprint and t.expires_at > now())
+         order by i.merchant_id, i.idempotency_key, i.n
+        on conflict (merchant_id, idempotency_key) do nothing
+        returning *
+    ), created as (
+        insert into charges
+            (id, merchant_id, order_id, amount_cents, currency, description, acquirer_reference,
+             idempotency_key)
+        select i.charge_id, i.merchant_id, i.order_id, i.amount_cents, i.currency,
+               i.description, i.reference, i.idempotency_key
+          from i join claimed on claimed.charge_id = i.charge_id
+        returning *
+    )
+    select i.n, true as won, ",
+    RECORD_COLUMNS,
+    " from created c join claimed k on k.charge_id = c.id join i on i.charge_id = c.id
+    union all
+    select i.n, false as won, ",
+    RECORD_COLUMNS,
+    " from i
+      join idempotency_keys k
+        on k.merchant_id = i.merchant_id and k.idempotency_key = i.idempotency_key
+      join charges c on c.id = k.charge_id
+     where not exists (select 1 from claimed where claimed.charge_id = i.charge_id)"
+);
+
+/// Finalizes, as [`super::keys::FINALIZE_SQL`] does for one, each fenced by
+/// its own `attempt`; returns the place (from 1) of each row that settled.
+const FINALIZE_BATCH_SQL: &str = "with i as (
+        select * from unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::smallint[],
+                             $6::bytea[], $7::bigint[], $8::text[], $9::text[], $10::text[],
+                             $11::text[], $12::text[], $13::text[], $14::text[], $15::bytea[])
+            with ordinality as i(merchant_id, idempotency_key, charge_id, attempt,
+                                 response_status, response_body, key_ttl_ms, charge_status,
+                                 capture_id, decline_reason, event_id, event_exchange,
+                                 event_type, event_tenant, event_body, n)
+    ), k as (
+        update idempotency_keys k
+           set state = 'completed', locked_until = null,
+               response_status = i.response_status, response_body = i.response_body,
+               expires_at = now() + i.key_ttl_ms * interval '1 millisecond'
+          from i
+         where k.merchant_id = i.merchant_id and k.idempotency_key = i.idempotency_key
+           and k.charge_id = i.charge_id and k.attempt = i.attempt and k.state = 'in_flight'
+        returning k.charge_id
+    ), e as (
+        insert into outbox (kind, message_id, exchange, routing_key, tenant, event_type, body)
+        select 'event', i.event_id, i.event_exchange, i.event_type, i.event_tenant,
+               i.event_type, i.event_body
+          from i join k on k.charge_id = i.charge_id
+         where i.event_id is not null and (select events_enabled from settings)
+    )
+    update charges c
+       set status = i.charge_status, acquirer_capture_id = i.capture_id,
+           decline_reason = i.decline_reason, updated_at = now()
+      from i join k on k.charge_id = i.charge_id
+     where c.id = i.charge_id
+    returning i.n";
+
+#[derive(sqlx::FromRow)]
+struct ClaimBatchRow {
+    n: i64,
+    won: bool,
+    #[sqlx(flatten)]
+    record: RecordRow,
+}
+
+/// Binds the rows' parameters column by column, as arrays: `$k` is the array
+/// of every row's `k`-th parameter.
+fn bind_columns<'q, const N: usize>(
+    mut query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    rows: &[crate::store::params::Params<'q, N>],
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    for column in 0..N {
+        let values = rows.iter().map(|params| params[column].1);
+        // Each column holds one type (the row's parameter of that name).
+        query = match rows.first().map(|p| p[column].1) {
+            Some(Param::Int(_)) => query.bind(
+                values
+                    .map(|p| if let Param::Int(v) = p { v } else { 0 })
+                    .collect::<Vec<i64>>(),
+            ),
+            Some(Param::SmallInt(_)) => query.bind(
+                values
+                    .map(|p| if let Param::SmallInt(v) = p { v } else { 0 })
+                    .collect::<Vec<i16>>(),
+            ),
+            Some(Param::Text(_) | Param::OptText(_)) => query.bind(
+                values
+                    .map(|p| match p {
+                        Param::Text(v) => Some(v),
+                        Param::OptText(v) => v,
+                        _ => None,
+                    })
+                    .collect::<Vec<Option<&str>>>(),
+            ),
+            Some(Param::Bytes(_) | Param::OptBytes(_)) => query.bind(
+                values
+                    .map(|p| match p {
+                        Param::Bytes(v) => Some(v),
+                        Param::OptBytes(v) => v,
+                        _ => None,
+                    })
+                    .collect::<Vec<Option<&[u8]>>>(),
+            ),
+            None => query,
+        };
+    }
+    query
+}
+
+/// Runs `claims` as one statement: each row's [`Claim`], or [`Batched::Alone`]
+/// where the one-row path must decide.
+pub(super) async fn claims(pool: &PgPool, claims: Vec<ClaimValues>) -> Vec<Batched<Claim>> {
+    let params: Vec<_> = claims.iter().map(ClaimValues::params).collect();
+    let rows: Result<Vec<ClaimBatchRow>, StoreError> = super::on_pool(pool, async |db| {
+        bind_columns(sqlx::query(CLAIM_BATCH_SQL), &params)
+            .try_map(|row| sqlx::FromRow::from_row(&row))
+            .fetch_all(db)
+            .await
+    })
+    .await
+    .map_err(StoreError::from);
+    let rows = match rows {
+        Ok(rows) => rows,
+        Err(e) => {
+            tracing::debug!(error = %e, rows = claims.len(), "a batch of claims failed; each goes alone");
+            return batch::failed(claims.len(), &e);
+        }
+    };
+    let mut answers: Vec<Batched<Claim>> = claims.iter().map(|_| Batched::Alone).collect();
+    for row in rows {
+        let Some(place) = usize::try_from(row.n - 1)
+            .ok()
+            .filter(|p| *p < claims.len())
+        else {
+            continue;
+        };
+        let record = match KeyRecord::try_from(row.record) {
+            Ok(record) => record,
+            Err(e) => {
+                answers[place] = Batched::Done(Err(e));
+                continue;
+            }
+        };
+        answers[place] = if row.won {
+            Batched::Done(Ok(Claim::Won(record)))
+        } else if record.expired && record.fingerprint.as_bytes() != claims[place].fingerprint() {
+            // Another request's expired record: reclaiming it is the one-row path's.
+            Batched::Alone
+        } else {
+            Batched::Done(Ok(Claim::Lost(record)))
+        };
+    }
+    // Behind a claim that goes alone, the later claims of its key (that did
+    // not win here) go alone too, after it: as they arrived.
+    let mut gone_alone = HashSet::new();
+    for (values, answer) in claims.iter().zip(answers.iter_mut()) {
+        let key = (values.merchant_id(), values.key());
+        match answer {
+            Batched::Alone => {
+                gone_alone.insert(key);
+            }
+            Batched::Done(Ok(Claim::Won(_))) => {}
+            Batched::Done(_) if gone_alone.contains(&key) => *answer = Batched::Alone,
+            Batched::Done(_) => {}
+        }
+    }
+    answers
+}
+
+/// Runs `rows` as one statement: whether each settled (`false`: its attempt
+/// no longer holds the record), as [`super::PgStore::finalize`] answers alone.
+pub(super) async fn finalizes(pool: &PgPool, rows: Vec<FinalizeRow>) -> Vec<Batched<bool>> {
+    let values: Vec<_> = rows.iter().map(FinalizeRow::values).collect();
+    let params: Vec<_> = values.iter().map(|v| v.params()).collect();
+    let settled: Result<Vec<(i64,)>, StoreError> = super::on_pool(pool, async |db| {
+        bind_columns(sqlx::query(FINALIZE_BATCH_SQL), &params)
+            .try_map(|row| sqlx::FromRow::from_row(&row))
+            .fetch_all(db)
+            .await
+    })
+    .await
+    .map_err(StoreError::from);
+    match settled {
+        Ok(settled) => {
+            let settled: HashSet<i64> = settled.into_iter().map(|(n,)| n).collect();
+            (1..=rows.len())
+                .map(|n| Batched::Done(Ok(i64::try_from(n).is_ok_and(|n| settled.contains(&n)))))
+                .collect()
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, rows = rows.len(), "a batch of finalizes failed; each goes alone");
+            batch::failed(rows.len(), &e)
+        }
+    }
+}

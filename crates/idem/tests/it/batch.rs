@@ -1,0 +1,242 @@
+//! Natural batching changes no answer. A batch of random claims (duplicate
+//! keys, mismatched bodies, keys already in every state: none, in flight,
+//! completed, expired) gets, claim by claim, the answers the same claims get
+//! one by one on the one-row path, in the same order; and leaves the same rows.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem::domain::{ChargeRequest, ChargeStatus, Fingerprint, IdempotencyKey, StoredResponse};
+use idem::store::{Claim, KeyRecord, KeyState, NewClaim, Settlement, Store};
+use proptest::prelude::*;
+
+use crate::helpers::*;
+
+/// Keys a case draws from: few, so that claims meet.
+const KEYS: usize = 5;
+
+/// What a key holds before the batch.
+#[derive(Debug, Clone, Copy)]
+enum Before {
+    Nothing,
+    InFlight,
+    Completed,
+    /// Completed, and past its time to live.
+    Expired,
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    before: Vec<Before>,
+    /// Each claim: its key, and which of two bodies it sends.
+    claims: Vec<(usize, bool)>,
+}
+
+fn cases() -> impl Strategy<Value = Case> {
+    let before = prop_oneof![
+        Just(Before::Nothing),
+        Just(Before::InFlight),
+        Just(Before::Completed),
+        Just(Before::Expired),
+    ];
+    (
+        prop::collection::vec(before, KEYS),
+        prop::collection::vec((0..KEYS, any::<bool>()), 1..24),
+    )
+        .prop_map(|(before, claims)| Case { before, claims })
+}
+
+/// Whose charge a record holds: a key's before the batch, or the claim (by
+/// its place) that won it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    Before(usize),
+    Claim(usize),
+    Unknown,
+}
+
+/// A claim's answer with the charge ids (fresh on every run) named by owner.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    Won,
+    Lost {
+        owner: Owner,
+        same_body: bool,
+        completed: Option<(u16, Bytes)>,
+        expired: bool,
+    },
+    Expired(Owner),
+    Failed(String),
+}
+
+fn key(k: usize) -> IdempotencyKey {
+    IdempotencyKey::parse(format!("prop-{k}").as_bytes()).expect("key")
+}
+
+fn request(k: usize, other_body: bool) -> ChargeRequest {
+    let amount = if other_body { 999 } else { 100 };
+    ChargeRequest::from_json(body(i64::try_from(k).expect("small") + 1, amount).as_bytes())
+        .expect("request")
+}
+
+fn claim<'a>(
+    merchant_id: i64,
+    key: &'a IdempotencyKey,
+    request: &'a ChargeRequest,
+    key_ttl: Duration,
+) -> NewClaim<'a> {
+    NewClaim {
+        merchant_id,
+        key,
+        fingerprint: Fingerprint::of_charge(request),
+        request,
+        lease: Duration::from_secs(30),
+        key_ttl,
+    }
+}
+
+/// Puts each key in its state before the batch, with the first body; returns
+/// the charge each holds.
+async fn prepare(store: &Store, merchant_id: i64, before: &[Before]) -> HashMap<String, Owner> {
+    let mut owners = HashMap::new();
+    for (k, state) in before.iter().enumerate() {
+        if matches!(state, Before::Nothing) {
+            continue;
+        }
+        let (key, request) = (key(k), request(k, false));
+        let ttl = match state {
+            Before::Expired => Duration::ZERO,
+            _ => Duration::from_secs(600),
+        };
+        let Claim::Won(record) = store
+            .claim_alone(&claim(merchant_id, &key, &request, ttl))
+            .await
+            .expect("claim")
+        else {
+            panic!("a fresh key is won");
+        };
+        owners.insert(record.charge.id.as_str().to_owned(), Owner::Before(k));
+        if matches!(state, Before::InFlight) {
+            continue;
+        }
+        let response = StoredResponse {
+            status: 201,
+            body: Bytes::from(format!("done-{k}")),
+        };
+        let settlement = Settlement {
+            status: ChargeStatus::Captured,
+            capture_id: Some("cap"),
+            decline_reason: None,
+            response: &response,
+            event: None,
+            audit: None,
+        };
+        assert!(store
+            .finalize(merchant_id, &key, &record, &settlement, ttl)
+            .await
+            .expect("finalize"));
+    }
+    owners
+}
+
+fn seen(
+    answer: Result<Claim, idem::store::StoreError>,
+    place: usize,
+    sent: &Fingerprint,
+    owners: &mut HashMap<String, Owner>,
+) -> Seen {
+    let owner = |id: &str, owners: &HashMap<String, Owner>| {
+        owners.get(id).copied().unwrap_or(Owner::Unknown)
+    };
+    match answer {
+        Ok(Claim::Won(record)) => {
+            owners.insert(record.charge.id.as_str().to_owned(), Owner::Claim(place));
+            Seen::Won
+        }
+        Ok(Claim::Lost(KeyRecord {
+            charge,
+            fingerprint,
+            state,
+            expired,
+            ..
+        })) => Seen::Lost {
+            owner: owner(charge.id.as_str(), owners),
+            same_body: fingerprint == *sent,
+            completed: match state {
+                KeyState::Completed(r) => Some((r.status, r.body)),
+                KeyState::InFlight { .. } => None,
+            },
+            expired,
+        },
+        Ok(Claim::Expired(id)) => Seen::Expired(owner(id.as_str(), owners)),
+        Err(e) => Seen::Failed(e.to_string()),
+    }
+}
+
+/// Runs the claims of `case` for a merchant of its own, batched or one by one.
+async fn run(db: &TestDb, name: &str, case: &Case, batched: bool) -> (Vec<Seen>, i64, i64) {
+    db.merchant(name).await;
+    let merchant_id = db.merchant_id(name).await;
+    let mut owners = prepare(&db.store, merchant_id, &case.before).await;
+    let keys: Vec<_> = case.claims.iter().map(|(k, _)| key(*k)).collect();
+    let requests: Vec<_> = case.claims.iter().map(|(k, o)| request(*k, *o)).collect();
+    let claims: Vec<_> = keys
+        .iter()
+        .zip(&requests)
+        .map(|(key, request)| claim(merchant_id, key, request, Duration::from_secs(600)))
+        .collect();
+    let answers = if batched {
+        db.store.claim_batch(&claims).await
+    } else {
+        let mut answers = Vec::new();
+        for c in &claims {
+            answers.push(db.store.claim_alone(c).await);
+        }
+        answers
+    };
+    let seen = answers
+        .into_iter()
+        .zip(&claims)
+        .enumerate()
+        .map(|(place, (answer, c))| seen(answer, place, &c.fingerprint, &mut owners))
+        .collect();
+    let count = async |table: &str| -> i64 {
+        let (n,): (i64,) = sqlx::query_as(&format!(
+            "select count(*) from {table} where merchant_id = $1"
+        ))
+        .bind(merchant_id)
+        .fetch_one(&db.pool)
+        .await
+        .expect("count");
+        n
+    };
+    (
+        seen,
+        count("idempotency_keys").await,
+        count("charges").await,
+    )
+}
+
+#[test]
+fn a_batch_of_claims_answers_each_as_the_same_claims_one_by_one() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let db = runtime.block_on(TestDb::new());
+    let cases_run = AtomicUsize::new(0);
+    let config = ProptestConfig {
+        cases: 48,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(case in cases())| {
+        let n = cases_run.fetch_add(1, Ordering::Relaxed);
+        let (batched, alone) = runtime.block_on(async {
+            let batched = run(&db, &format!("batched-{n}"), &case, true).await;
+            let alone = run(&db, &format!("alone-{n}"), &case, false).await;
+            (batched, alone)
+        });
+        prop_assert_eq!(&batched, &alone, "batched vs one by one, for {:?}", case);
+        prop_assert!(batched.0.iter().all(|s| !matches!(s, Seen::Failed(_))), "{:?}", batched.0);
+    });
+}
