@@ -12,6 +12,9 @@
 
 mod pgbench;
 mod queue;
+mod sweep;
+
+pub use sweep::{sweep, table as sweep_table};
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -73,6 +76,8 @@ pub struct BenchResult {
     pub server_peak_rss_mib: Option<f64>,
     /// pgbench's transactions per second for the same statements.
     pub pgbench_per_second: Option<f64>,
+    /// pgbench's 99th percentile latency, from its per-transaction log.
+    pub pgbench_p99_ms: Option<f64>,
     pub ratio_vs_pgbench: Option<f64>,
 }
 
@@ -198,15 +203,16 @@ async fn run_bench(config: &BenchConfig) -> anyhow::Result<BenchResult> {
     result.server_peak_rss_mib = started.children.first().and_then(|c| peak_rss_mib(c.id()));
     if config.vs_pgbench {
         let db_url = db_url.context("--vs-pgbench needs a deployment it starts (no --url)")?;
-        let tps = pgbench::run(
+        let pgbench = pgbench::run(
             &db_url,
             config.scenario,
             config.concurrency,
             config.duration,
         )
         .await?;
-        result.pgbench_per_second = Some(tps);
-        result.ratio_vs_pgbench = Some(result.per_second / tps);
+        result.pgbench_per_second = Some(pgbench.per_second);
+        result.pgbench_p99_ms = Some(pgbench.p99_ms);
+        result.ratio_vs_pgbench = Some(result.per_second / pgbench.per_second);
     }
     drop(started);
     Ok(result)
@@ -458,6 +464,7 @@ fn combine(
         errors,
         server_peak_rss_mib: None,
         pgbench_per_second: None,
+        pgbench_p99_ms: None,
         ratio_vs_pgbench: None,
     })
 }

@@ -79,21 +79,47 @@ fn script(scenario: Scenario) -> String {
     }
 }
 
-/// Runs pgbench; returns its transactions per second.
+/// What pgbench measured: transactions (scripts) per second, and the 99th
+/// percentile of their latency from its per-transaction log.
+#[derive(Debug, Clone, Copy)]
+pub struct Figures {
+    pub per_second: f64,
+    pub p99_ms: f64,
+}
+
+/// Runs pgbench.
 pub async fn run(
     db_url: &str,
     scenario: Scenario,
     clients: usize,
     duration: Duration,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<Figures> {
     let store = crate::store::Store::connect(db_url, 1).await?;
     let merchant = store
         .merchant_by_name("bench")
         .await?
         .context("the bench's merchant is missing")?
         .id;
-    let path = std::env::temp_dir().join(format!("idem-pgbench-{}.sql", std::process::id()));
+    // One pgbench at a time per bench process.
+    let dir = std::env::temp_dir().join(format!("idem-pgbench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let figures = run_in(&dir, db_url, scenario, clients, duration, merchant).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    figures
+}
+
+async fn run_in(
+    dir: &std::path::Path,
+    db_url: &str,
+    scenario: Scenario,
+    clients: usize,
+    duration: Duration,
+    merchant: i64,
+) -> anyhow::Result<Figures> {
+    let path = dir.join("script.sql");
     std::fs::write(&path, script(scenario))?;
+    let log_prefix = dir.join("log");
     let out = tokio::process::Command::new("pgbench")
         .args(["-n", "-M", "prepared", "-j", "2"])
         .args([
@@ -102,13 +128,14 @@ pub async fn run(
             "-T",
             &duration.as_secs().max(1).to_string(),
         ])
-        .args(["-D", &format!("merchant={merchant}"), "-f"])
+        .args(["-D", &format!("merchant={merchant}"), "-l"])
+        .arg(format!("--log-prefix={}", log_prefix.display()))
+        .arg("-f")
         .arg(&path)
         .arg(db_url)
         .output()
         .await
         .context("running pgbench (install PostgreSQL's client tools)")?;
-    let _ = std::fs::remove_file(&path);
     let stdout = String::from_utf8_lossy(&out.stdout);
     anyhow::ensure!(
         out.status.success(),
@@ -116,12 +143,42 @@ pub async fn run(
         stdout,
         String::from_utf8_lossy(&out.stderr)
     );
-    stdout
+    let per_second = stdout
         .lines()
         .find_map(|l| l.strip_prefix("tps = "))
         .and_then(|l| l.split_whitespace().next())
         .and_then(|n| n.parse().ok())
-        .with_context(|| format!("no tps in pgbench's output: {stdout}"))
+        .with_context(|| format!("no tps in pgbench's output: {stdout}"))?;
+    Ok(Figures {
+        per_second,
+        p99_ms: p99_of_logs(dir)?,
+    })
+}
+
+/// The 99th percentile of the latencies in pgbench's logs (one file per
+/// thread; the third field of a line is the transaction's latency in µs).
+fn p99_of_logs(dir: &std::path::Path) -> anyhow::Result<f64> {
+    let mut histogram = hdrhistogram::Histogram::<u64>::new(3)?;
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if !path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("log"))
+        {
+            continue;
+        }
+        for line in std::fs::read_to_string(&path)?.lines() {
+            if let Some(micros) = line
+                .split_whitespace()
+                .nth(2)
+                .and_then(|f| f.parse::<u64>().ok())
+            {
+                histogram.record(micros.max(1))?;
+            }
+        }
+    }
+    anyhow::ensure!(!histogram.is_empty(), "pgbench logged no transactions");
+    Ok(histogram.value_at_quantile(0.99) as f64 / 1000.0)
 }
 
 #[cfg(test)]

@@ -37,18 +37,39 @@ pub(crate) struct Args {
     /// Print the figures as one JSON object.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Run at each of these client counts (a fresh deployment each; with
+    /// pgbench beside idem on PostgreSQL), print a table and write --report.
+    #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with = "concurrency")]
+    pub(crate) sweep: Option<Vec<usize>>,
+    /// Where --sweep writes its chart (a self-contained HTML page).
+    #[arg(long, default_value = "idem-bench-sweep.html", requires = "sweep")]
+    pub(crate) report: std::path::PathBuf,
 }
 
 pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
+    let pgbench_can_run = args.url.is_none()
+        && args.scenario != crate::bench::Scenario::Queue
+        && crate::store::Backend::of_url(&args.database_url)? == crate::store::Backend::Postgres;
     let config = crate::bench::BenchConfig {
         scenario: args.scenario,
         concurrency: args.concurrency,
         duration: args.duration,
         database_url: args.database_url,
         target: args.url.zip(args.secret),
-        vs_pgbench: args.vs_pgbench,
+        // A sweep sets idem beside pgbench wherever pgbench can run.
+        vs_pgbench: args.vs_pgbench || (args.sweep.is_some() && pgbench_can_run),
         amqp_url: args.amqp_url,
     };
+    if let Some(levels) = &args.sweep {
+        let results = crate::bench::sweep(&config, levels, &args.report).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&results)?);
+        } else {
+            print!("{}", crate::bench::sweep_table(&results));
+            println!("chart: {}", args.report.display());
+        }
+        return Ok(());
+    }
     let result = crate::bench::run(&config).await?;
     if args.json {
         println!("{}", serde_json::to_string(&result)?);
