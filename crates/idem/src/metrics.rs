@@ -47,6 +47,9 @@ pub const OUTBOX_PENDING: &str = "idem_outbox_pending";
 pub const OUTBOX_OLDEST: &str = "idem_outbox_oldest_pending_seconds";
 /// Database pool connections by state: `idle`, `in_use`.
 pub const POOL_CONNECTIONS: &str = "idem_db_pool_connections";
+/// Requests per batch the store sent to the database, by `op` (`claim`,
+/// `finalize`): 1 at low load; it grows as requests wait for each other.
+pub const STORE_BATCH_ROWS: &str = "idem_store_batch_rows";
 
 /// The recorder, installed once per process (also when a test runs several
 /// servers in one process).
@@ -103,4 +106,8 @@ fn describe() {
         "age of the oldest unpublished outbox message"
     );
     metrics::describe_gauge!(POOL_CONNECTIONS, "database pool connections by state");
+    metrics::describe_histogram!(
+        STORE_BATCH_ROWS,
+        "requests per batch sent to the database, by operation"
+    );
 }

@@ -78,6 +78,10 @@ pub struct BenchResult {
     pub pgbench_per_second: Option<f64>,
     /// pgbench's 99th percentile latency, from its per-transaction log.
     pub pgbench_p99_ms: Option<f64>,
+    /// Requests per batch the store sent to the database, on average over the
+    /// run, claims and finalizes (started deployments only).
+    pub claim_batch_rows: Option<f64>,
+    pub finalize_batch_rows: Option<f64>,
     pub ratio_vs_pgbench: Option<f64>,
 }
 
@@ -100,6 +104,11 @@ impl BenchResult {
         );
         if let Some(rss) = self.server_peak_rss_mib {
             out.push_str(&format!("server peak RSS {rss:.1} MiB\n"));
+        }
+        if let (Some(c), Some(f)) = (self.claim_batch_rows, self.finalize_batch_rows) {
+            out.push_str(&format!(
+                "requests per batch at the database: claims {c:.1}, finalizes {f:.1}\n"
+            ));
         }
         if let (Some(pg), Some(r)) = (self.pgbench_per_second, self.ratio_vs_pgbench) {
             out.push_str(&format!(
@@ -201,6 +210,12 @@ async fn run_bench(config: &BenchConfig) -> anyhow::Result<BenchResult> {
 
     let mut result = load.drive(config).await?;
     result.server_peak_rss_mib = started.children.first().and_then(|c| peak_rss_mib(c.id()));
+    if config.target.is_none() {
+        let metrics = load.http.get(format!("{base}/metrics")).send().await?;
+        let metrics = metrics.text().await?;
+        result.claim_batch_rows = mean_batch_rows(&metrics, "claim");
+        result.finalize_batch_rows = mean_batch_rows(&metrics, "finalize");
+    }
     if config.vs_pgbench {
         let db_url = db_url.context("--vs-pgbench needs a deployment it starts (no --url)")?;
         let pgbench = pgbench::run(
@@ -465,12 +480,30 @@ fn combine(
         server_peak_rss_mib: None,
         pgbench_per_second: None,
         pgbench_p99_ms: None,
+        claim_batch_rows: None,
+        finalize_batch_rows: None,
         ratio_vs_pgbench: None,
     })
 }
 
 fn body(order: usize) -> String {
     format!(r#"{{"order_id": {}, "amount_cents": 25000}}"#, order + 1)
+}
+
+/// The mean of `idem_store_batch_rows` for `op`, from Prometheus text.
+fn mean_batch_rows(metrics: &str, op: &str) -> Option<f64> {
+    let value = |suffix: &str| {
+        let prefix = format!(
+            "{}_{suffix}{{op=\"{op}\"}} ",
+            crate::metrics::STORE_BATCH_ROWS
+        );
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    let (sum, count) = (value("sum")?, value("count")?);
+    (count > 0.0).then(|| sum / count)
 }
 
 /// `VmHWM` of a process: the most resident memory it ever had.

@@ -52,13 +52,14 @@ pub fn table(results: &[BenchResult]) -> String {
     for r in results {
         let _ = writeln!(
             out,
-            "{:>7} {:>8.0} {:>12.2} {:>10} {:>15} {:>13}",
+            "{:>7} {:>8.0} {:>12.2} {:>10} {:>15} {:>13} {:>11}",
             r.concurrency,
             r.per_second,
             r.p99_ms,
             or_dash(r.pgbench_per_second, 0),
             or_dash(r.pgbench_p99_ms, 2),
             or_dash(r.ratio_vs_pgbench, 2),
+            or_dash(r.claim_batch_rows, 1),
         );
     }
     out
@@ -229,6 +230,8 @@ mod tests {
             server_peak_rss_mib: None,
             pgbench_per_second: pgbench,
             pgbench_p99_ms: pgbench.map(|_| 4.0),
+            claim_batch_rows: Some(1.0),
+            finalize_batch_rows: Some(1.0),
             ratio_vs_pgbench: pgbench.map(|pg| per_second / pg),
         }
     }
@@ -239,11 +242,11 @@ mod tests {
         let rows: Vec<&str> = t.lines().collect();
         assert_eq!(rows.len(), 3, "{t}");
         assert!(
-            rows[1].trim_start().starts_with("1 ") && rows[1].ends_with("0.50"),
+            rows[1].trim_start().starts_with("1 ") && rows[1].contains(" 0.50 "),
             "{t}"
         );
         assert!(
-            rows[2].trim_start().starts_with("64 ") && rows[2].ends_with('-'),
+            rows[2].trim_start().starts_with("64 ") && rows[2].contains(" - "),
             "{t}"
         );
     }

@@ -55,6 +55,8 @@ impl<I, O> Clone for Batcher<I, O> {
 }
 
 struct Inner<I, O> {
+    /// The operation, for the batch-size metric.
+    name: &'static str,
     run: RunBatch<I, O>,
     /// Batches at the database at once.
     workers: usize,
@@ -71,9 +73,16 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
     /// `workers` batches may be at the database at once, each of at most `cap`
     /// inputs waiting at most `max_wait`. `run` must not hold the batcher (or a
     /// store holding it), or the workers would never end.
-    pub(super) fn new(workers: usize, cap: usize, max_wait: Duration, run: RunBatch<I, O>) -> Self {
+    pub(super) fn new(
+        name: &'static str,
+        workers: usize,
+        cap: usize,
+        max_wait: Duration,
+        run: RunBatch<I, O>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
+                name,
                 run,
                 workers: workers.max(1),
                 cap: cap.max(1),
@@ -142,6 +151,8 @@ async fn work<I, O>(
         if jobs.is_empty() {
             continue;
         }
+        metrics::histogram!(crate::metrics::STORE_BATCH_ROWS, "op" => batcher.name)
+            .record(jobs.len() as f64);
         let (inputs, replies): (Vec<I>, Vec<_>) =
             jobs.into_iter().map(|job| (job.input, job.reply)).unzip();
         let answers = (batcher.run)(inputs).await;

@@ -72,14 +72,14 @@ impl PgStore {
             .options([("statement_timeout", statement_timeout.as_str())])
             .options(TCP_KEEPALIVES);
         let pool = PgPool::new(options, max_connections, ACQUIRE_TIMEOUT)?;
-        let claims = Batcher::new(BATCHES_AT_ONCE, BATCH_CAP, ACQUIRE_TIMEOUT, {
+        let claims = Batcher::new("claim", BATCHES_AT_ONCE, BATCH_CAP, ACQUIRE_TIMEOUT, {
             let pool = pool.clone();
             Arc::new(move |rows| {
                 let pool = pool.clone();
                 Box::pin(async move { batched::claims(&pool, rows).await })
             })
         });
-        let finalizes = Batcher::new(BATCHES_AT_ONCE, BATCH_CAP, ACQUIRE_TIMEOUT, {
+        let finalizes = Batcher::new("finalize", BATCHES_AT_ONCE, BATCH_CAP, ACQUIRE_TIMEOUT, {
             let pool = pool.clone();
             Arc::new(move |rows| {
                 let pool = pool.clone();

@@ -102,14 +102,14 @@ impl SqliteStore {
             .test_before_acquire(false);
         let pool = pool.connect_lazy_with(options);
         let turns = WriteTurns::default();
-        let claims = Batcher::new(1, BATCH_CAP, BUSY_TIMEOUT, {
+        let claims = Batcher::new("claim", 1, BATCH_CAP, BUSY_TIMEOUT, {
             let (pool, turns) = (pool.clone(), turns.clone());
             Arc::new(move |rows| {
                 let (pool, turns) = (pool.clone(), turns.clone());
                 Box::pin(async move { batched::claims(&pool, &turns, rows).await })
             })
         });
-        let finalizes = Batcher::new(1, BATCH_CAP, BUSY_TIMEOUT, {
+        let finalizes = Batcher::new("finalize", 1, BATCH_CAP, BUSY_TIMEOUT, {
             let (pool, turns) = (pool.clone(), turns.clone());
             Arc::new(move |rows| {
                 let (pool, turns) = (pool.clone(), turns.clone());
