@@ -49,6 +49,41 @@ where
     Ok(args)
 }
 
+/// A claim, owned: what a batch carries to its worker.
+#[derive(Debug, Clone)]
+pub struct ClaimRow {
+    merchant_id: i64,
+    key: crate::domain::IdempotencyKey,
+    fingerprint: crate::domain::Fingerprint,
+    request: crate::domain::ChargeRequest,
+    lease: std::time::Duration,
+    key_ttl: std::time::Duration,
+}
+
+impl ClaimRow {
+    pub(super) fn new(new: &NewClaim<'_>) -> Self {
+        Self {
+            merchant_id: new.merchant_id,
+            key: new.key.clone(),
+            fingerprint: new.fingerprint,
+            request: new.request.clone(),
+            lease: new.lease,
+            key_ttl: new.key_ttl,
+        }
+    }
+
+    pub(super) fn claim(&self) -> NewClaim<'_> {
+        NewClaim {
+            merchant_id: self.merchant_id,
+            key: &self.key,
+            fingerprint: self.fingerprint,
+            request: &self.request,
+            lease: self.lease,
+            key_ttl: self.key_ttl,
+        }
+    }
+}
+
 /// The values a claim binds, made once so that every statement of one claim
 /// (SQLite runs several) names the same new charge.
 #[derive(Debug, Default)]

@@ -24,10 +24,12 @@ fn program(var: &str, debian: &str) -> String {
     path
 }
 
-/// ChromeDriver on a port of its own, killed when dropped.
+/// ChromeDriver on a port of its own, killed when dropped, with the browser
+/// profile it made removed.
 struct Driver {
     child: Child,
     url: String,
+    profile: std::path::PathBuf,
 }
 
 impl Driver {
@@ -48,11 +50,16 @@ impl Driver {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Self { child, url }
+        let profile = std::env::temp_dir().join(format!("idem-console-{}", uuid::Uuid::new_v4()));
+        Self {
+            child,
+            url,
+            profile,
+        }
     }
 
     async fn browser(&self) -> fantoccini::Client {
-        let profile = std::env::temp_dir().join(format!("idem-console-{}", uuid::Uuid::new_v4()));
+        let profile = &self.profile;
         let mut caps = serde_json::Map::new();
         caps.insert(
             "goog:chromeOptions".to_owned(),
@@ -76,6 +83,7 @@ impl Drop for Driver {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.profile);
     }
 }
 

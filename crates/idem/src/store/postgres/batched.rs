@@ -23,7 +23,7 @@ use super::keys::RECORD_COLUMNS;
 use super::pool::PgPool;
 use crate::store::batch::{self, Batched};
 use crate::store::model::{Claim, KeyRecord};
-use crate::store::params::{ClaimValues, FinalizeRow, Param};
+use crate::store::params::{ClaimRow, ClaimValues, FinalizeRow, Param};
 use crate::store::rows::RecordRow;
 use crate::store::StoreError;
 
@@ -169,12 +169,19 @@ fn bind_columns<'q, const N: usize>(
 
 /// Runs `claims` as one statement: each row's [`Claim`], or [`Batched::Alone`]
 /// where the one-row path must decide.
-pub(super) async fn claims(pool: &PgPool, claims: Vec<ClaimValues>) -> Vec<Batched<Claim>> {
-    if claims.len() == 1 {
-        // A batch of one is the one-row statement, already planned: a lone
-        // request pays nothing for batching.
-        return vec![Batched::Alone];
+pub(super) async fn claims(pool: &PgPool, rows: Vec<ClaimRow>) -> Vec<Batched<Claim>> {
+    if let [row] = rows.as_slice() {
+        // A batch of one runs the one-row statement (planned once, unlike a
+        // statement over arrays of a size it has not seen), here in the worker,
+        // which stays busy at the database meanwhile, as the batches need.
+        return vec![Batched::Done(
+            super::keys::claim_on(pool, &row.claim()).await,
+        )];
     }
+    let claims: Vec<ClaimValues> = rows
+        .iter()
+        .map(|row| ClaimValues::new(&row.claim()))
+        .collect();
     let params: Vec<_> = claims.iter().map(ClaimValues::params).collect();
     let rows: Result<Vec<ClaimBatchRow>, StoreError> = super::on_pool(pool, async |db| {
         bind_columns(sqlx::query(CLAIM_BATCH_SQL), &params)
@@ -235,8 +242,10 @@ pub(super) async fn claims(pool: &PgPool, claims: Vec<ClaimValues>) -> Vec<Batch
 /// Runs `rows` as one statement: whether each settled (`false`: its attempt
 /// no longer holds the record), as [`super::PgStore::finalize`] answers alone.
 pub(super) async fn finalizes(pool: &PgPool, rows: Vec<FinalizeRow>) -> Vec<Batched<bool>> {
-    if rows.len() == 1 {
-        return vec![Batched::Alone];
+    if let [row] = rows.as_slice() {
+        return vec![Batched::Done(
+            super::keys::finalize_on(pool, &row.values()).await,
+        )];
     }
     let values: Vec<_> = rows.iter().map(FinalizeRow::values).collect();
     let params: Vec<_> = values.iter().map(|v| v.params()).collect();

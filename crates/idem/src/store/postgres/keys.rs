@@ -11,11 +11,12 @@ use sqlx::postgres::PgArguments;
 use sqlx::PgConnection;
 
 use super::charges::CHARGE_COLUMNS;
+use super::pool::PgPool;
 use super::PgStore;
 use crate::domain::{ChargeId, IdempotencyKey};
 use crate::store::batch::Batched;
 use crate::store::model::{Claim, KeyRecord, KeyStatus, NewClaim, Orphan, Reschedule};
-use crate::store::params::{arguments, ClaimValues, FinalizeRow, FinalizeValues};
+use crate::store::params::{arguments, ClaimRow, ClaimValues, FinalizeRow, FinalizeValues};
 use crate::store::rows::{KeyStatusRow, OrphanRow, RecordRow};
 use crate::store::{millis, StoreError};
 
@@ -227,7 +228,7 @@ const TOMBSTONE_SQL: &str = "select charge_id from key_tombstones
         and expires_at > now()";
 
 #[derive(sqlx::FromRow)]
-struct ClaimRow {
+struct ClaimAnswer {
     won: bool,
     #[sqlx(flatten)]
     record: RecordRow,
@@ -237,7 +238,7 @@ impl PgStore {
     /// A claim, in the next batch of claims; alone where the batch cannot
     /// settle it.
     pub(in crate::store) async fn claim(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
-        match self.claims.submit(ClaimValues::new(new)).await {
+        match self.claims.submit(ClaimRow::new(new)).await {
             Batched::Done(claim) => claim,
             Batched::Alone => self.claim_alone(new).await,
         }
@@ -248,8 +249,8 @@ impl PgStore {
         &self,
         claims: &[NewClaim<'_>],
     ) -> Vec<Result<Claim, StoreError>> {
-        let values = claims.iter().map(ClaimValues::new).collect();
-        let answers = super::batched::claims(&self.pool, values).await;
+        let rows = claims.iter().map(ClaimRow::new).collect();
+        let answers = super::batched::claims(&self.pool, rows).await;
         let mut out = Vec::with_capacity(claims.len());
         for (new, answer) in claims.iter().zip(answers) {
             out.push(match answer {
@@ -266,18 +267,7 @@ impl PgStore {
         &self,
         new: &NewClaim<'_>,
     ) -> Result<Claim, StoreError> {
-        self.on_conn(async |db| {
-            for _ in 0..CLAIM_ROUNDS {
-                if let Some(claim) = try_claim(db, new).await? {
-                    return Ok(claim);
-                }
-            }
-            Err(StoreError::Corrupt(format!(
-                "key {} kept vanishing between statements",
-                new.key
-            )))
-        })
-        .await
+        claim_on(&self.pool, new).await
     }
 
     pub(in crate::store) async fn key_record(
@@ -373,22 +363,13 @@ impl PgStore {
         &self,
         values: &FinalizeValues<'_>,
     ) -> Result<bool, StoreError> {
-        if values.audit.is_none() {
-            if let Batched::Done(settled) = self.finalizes.submit(FinalizeRow::new(values)).await {
-                return settled;
-            }
-        }
-        let args: PgArguments = arguments(&values.params())?;
         let Some(entry) = values.audit else {
-            let settled: Option<(String,)> = self
-                .on_conn(async |db| {
-                    sqlx::query_as_with(FINALIZE_SQL, args)
-                        .fetch_optional(db)
-                        .await
-                })
-                .await?;
-            return Ok(settled.is_some());
+            return match self.finalizes.submit(FinalizeRow::new(values)).await {
+                Batched::Done(settled) => settled,
+                Batched::Alone => finalize_on(&self.pool, values).await,
+            };
         };
+        let args: PgArguments = arguments(&values.params())?;
         // An operator's decision: the outcome and its audit record together.
         self.in_tx(async |db| {
             let settled: Option<(String,)> = sqlx::query_as_with(FINALIZE_SQL, args)
@@ -453,13 +434,13 @@ impl PgStore {
 /// (swept) before the round could use it.
 async fn try_claim(db: &mut PgConnection, new: &NewClaim<'_>) -> Result<Option<Claim>, StoreError> {
     let values = ClaimValues::new(new);
-    let row: Option<ClaimRow> =
+    let row: Option<ClaimAnswer> =
         sqlx::query_as_with(CLAIM_SQL, arguments::<PgArguments, 11>(&values.params())?)
             .fetch_optional(&mut *db)
             .await?;
     let record = match row {
-        Some(ClaimRow { won: true, record }) => return Ok(Some(Claim::Won(record.try_into()?))),
-        Some(ClaimRow { won: false, record }) => KeyRecord::try_from(record)?,
+        Some(ClaimAnswer { won: true, record }) => return Ok(Some(Claim::Won(record.try_into()?))),
+        Some(ClaimAnswer { won: false, record }) => KeyRecord::try_from(record)?,
         // The winner committed after this statement's snapshot was taken:
         // the insert saw its row, the select could not. A fresh read will
         // (unless the row was swept meanwhile: then the next round inserts).
@@ -521,4 +502,36 @@ async fn key_record(
         .fetch_optional(&mut *db)
         .await?;
     row.map(KeyRecord::try_from).transpose()
+}
+
+/// The one-row claim on a connection of `pool`: one statement, and where a
+/// record was swept between statements, another round.
+pub(super) async fn claim_on(pool: &PgPool, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
+    super::on_pool(pool, async |db| {
+        for _ in 0..CLAIM_ROUNDS {
+            if let Some(claim) = try_claim(db, new).await? {
+                return Ok(claim);
+            }
+        }
+        Err(StoreError::Corrupt(format!(
+            "key {} kept vanishing between statements",
+            new.key
+        )))
+    })
+    .await
+}
+
+/// The one-row finalize (no audit entry) on a connection of `pool`.
+pub(super) async fn finalize_on(
+    pool: &PgPool,
+    values: &FinalizeValues<'_>,
+) -> Result<bool, StoreError> {
+    let args: PgArguments = arguments(&values.params())?;
+    let settled: Option<(String,)> = super::on_pool(pool, async |db| {
+        sqlx::query_as_with(FINALIZE_SQL, args)
+            .fetch_optional(db)
+            .await
+    })
+    .await?;
+    Ok(settled.is_some())
 }

@@ -20,7 +20,7 @@ use sqlx::PgConnection;
 
 use super::batch::Batcher;
 use super::model::Claim;
-use super::params::{ClaimValues, FinalizeRow};
+use super::params::{ClaimRow, FinalizeRow};
 use super::{millis, PoolStats, StoreError, ACQUIRE_TIMEOUT, BATCHES_AT_ONCE, BATCH_CAP};
 use pool::PgPool;
 
@@ -54,7 +54,7 @@ const TCP_KEEPALIVES: [(&str, &str); 3] = [
 pub struct PgStore {
     pool: PgPool,
     /// Claims and finalizes go to the database in batches ([`batched`]).
-    claims: Batcher<ClaimValues, Claim>,
+    claims: Batcher<ClaimRow, Claim>,
     finalizes: Batcher<FinalizeRow, bool>,
 }
 

@@ -11,7 +11,7 @@ use super::keys::{claim_in, finalize_in};
 use super::WriteTurns;
 use crate::store::batch::{self, Batched};
 use crate::store::model::Claim;
-use crate::store::params::{ClaimValues, FinalizeRow};
+use crate::store::params::{ClaimRow, ClaimValues, FinalizeRow};
 use crate::store::StoreError;
 
 /// Runs `rows`, each with `op` in a savepoint of one write transaction.
@@ -50,9 +50,12 @@ async fn in_one_write<R, T>(
 pub(super) async fn claims(
     pool: &SqlitePool,
     turns: &WriteTurns,
-    rows: Vec<ClaimValues>,
+    rows: Vec<ClaimRow>,
 ) -> Vec<Batched<Claim>> {
-    in_one_write(pool, turns, &rows, async |tx, row| claim_in(tx, row).await).await
+    in_one_write(pool, turns, &rows, async |tx, row| {
+        claim_in(tx, &ClaimValues::new(&row.claim())).await
+    })
+    .await
 }
 
 pub(super) async fn finalizes(

@@ -14,7 +14,7 @@ use super::{SqliteStore, NOW};
 use crate::domain::{ChargeId, IdempotencyKey};
 use crate::store::batch::Batched;
 use crate::store::model::{Claim, KeyRecord, KeyStatus, NewClaim, Orphan, Reschedule};
-use crate::store::params::{arguments, ClaimValues, FinalizeRow, FinalizeValues};
+use crate::store::params::{arguments, ClaimRow, ClaimValues, FinalizeRow, FinalizeValues};
 use crate::store::rows::{KeyStatusRow, OrphanRow, RecordRow};
 use crate::store::{millis, StoreError};
 
@@ -249,7 +249,7 @@ impl SqliteStore {
                 return Ok(Claim::Lost(record));
             }
         }
-        match self.claims.submit(ClaimValues::new(new)).await {
+        match self.claims.submit(ClaimRow::new(new)).await {
             Batched::Done(claim) => claim,
             Batched::Alone => self.claim_alone(new).await,
         }
@@ -270,8 +270,8 @@ impl SqliteStore {
         &self,
         claims: &[NewClaim<'_>],
     ) -> Vec<Result<Claim, StoreError>> {
-        let values = claims.iter().map(ClaimValues::new).collect();
-        let answers = super::batched::claims(&self.pool, &self.turns, values).await;
+        let rows = claims.iter().map(ClaimRow::new).collect();
+        let answers = super::batched::claims(&self.pool, &self.turns, rows).await;
         let mut out = Vec::with_capacity(claims.len());
         for (new, answer) in claims.iter().zip(answers) {
             out.push(match answer {

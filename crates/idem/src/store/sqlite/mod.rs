@@ -30,7 +30,7 @@ use sqlx::SqlitePool;
 
 use super::batch::Batcher;
 use super::model::Claim;
-use super::params::{ClaimValues, FinalizeRow};
+use super::params::{ClaimRow, FinalizeRow};
 use super::{PoolStats, StoreError, ACQUIRE_TIMEOUT, BATCH_CAP};
 
 /// How long a SQLite statement waits for another process's write transaction
@@ -57,7 +57,7 @@ pub struct SqliteStore {
     turns: WriteTurns,
     /// Claims and finalizes that arrive together share one write transaction
     /// (one fsync) ([`batched`]); one batch at a time, as one writer can write.
-    claims: Batcher<ClaimValues, Claim>,
+    claims: Batcher<ClaimRow, Claim>,
     finalizes: Batcher<FinalizeRow, bool>,
 }
 
