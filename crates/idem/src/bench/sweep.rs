@@ -44,8 +44,9 @@ pub async fn sweep(
 
 /// The sweep as a text table, one row per client count.
 pub fn table(results: &[BenchResult]) -> String {
-    let mut out =
-        String::from("clients   idem/s  idem p99 ms  pgbench/s  pgbench p99 ms  idem/pgbench\n");
+    let mut out = String::from(
+        "clients   idem/s  idem p99 ms  pgbench/s  pgbench p99 ms  idem/pgbench  rows/batch\n",
+    );
     let or_dash = |v: Option<f64>, digits: usize| {
         v.map_or_else(|| "-".to_owned(), |v| format!("{v:.digits$}"))
     };
@@ -69,6 +70,8 @@ pub fn table(results: &[BenchResult]) -> String {
 const WIDTH: f64 = 520.0;
 const HEIGHT: f64 = 300.0;
 const MARGIN: f64 = 56.0;
+/// Room on the right for the series' names.
+const RIGHT: f64 = 80.0;
 const IDEM_COLOUR: &str = "#1f6feb";
 const PGBENCH_COLOUR: &str = "#d1242f";
 
@@ -100,7 +103,8 @@ fn html(config: &BenchConfig, results: &[BenchResult]) -> String {
          <body><h1>{title}</h1>\
          <p><b class=\"idem\">idem</b>: closed-loop HTTP clients against one <code>idem serve</code> \
          (zero-latency acquirer). <b class=\"pgbench\">pgbench</b>: the store's own claim and \
-         finalize statements, one transaction each, at the same client count, same database.</p>\
+         finalize statements, one transaction each, at the same client count, same database. \
+         <i>rows/batch</i>: claims per statement idem sent (1: no batching).</p>\
          {throughput}{p99}<pre>{}</pre></body></html>\n",
         table(results)
     )
@@ -129,7 +133,7 @@ fn panel(
         * 1.1;
     let x_at = |x: f64| {
         let span = (x_max - x_min).max(1.0);
-        MARGIN + (x - x_min) / span * (WIDTH - 2.0 * MARGIN)
+        MARGIN + (x - x_min) / span * (WIDTH - MARGIN - RIGHT)
     };
     let y_at = |y: f64| HEIGHT - MARGIN - y / y_max * (HEIGHT - 2.0 * MARGIN);
     let mut svg = format!(
@@ -140,7 +144,7 @@ fn panel(
          <line x1=\"{MARGIN}\" y1=\"{MARGIN}\" x2=\"{MARGIN}\" y2=\"{b}\" stroke=\"#888\"/>\
          <text x=\"{cx}\" y=\"{lx}\" text-anchor=\"middle\">clients</text>",
         b = HEIGHT - MARGIN,
-        r = WIDTH - MARGIN,
+        r = WIDTH - RIGHT,
         cx = WIDTH / 2.0,
         lx = HEIGHT - 14.0,
     );
