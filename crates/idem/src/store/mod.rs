@@ -179,13 +179,16 @@ impl Store {
     /// answered as [`Store::claim`] answers it (the property tests compare the
     /// two). Claims of the same key within it are racing requests: one wins.
     pub async fn claim_batch(&self, claims: &[NewClaim<'_>]) -> Vec<Result<Claim, StoreError>> {
-        let claimed = match self {
-            Self::Postgres(s) => s.claim_batch(claims).await,
-            Self::Sqlite(s) => s.claim_batch(claims).await,
+        let answers = match self {
+            Self::Postgres(s) => s.batch_claims(claims).await,
+            Self::Sqlite(s) => s.batch_claims(claims).await,
         };
         let mut out = Vec::with_capacity(claims.len());
-        for (new, claimed) in claims.iter().zip(claimed) {
-            out.push(self.late_retry(new, claimed).await);
+        for (new, answer) in claims.iter().zip(answers) {
+            out.push(match answer {
+                batch::Batched::Done(claimed) => self.late_retry(new, claimed).await,
+                batch::Batched::Alone => self.claim_alone(new).await,
+            });
         }
         out
     }

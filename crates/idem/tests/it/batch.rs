@@ -9,13 +9,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem::domain::{ChargeRequest, ChargeStatus, Fingerprint, IdempotencyKey, StoredResponse};
-use idem::store::{Claim, KeyRecord, KeyState, NewClaim, Settlement, Store};
+use idem::store::{Claim, KeyRecord, KeyState, Settlement, Store};
 use proptest::prelude::*;
 
 use crate::helpers::*;
 
 /// Keys a case draws from: few, so that claims meet.
 const KEYS: usize = 5;
+
+/// Longer than any case runs: nothing in flight is taken over.
+const LEASE: Duration = Duration::from_secs(30);
 
 /// What a key holds before the batch.
 #[derive(Debug, Clone, Copy)]
@@ -81,22 +84,6 @@ fn request(k: usize, other_body: bool) -> ChargeRequest {
         .expect("request")
 }
 
-fn claim<'a>(
-    merchant_id: i64,
-    key: &'a IdempotencyKey,
-    request: &'a ChargeRequest,
-    key_ttl: Duration,
-) -> NewClaim<'a> {
-    NewClaim {
-        merchant_id,
-        key,
-        fingerprint: Fingerprint::of_charge(request),
-        request,
-        lease: Duration::from_secs(30),
-        key_ttl,
-    }
-}
-
 /// Puts each key in its state before the batch, with the first body; returns
 /// the charge each holds.
 async fn prepare(store: &Store, merchant_id: i64, before: &[Before]) -> HashMap<String, Owner> {
@@ -111,7 +98,7 @@ async fn prepare(store: &Store, merchant_id: i64, before: &[Before]) -> HashMap<
             _ => Duration::from_secs(600),
         };
         let Claim::Won(record) = store
-            .claim_alone(&claim(merchant_id, &key, &request, ttl))
+            .claim_alone(&new_claim(merchant_id, &key, &request, LEASE, ttl))
             .await
             .expect("claim")
         else {
@@ -185,7 +172,7 @@ async fn run(db: &TestDb, name: &str, case: &Case, batched: bool) -> (Vec<Seen>,
     let claims: Vec<_> = keys
         .iter()
         .zip(&requests)
-        .map(|(key, request)| claim(merchant_id, key, request, Duration::from_secs(600)))
+        .map(|(key, request)| new_claim(merchant_id, key, request, LEASE, Duration::from_secs(600)))
         .collect();
     let answers = if batched {
         db.store.claim_batch(&claims).await

@@ -863,3 +863,21 @@ pub async fn raw_request(addr: &str, request: &[u8], within: Duration) -> RawAns
 pub fn authority(url: &str) -> &str {
     url.trim_start_matches("http://")
 }
+
+/// A claim of `key` for `request`, as the engine makes it.
+pub fn new_claim<'a>(
+    merchant_id: i64,
+    key: &'a idem::domain::IdempotencyKey,
+    request: &'a idem::domain::ChargeRequest,
+    lease: Duration,
+    key_ttl: Duration,
+) -> idem::store::NewClaim<'a> {
+    idem::store::NewClaim {
+        merchant_id,
+        key,
+        fingerprint: idem::domain::Fingerprint::of_charge(request),
+        request,
+        lease,
+        key_ttl,
+    }
+}

@@ -5,31 +5,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem::domain::{ChargeRequest, ChargeStatus};
-use idem::domain::{Fingerprint, IdempotencyKey, StoredResponse};
+use idem::domain::{IdempotencyKey, StoredResponse};
 use idem::store::{
-    Backend, Claim, KeyState, NewClaim, NewResult, Reschedule, ResultAnswer, Settlement, Store,
-    StoreError,
+    Backend, Claim, KeyState, NewResult, Reschedule, ResultAnswer, Settlement, Store, StoreError,
 };
 
 use crate::helpers::*;
-
-/// A claim of `key` for `request`, as the engine makes it.
-fn new_claim<'a>(
-    merchant_id: i64,
-    key: &'a IdempotencyKey,
-    request: &'a ChargeRequest,
-    lease: Duration,
-    key_ttl: Duration,
-) -> NewClaim<'a> {
-    NewClaim {
-        merchant_id,
-        key,
-        fingerprint: Fingerprint::of_charge(request),
-        request,
-        lease,
-        key_ttl,
-    }
-}
 
 #[tokio::test]
 async fn a_stale_holder_cannot_finalize_after_a_take_over() {

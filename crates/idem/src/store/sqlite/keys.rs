@@ -264,22 +264,14 @@ impl SqliteStore {
             .await
     }
 
-    /// `claims` as one batch (one write transaction), each answered as
-    /// [`SqliteStore::claim`] would, but without its read first.
-    pub(in crate::store) async fn claim_batch(
+    /// `claims` as one batch: each one's answer, or `Alone` where the
+    /// one-row path must decide ([`crate::store::Store::claim_batch`] runs it).
+    pub(in crate::store) async fn batch_claims(
         &self,
         claims: &[NewClaim<'_>],
-    ) -> Vec<Result<Claim, StoreError>> {
+    ) -> Vec<Batched<Claim>> {
         let rows = claims.iter().map(ClaimRow::new).collect();
-        let answers = super::batched::claims(&self.pool, &self.turns, rows).await;
-        let mut out = Vec::with_capacity(claims.len());
-        for (new, answer) in claims.iter().zip(answers) {
-            out.push(match answer {
-                Batched::Done(claim) => claim,
-                Batched::Alone => self.claim_alone(new).await,
-            });
-        }
-        out
+        super::batched::claims(&self.pool, &self.turns, rows).await
     }
 
     pub(in crate::store) async fn key_record(
