@@ -23,7 +23,7 @@ use super::keys::RECORD_COLUMNS;
 use super::pool::PgPool;
 use crate::store::batch::{self, Batched};
 use crate::store::model::{Claim, KeyRecord};
-use crate::store::params::{ClaimRow, ClaimValues, FinalizeRow, Param};
+use crate::store::params::{ClaimRow, ClaimValues, FinalizeRow, Param, Params};
 use crate::store::rows::RecordRow;
 use crate::store::StoreError;
 
@@ -127,7 +127,7 @@ struct ClaimBatchRow {
 /// of every row's `k`-th parameter.
 fn bind_columns<'q, const N: usize>(
     mut query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
-    rows: &[crate::store::params::Params<'q, N>],
+    rows: &[Params<'q, N>],
 ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
     for column in 0..N {
         let values = rows.iter().map(|params| params[column].1);
@@ -167,6 +167,25 @@ fn bind_columns<'q, const N: usize>(
     query
 }
 
+/// Runs `sql` with the rows' parameters as arrays; its rows.
+async fn fetch<R, const N: usize>(
+    pool: &PgPool,
+    sql: &'static str,
+    params: &[Params<'_, N>],
+) -> Result<Vec<R>, StoreError>
+where
+    R: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+{
+    super::on_pool(pool, async |db| {
+        bind_columns(sqlx::query(sql), params)
+            .try_map(|row| R::from_row(&row))
+            .fetch_all(db)
+            .await
+    })
+    .await
+    .map_err(StoreError::from)
+}
+
 /// Runs `claims` as one statement: each row's [`Claim`], or [`Batched::Alone`]
 /// where the one-row path must decide.
 pub(super) async fn claims(pool: &PgPool, rows: Vec<ClaimRow>) -> Vec<Batched<Claim>> {
@@ -183,15 +202,7 @@ pub(super) async fn claims(pool: &PgPool, rows: Vec<ClaimRow>) -> Vec<Batched<Cl
         .map(|row| ClaimValues::new(&row.claim()))
         .collect();
     let params: Vec<_> = claims.iter().map(ClaimValues::params).collect();
-    let rows: Result<Vec<ClaimBatchRow>, StoreError> = super::on_pool(pool, async |db| {
-        bind_columns(sqlx::query(CLAIM_BATCH_SQL), &params)
-            .try_map(|row| sqlx::FromRow::from_row(&row))
-            .fetch_all(db)
-            .await
-    })
-    .await
-    .map_err(StoreError::from);
-    let rows = match rows {
+    let rows = match fetch::<ClaimBatchRow, 11>(pool, CLAIM_BATCH_SQL, &params).await {
         Ok(rows) => rows,
         Err(e) => {
             tracing::debug!(error = %e, rows = claims.len(), "a batch of claims failed; each goes alone");
@@ -249,15 +260,7 @@ pub(super) async fn finalizes(pool: &PgPool, rows: Vec<FinalizeRow>) -> Vec<Batc
     }
     let values: Vec<_> = rows.iter().map(FinalizeRow::values).collect();
     let params: Vec<_> = values.iter().map(|v| v.params()).collect();
-    let settled: Result<Vec<(i64,)>, StoreError> = super::on_pool(pool, async |db| {
-        bind_columns(sqlx::query(FINALIZE_BATCH_SQL), &params)
-            .try_map(|row| sqlx::FromRow::from_row(&row))
-            .fetch_all(db)
-            .await
-    })
-    .await
-    .map_err(StoreError::from);
-    match settled {
+    match fetch::<(i64,), 15>(pool, FINALIZE_BATCH_SQL, &params).await {
         Ok(settled) => {
             let settled: HashSet<i64> = settled.into_iter().map(|(n,)| n).collect();
             (1..=rows.len())
