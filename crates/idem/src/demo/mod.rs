@@ -695,15 +695,26 @@ async fn sample_sqlite(
     let mut hold: Option<(Instant, i64, bool)> = None;
     let mut tick = 0u32;
     while !stop.is_cancelled() {
-        let (version,): (i64,) = sqlx::query_as("pragma data_version")
+        // With no busy timeout, even this read can find the file busy for a
+        // moment (a checkpoint, the writer's WAL-index lock): that sample is
+        // skipped, never the demo.
+        let (version,): (i64,) = match sqlx::query_as("pragma data_version")
             .fetch_one(&mut conn)
-            .await?;
+            .await
+        {
+            Ok(v) => v,
+            Err(sqlx::Error::Database(e)) if is_busy(e.as_ref()) => {
+                tokio::time::sleep(SAMPLE_EVERY).await;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         let taken = match sqlx::query("begin immediate").execute(&mut conn).await {
             Ok(_) => {
                 sqlx::query("rollback").execute(&mut conn).await?;
                 false
             }
-            Err(sqlx::Error::Database(e)) if e.message().contains("locked") => true,
+            Err(sqlx::Error::Database(e)) if is_busy(e.as_ref()) => true,
             Err(e) => return Err(e.into()),
         };
         hold = match (taken, hold) {
@@ -737,6 +748,15 @@ async fn sample_sqlite(
         tokio::time::sleep(SAMPLE_EVERY).await;
     }
     Ok((max_busy, long_holds))
+}
+
+/// SQLite's "another connection holds the lock": `SQLITE_BUSY` (5) or
+/// `SQLITE_LOCKED` (6), extended codes included.
+fn is_busy(e: &dyn sqlx::error::DatabaseError) -> bool {
+    e.code()
+        .and_then(|c| c.parse::<i32>().ok())
+        .is_some_and(|c| matches!(c & 0xff, 5 | 6))
+        || e.message().contains("locked")
 }
 
 /// An instance's busy pool connections, from its `/metrics`.
