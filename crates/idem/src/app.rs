@@ -55,6 +55,8 @@ pub(crate) struct EngineSettings {
     pub(crate) lease: Duration,
     /// How long a key and its stored outcome are honoured.
     pub(crate) key_ttl: Duration,
+    /// Bytes of completed outcomes kept in memory for replays (0: none).
+    pub(crate) replay_cache_bytes: u64,
 }
 
 /// The reconciler and the sweeper beside `serve` and `consume`.
@@ -135,6 +137,7 @@ pub(crate) async fn engine(settings: &EngineSettings) -> anyhow::Result<Engine> 
         EngineConfig {
             lease: settings.lease,
             key_ttl: settings.key_ttl,
+            replay_cache_bytes: settings.replay_cache_bytes,
         },
     ))
 }

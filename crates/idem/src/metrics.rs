@@ -50,6 +50,9 @@ pub const POOL_CONNECTIONS: &str = "idem_db_pool_connections";
 /// Requests per batch the store sent to the database, by `op` (`claim`,
 /// `finalize`): 1 at low load; it grows as requests wait for each other.
 pub const STORE_BATCH_ROWS: &str = "idem_store_batch_rows";
+/// Replays looked up in the instance's memory of completed outcomes, by
+/// `result`: `hit` (answered from memory) or `miss` (asked the database).
+pub const REPLAY_CACHE: &str = "idem_replay_cache_total";
 
 /// The recorder, installed once per process (also when a test runs several
 /// servers in one process).

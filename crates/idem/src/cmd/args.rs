@@ -72,6 +72,10 @@ pub(crate) struct EngineArgs {
     /// How long a key and its stored outcome are honoured after the outcome is stored.
     #[arg(long, env = "IDEM_KEY_TTL", value_parser = parse_duration, default_value = "24h")]
     pub(crate) key_ttl: Duration,
+    /// Bytes of completed outcomes this process keeps to answer replays
+    /// without reading the database, until each key's expiry (0: none).
+    #[arg(long, env = "IDEM_REPLAY_CACHE_BYTES", default_value_t = 8 << 20)]
+    pub(crate) replay_cache_bytes: u64,
     #[command(flatten)]
     pub(crate) db: DbArgs,
 }
@@ -161,6 +165,7 @@ impl EngineArgs {
             acquirer_timeout: self.acquirer_timeout,
             lease: self.lease,
             key_ttl: self.key_ttl,
+            replay_cache_bytes: self.replay_cache_bytes,
         })
     }
 }

@@ -12,9 +12,10 @@
 //! by reference, so a re-drive after a crash, timeout or take-over moves no money
 //! twice; the fencing token means only the current holder stores an outcome.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::InFlightMemo;
+use super::replays::key_lives_until;
+use super::{InFlightMemo, ReplayCache};
 use crate::acquirer::protocol::CaptureRequest;
 use crate::acquirer::{AcquirerClient, AcquirerError, Settled, Unknown};
 use crate::crash::{self, CrashPoint};
@@ -114,6 +115,9 @@ pub struct EngineConfig {
     pub lease: Duration,
     /// How long a completed outcome is honoured after it is stored.
     pub key_ttl: Duration,
+    /// Bytes of completed outcomes each instance keeps to answer replays
+    /// from memory (0: none; every replay reads the database).
+    pub replay_cache_bytes: u64,
 }
 
 /// The idempotency engine for charges. Cheap to clone.
@@ -124,6 +128,8 @@ pub struct Engine {
     pub(super) config: EngineConfig,
     /// Keys this instance saw held by another attempt, answered from memory.
     in_flight: InFlightMemo,
+    /// Completed outcomes this instance read or stored, answered from memory.
+    replays: ReplayCache,
 }
 
 impl Engine {
@@ -133,6 +139,7 @@ impl Engine {
             acquirer,
             config,
             in_flight: InFlightMemo::default(),
+            replays: ReplayCache::new(config.replay_cache_bytes),
         }
     }
 
@@ -152,6 +159,13 @@ impl Engine {
         request: &ChargeRequest,
     ) -> Result<Outcome, EngineError> {
         let fingerprint = Fingerprint::of_charge(request);
+        if let Some((charge_id, response)) = self.replays.replay(merchant.id, key, &fingerprint) {
+            return Ok(Outcome::Completed {
+                charge_id,
+                response,
+                replayed: true,
+            });
+        }
         if let Some(held) = self.in_flight.get(merchant.id, key) {
             return Ok(waiting_or_mismatch(
                 &held.fingerprint,
@@ -161,6 +175,7 @@ impl Engine {
                 request,
             ));
         }
+        let asked = Instant::now();
         let claim = self
             .store
             .claim(&NewClaim {
@@ -210,7 +225,7 @@ impl Engine {
                     None => self.current(merchant, key).await,
                 }
             }
-            _ => Ok(settled_or_waiting(record)),
+            _ => Ok(self.settled_or_waiting(merchant.id, key, record, asked)),
         }
     }
 
@@ -403,6 +418,7 @@ impl Engine {
                 body: body.into(),
             }
         });
+        let asked = Instant::now();
         let stored = crash::around_finalize(self.store.finalize(
             merchant.id,
             key,
@@ -420,6 +436,14 @@ impl Engine {
         .await?;
         if stored {
             self.in_flight.forget(merchant.id, key);
+            self.replays.remember(
+                merchant.id,
+                key,
+                record.fingerprint,
+                &settled.id,
+                &response,
+                key_lives_until(asked, self.config.key_ttl),
+            );
             return Ok(Outcome::Completed {
                 charge_id: settled.id,
                 response,
@@ -470,14 +494,52 @@ impl Engine {
         })
     }
 
+    /// A record read in a statement sent at `asked`, as an answer: its stored
+    /// outcome replayed (and remembered while the key surely lives), or `409`.
+    fn settled_or_waiting(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        record: KeyRecord,
+        asked: Instant,
+    ) -> Outcome {
+        match record.state {
+            KeyState::Completed {
+                response,
+                expires_in,
+            } => {
+                if !record.expired {
+                    self.replays.remember(
+                        merchant_id,
+                        key,
+                        record.fingerprint,
+                        &record.charge.id,
+                        &response,
+                        key_lives_until(asked, expires_in),
+                    );
+                }
+                Outcome::Completed {
+                    charge_id: record.charge.id,
+                    response,
+                    replayed: true,
+                }
+            }
+            KeyState::InFlight { .. } => Outcome::InFlight {
+                charge_id: record.charge.id,
+                retry_after: IN_FLIGHT_RETRY_AFTER,
+            },
+        }
+    }
+
     /// The key's record as it is now, without taking anything over.
     pub(super) async fn current(
         &self,
         merchant: &Merchant,
         key: &IdempotencyKey,
     ) -> Result<Outcome, EngineError> {
+        let asked = Instant::now();
         match self.store.key_record(merchant.id, key).await? {
-            Some(record) => Ok(settled_or_waiting(record)),
+            Some(record) => Ok(self.settled_or_waiting(merchant.id, key, record, asked)),
             None => Err(StoreError::Corrupt(format!("key {key} vanished while in use")).into()),
         }
     }
@@ -519,20 +581,6 @@ fn waiting_or_mismatch(
     Outcome::InFlight {
         charge_id,
         retry_after: IN_FLIGHT_RETRY_AFTER,
-    }
-}
-
-fn settled_or_waiting(record: KeyRecord) -> Outcome {
-    match record.state {
-        KeyState::Completed(response) => Outcome::Completed {
-            charge_id: record.charge.id,
-            response,
-            replayed: true,
-        },
-        KeyState::InFlight { .. } => Outcome::InFlight {
-            charge_id: record.charge.id,
-            retry_after: IN_FLIGHT_RETRY_AFTER,
-        },
     }
 }
 

@@ -8,15 +8,19 @@
 //!   acquirer outside any transaction, finalize under a fencing token; the loser
 //!   of a claim replays, refuses (422), waits (409) or takes over an expired lease.
 //! - [`InFlightMemo`] answers repeated duplicates of an in-flight key from memory.
+//! - [`ReplayCache`] answers replays of a completed key from memory, until the
+//!   key's expiry on the database's clock.
 //! - `operator.rs`: an operator's retry and resolve of one charge, through the
 //!   same take-over and finalize.
 
 mod engine;
 mod memo;
 mod operator;
+mod replays;
 
 #[cfg(doc)]
 use crate::domain::{Fingerprint, IdempotencyKey, StoredResponse};
 pub use engine::{Engine, EngineConfig, EngineError, Outcome, Reconciled};
 pub use memo::InFlightMemo;
 pub use operator::{OperatorError, Resolution};
+pub use replays::ReplayCache;

@@ -27,8 +27,12 @@ pub struct NewClaim<'a> {
 pub enum KeyState {
     /// An attempt holds (or held) the lease; no outcome yet.
     InFlight { lease_remaining: Duration },
-    /// The first outcome, to replay.
-    Completed(StoredResponse),
+    /// The first outcome, to replay; honoured for `expires_in` more (by the
+    /// database's clock, when the record was read).
+    Completed {
+        response: StoredResponse,
+        expires_in: Duration,
+    },
 }
 
 /// A key record with its charge, as some attempt found or made it.

@@ -63,6 +63,7 @@ pub(super) struct RecordRow {
     response_body: Option<Vec<u8>>,
     lease_remaining_ms: i64,
     expired: bool,
+    expires_in_ms: i64,
 }
 
 impl TryFrom<RecordRow> for KeyRecord {
@@ -78,10 +79,13 @@ impl TryFrom<RecordRow> for KeyRecord {
             ("in_flight", _, _) => KeyState::InFlight {
                 lease_remaining: Duration::from_millis(r.lease_remaining_ms.max(0).unsigned_abs()),
             },
-            ("completed", Some(status), Some(body)) => KeyState::Completed(StoredResponse {
-                status: u16::try_from(status).map_err(|_| corrupt("response status"))?,
-                body: body.into(),
-            }),
+            ("completed", Some(status), Some(body)) => KeyState::Completed {
+                response: StoredResponse {
+                    status: u16::try_from(status).map_err(|_| corrupt("response status"))?,
+                    body: body.into(),
+                },
+                expires_in: Duration::from_millis(r.expires_in_ms.max(0).unsigned_abs()),
+            },
             _ => return Err(corrupt("state")),
         };
         Ok(KeyRecord {

@@ -152,7 +152,7 @@ fn seen(
             owner: owner(charge.id.as_str(), owners),
             same_body: fingerprint == *sent,
             completed: match state {
-                KeyState::Completed(r) => Some((r.status, r.body)),
+                KeyState::Completed { response: r, .. } => Some((r.status, r.body)),
                 KeyState::InFlight { .. } => None,
             },
             expired,

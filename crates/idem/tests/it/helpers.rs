@@ -277,6 +277,7 @@ pub fn test_config() -> EngineConfig {
     EngineConfig {
         lease: Duration::from_secs(3),
         key_ttl: Duration::from_secs(24 * 3600),
+        replay_cache_bytes: 1 << 20,
     }
 }
 

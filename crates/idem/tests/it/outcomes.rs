@@ -192,6 +192,52 @@ async fn every_unknown_outcome_is_503_then_a_retry_settles_it_once() {
     }
 }
 
+/// A replay may be answered from the instance's memory, but only while the
+/// key surely lives on the database's clock: the memory ends a margin (at
+/// least a second) before the key, so past that the database answers, and
+/// past the key's expiry the late retry hears `410`, never the old answer.
+#[tokio::test]
+async fn a_replay_from_memory_ends_before_the_key_expires() {
+    let Env {
+        db,
+        sim: _sim,
+        app: _app,
+        client: c,
+    } = Env::with_key_ttl(Duration::from_secs(3), Duration::from_millis(500)).await;
+    let key = new_key();
+    let first = c.charge(&key, &body(1, 100)).await;
+    let answered = std::time::Instant::now();
+    assert_eq!(first.status, 201, "{:?}", first.body);
+
+    // A mark only the database holds: a replay that shows it was read there.
+    db.exec("update idempotency_keys set response_status = 299")
+        .await;
+    let remembered = c.charge(&key, &body(1, 100)).await;
+    assert_eq!(remembered.status, 201, "answered from memory");
+    assert!(remembered.replayed());
+    assert_eq!(remembered.body, first.body, "byte for byte");
+    assert_eq!(
+        c.charge(&key, &body(2, 100)).await.status,
+        422,
+        "another request under the key is the database's to refuse"
+    );
+
+    // The memory lives at most ttl - 1 s from before the finalize; the key
+    // at least ttl from it.
+    tokio::time::sleep_until((answered + Duration::from_millis(2_200)).into()).await;
+    let read = c.charge(&key, &body(1, 100)).await;
+    assert_eq!(
+        read.status, 299,
+        "the memory ended first: the database answered"
+    );
+    assert!(read.replayed());
+
+    tokio::time::sleep_until((answered + Duration::from_millis(3_300)).into()).await;
+    let late = c.charge(&key, &body(1, 100)).await;
+    assert_eq!(late.status, 410, "{:?}", late.body);
+    assert_eq!(late.problem_type(), "urn:idem:problem:key-expired");
+}
+
 #[tokio::test]
 async fn after_the_ttl_a_key_is_a_new_intent_but_never_while_processing() {
     let Env {

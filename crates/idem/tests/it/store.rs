@@ -101,7 +101,7 @@ async fn a_stale_holder_cannot_finalize_after_a_take_over() {
         .expect("read")
         .expect("exists");
     match record.state {
-        KeyState::Completed(r) => assert_eq!(r.body, "fresh"),
+        KeyState::Completed { response, .. } => assert_eq!(response.body, "fresh"),
         other => panic!("{other:?}"),
     }
     assert_eq!(record.charge.status, ChargeStatus::Captured);
@@ -338,7 +338,7 @@ async fn release_and_renew_are_fenced_and_release_schedules_in_the_same_write() 
         match db.store.key_record(merchant_id, &key).await.expect("read") {
             Some(record) => match record.state {
                 KeyState::InFlight { lease_remaining } => lease_remaining,
-                KeyState::Completed(_) => panic!("not completed"),
+                KeyState::Completed { .. } => panic!("not completed"),
             },
             None => panic!("the record is there"),
         }

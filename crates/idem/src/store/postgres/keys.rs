@@ -26,7 +26,9 @@ pub(super) const RECORD_COLUMNS: &str = concatcp!(
     ", k.fingerprint, k.state, k.attempt, k.response_status, k.response_body, \
      greatest(0, ceil(extract(epoch from (k.locked_until - now())) * 1000))::bigint \
        as lease_remaining_ms, \
-     (k.state = 'completed' and k.expires_at <= now()) as expired"
+     (k.state = 'completed' and k.expires_at <= now()) as expired, \
+     greatest(0, floor(extract(epoch from (k.expires_at - now())) * 1000))::bigint \
+       as expires_in_ms"
 );
 
 /// Rounds of insert-or-read a claim may need: each extra one means the sweeper

@@ -27,7 +27,9 @@ const RECORD_COLUMNS: &str = concatcp!(
     ") as lease_remaining_ms, \
      (k.state = 'completed' and k.expires_at <= ",
     NOW,
-    ") as expired"
+    ") as expired, max(0, k.expires_at - ",
+    NOW,
+    ") as expires_in_ms"
 );
 
 /// Insert first: `on conflict do nothing returning` tells at once whether this
