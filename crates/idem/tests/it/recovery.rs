@@ -383,12 +383,23 @@ async fn a_server_started_during_a_database_outage_recovers_by_itself() {
 /// the acquirer answers with the first capture instead of moving money again.
 #[tokio::test]
 async fn a_claim_the_database_lost_is_made_again_under_the_same_reference_and_charges_once() {
+    // Without the replay cache: an instance that remembers the outcome would
+    // answer the retry from memory (the first answer, byte for byte) and never
+    // reach the database this test is about (docs/deployment.md).
     let Env {
         db,
         sim,
         app: _app,
         client: c,
-    } = Env::start(Faults::default()).await;
+    } = Env::start_with(
+        Faults::default(),
+        EngineConfig {
+            replay_cache_bytes: 0,
+            ..test_config()
+        },
+        Duration::from_secs(2),
+    )
+    .await;
     let key = new_key();
     let first = c.charge(&key, &body(7, 25000)).await;
     assert_eq!(first.status, 201, "{:?}", first.body);
