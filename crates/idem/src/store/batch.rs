@@ -13,6 +13,7 @@
 //! gives exactly the answer that request would have had without batching. A
 //! batch that met weather (see [`failed`]) is each of its requests' `503`.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
@@ -20,6 +21,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, Mutex};
 
+use super::model::{Claim, KeyRecord};
+use super::params::ClaimValues;
+use super::rows::ClaimBatchRow;
 use super::StoreError;
 
 /// The answer for one input of a batch.
@@ -182,4 +186,52 @@ pub(super) fn failed<T>(n: usize, error: &StoreError) -> Vec<Batched<T>> {
     (0..n)
         .map(|_| Batched::Done(Err(StoreError::Unavailable(copy()))))
         .collect()
+}
+
+/// A batch of claims' answers from its statement's rows, on either backend:
+/// a claim that won, or lost to a live record, is answered; a claim with no
+/// row (a live tombstone of the same request, or the sweeper deleting the
+/// record in between), or that found another request's expired record to
+/// reclaim, goes alone. Behind a claim that goes alone, the later claims of
+/// its key (that did not win here) go alone too, after it: as they arrived.
+pub(super) fn claim_answers(
+    claims: &[ClaimValues],
+    rows: Vec<ClaimBatchRow>,
+) -> Vec<Batched<Claim>> {
+    let mut answers: Vec<Batched<Claim>> = claims.iter().map(|_| Batched::Alone).collect();
+    for row in rows {
+        let Some(place) = usize::try_from(row.n - 1)
+            .ok()
+            .filter(|p| *p < claims.len())
+        else {
+            continue;
+        };
+        let record = match KeyRecord::try_from(row.record) {
+            Ok(record) => record,
+            Err(e) => {
+                answers[place] = Batched::Done(Err(e));
+                continue;
+            }
+        };
+        answers[place] = if row.won {
+            Batched::Done(Ok(Claim::Won(record)))
+        } else if record.expired && record.fingerprint.as_bytes() != claims[place].fingerprint() {
+            Batched::Alone
+        } else {
+            Batched::Done(Ok(Claim::Lost(record)))
+        };
+    }
+    let mut gone_alone = HashSet::new();
+    for (values, answer) in claims.iter().zip(answers.iter_mut()) {
+        let key = (values.merchant_id(), values.key());
+        match answer {
+            Batched::Alone => {
+                gone_alone.insert(key);
+            }
+            Batched::Done(Ok(Claim::Won(_))) => {}
+            Batched::Done(_) if gone_alone.contains(&key) => *answer = Batched::Alone,
+            Batched::Done(_) => {}
+        }
+    }
+    answers
 }

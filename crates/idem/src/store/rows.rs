@@ -98,6 +98,16 @@ impl TryFrom<RecordRow> for KeyRecord {
     }
 }
 
+/// One row of a batch of claims' statement: the place of the claim it answers
+/// (from 1), whether that claim won, and the record it found or made.
+#[derive(sqlx::FromRow)]
+pub(super) struct ClaimBatchRow {
+    pub(super) n: i64,
+    pub(super) won: bool,
+    #[sqlx(flatten)]
+    pub(super) record: RecordRow,
+}
+
 /// A key's record as `key_status` reads it, or its tombstone (`state` =
 /// `tombstone`, no response and no lease).
 #[derive(sqlx::FromRow)]

@@ -22,9 +22,9 @@ use const_format::concatcp;
 use super::keys::RECORD_COLUMNS;
 use super::pool::PgPool;
 use crate::store::batch::{self, Batched};
-use crate::store::model::{Claim, KeyRecord};
+use crate::store::model::Claim;
 use crate::store::params::{ClaimRow, ClaimValues, FinalizeRow, Param, Params};
-use crate::store::rows::RecordRow;
+use crate::store::rows::ClaimBatchRow;
 use crate::store::StoreError;
 
 /// Claims, as [`super::keys::CLAIM_SQL`] does for one: insert first (in key
@@ -115,14 +115,6 @@ const FINALIZE_BATCH_SQL: &str = "with i as (
      where c.id = i.charge_id
     returning i.n";
 
-#[derive(sqlx::FromRow)]
-struct ClaimBatchRow {
-    n: i64,
-    won: bool,
-    #[sqlx(flatten)]
-    record: RecordRow,
-}
-
 /// Binds the rows' parameters column by column, as arrays: `$k` is the array
 /// of every row's `k`-th parameter.
 fn bind_columns<'q, const N: usize>(
@@ -202,52 +194,13 @@ pub(super) async fn claims(pool: &PgPool, rows: Vec<ClaimRow>) -> Vec<Batched<Cl
         .map(|row| ClaimValues::new(&row.claim()))
         .collect();
     let params: Vec<_> = claims.iter().map(ClaimValues::params).collect();
-    let rows = match fetch::<ClaimBatchRow, 11>(pool, CLAIM_BATCH_SQL, &params).await {
-        Ok(rows) => rows,
+    match fetch::<ClaimBatchRow, 11>(pool, CLAIM_BATCH_SQL, &params).await {
+        Ok(rows) => batch::claim_answers(&claims, rows),
         Err(e) => {
             tracing::debug!(error = %e, rows = claims.len(), "a batch of claims failed; each goes alone");
-            return batch::failed(claims.len(), &e);
-        }
-    };
-    let mut answers: Vec<Batched<Claim>> = claims.iter().map(|_| Batched::Alone).collect();
-    for row in rows {
-        let Some(place) = usize::try_from(row.n - 1)
-            .ok()
-            .filter(|p| *p < claims.len())
-        else {
-            continue;
-        };
-        let record = match KeyRecord::try_from(row.record) {
-            Ok(record) => record,
-            Err(e) => {
-                answers[place] = Batched::Done(Err(e));
-                continue;
-            }
-        };
-        answers[place] = if row.won {
-            Batched::Done(Ok(Claim::Won(record)))
-        } else if record.expired && record.fingerprint.as_bytes() != claims[place].fingerprint() {
-            // Another request's expired record: reclaiming it is the one-row path's.
-            Batched::Alone
-        } else {
-            Batched::Done(Ok(Claim::Lost(record)))
-        };
-    }
-    // Behind a claim that goes alone, the later claims of its key (that did
-    // not win here) go alone too, after it: as they arrived.
-    let mut gone_alone = HashSet::new();
-    for (values, answer) in claims.iter().zip(answers.iter_mut()) {
-        let key = (values.merchant_id(), values.key());
-        match answer {
-            Batched::Alone => {
-                gone_alone.insert(key);
-            }
-            Batched::Done(Ok(Claim::Won(_))) => {}
-            Batched::Done(_) if gone_alone.contains(&key) => *answer = Batched::Alone,
-            Batched::Done(_) => {}
+            batch::failed(claims.len(), &e)
         }
     }
-    answers
 }
 
 /// Runs `rows` as one statement: whether each settled (`false`: its attempt

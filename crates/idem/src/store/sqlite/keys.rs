@@ -19,7 +19,7 @@ use crate::store::rows::{KeyStatusRow, OrphanRow, RecordRow};
 use crate::store::{millis, StoreError};
 
 /// Columns of a key record joined with its charge (aliases `k` and `c`).
-const RECORD_COLUMNS: &str = concatcp!(
+pub(super) const RECORD_COLUMNS: &str = concatcp!(
     CHARGE_COLUMNS,
     ", k.fingerprint, k.state, k.attempt, k.response_status, k.response_body, \
      max(0, coalesce(k.locked_until, 0) - ",
