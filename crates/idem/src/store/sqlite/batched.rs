@@ -18,10 +18,9 @@ use std::collections::HashSet;
 use std::sync::LazyLock;
 
 use sqlx::sqlite::SqliteConnection;
-use sqlx::SqlitePool;
 
 use super::keys::{claim_in, finalize_in, RECORD_COLUMNS};
-use super::{WriteTurns, NOW};
+use super::{Writer, NOW};
 use crate::store::batch::{self, Batched};
 use crate::store::model::Claim;
 use crate::store::params::{ClaimRow, ClaimValues, FinalizeRow, FinalizeValues, Param, Params};
@@ -181,27 +180,22 @@ static FINALIZE_CHARGES_SQL: LazyLock<String> = LazyLock::new(|| {
 /// Runs `op` as one write transaction for a batch of `n` rows; a failure
 /// rolls it all back and is each row's ([`batch::failed`]).
 async fn in_one_write<T>(
-    pool: &SqlitePool,
-    turns: &WriteTurns,
+    writer: &Writer,
     n: usize,
     op: impl AsyncFnOnce(&mut SqliteConnection) -> Result<Vec<Batched<T>>, StoreError>,
 ) -> Vec<Batched<T>> {
-    super::write(pool, turns, op).await.unwrap_or_else(|e| {
+    super::write(writer, op).await.unwrap_or_else(|e| {
         tracing::debug!(error = %e, rows = n, "a batch failed; each row goes alone");
         batch::failed(n, &e)
     })
 }
 
-pub(super) async fn claims(
-    pool: &SqlitePool,
-    turns: &WriteTurns,
-    rows: Vec<ClaimRow>,
-) -> Vec<Batched<Claim>> {
+pub(super) async fn claims(writer: &Writer, rows: Vec<ClaimRow>) -> Vec<Batched<Claim>> {
     let claims: Vec<ClaimValues> = rows
         .iter()
         .map(|row| ClaimValues::new(&row.claim()))
         .collect();
-    in_one_write(pool, turns, claims.len(), async |tx| {
+    in_one_write(writer, claims.len(), async |tx| {
         if let [one] = claims.as_slice() {
             return Ok(vec![Batched::Done(Ok(claim_in(tx, one).await?))]);
         }
@@ -222,13 +216,9 @@ pub(super) async fn claims(
     .await
 }
 
-pub(super) async fn finalizes(
-    pool: &SqlitePool,
-    turns: &WriteTurns,
-    rows: Vec<FinalizeRow>,
-) -> Vec<Batched<bool>> {
+pub(super) async fn finalizes(writer: &Writer, rows: Vec<FinalizeRow>) -> Vec<Batched<bool>> {
     let values: Vec<FinalizeValues> = rows.iter().map(FinalizeRow::values).collect();
-    in_one_write(pool, turns, values.len(), async |tx| {
+    in_one_write(writer, values.len(), async |tx| {
         if let [one] = values.as_slice() {
             return Ok(vec![Batched::Done(Ok(finalize_in(tx, one).await?))]);
         }

@@ -273,7 +273,7 @@ impl SqliteStore {
         claims: &[NewClaim<'_>],
     ) -> Vec<Batched<Claim>> {
         let rows = claims.iter().map(ClaimRow::new).collect();
-        super::batched::claims(&self.pool, &self.turns, rows).await
+        super::batched::claims(&self.writer, rows).await
     }
 
     pub(in crate::store) async fn key_record(

@@ -3,8 +3,8 @@
 //!
 //! SQLite lets one connection write to the file at a time and cannot write
 //! from a CTE, so every write here goes through [`SqliteStore::write`]: it
-//! takes this process's turn to write ([`WriteTurns`]), then opens `begin
-//! immediate`, which takes the file's write lock at once, so nothing
+//! takes this process's one writing connection ([`Writer`]), then opens
+//! `begin immediate`, which takes the file's write lock at once, so nothing
 //! interleaves; an operation that PostgreSQL does in one statement is a few
 //! statements in that transaction. No write transaction spans a call to the
 //! acquirer, so the lock is held for microseconds. Reads use the pool as it is
@@ -53,8 +53,8 @@ fn from_millis(ms: i64) -> Result<chrono::DateTime<chrono::Utc>, StoreError> {
 #[derive(Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
-    /// This process's writers take turns here (see [`WriteTurns`]).
-    turns: WriteTurns,
+    /// This process's one writing connection (see [`Writer`]).
+    writer: Writer,
     /// Claims and finalizes that arrive together share one write transaction
     /// (one fsync) ([`batched`]); one batch at a time, as one writer can write.
     claims: Batcher<ClaimRow, Claim>,
@@ -63,21 +63,45 @@ pub struct SqliteStore {
 
 /// SQLite lets one connection write to a file at a time, and a writer that
 /// finds the lock taken sleeps in steps of up to 100 ms before it looks again.
-/// So the writers of one process take turns here first: in order, without
-/// sleeping, and without holding a pooled connection while they wait (reads,
-/// such as a replay, keep getting one). SQLite's busy timeout is then left to
-/// settle turns between processes only. A tokio mutex, because a turn is held
-/// across the awaits of a transaction.
-#[derive(Clone, Default)]
-struct WriteTurns(Arc<tokio::sync::Mutex<()>>);
+/// So a process writes through one connection of its own, which its writers
+/// take in turns: in order, without sleeping, and without holding a pooled
+/// connection while they wait (reads, such as a replay, keep the pool).
+/// SQLite's busy timeout is then left to settle turns between processes only.
+///
+/// One connection also means the write statements are prepared once, not once
+/// per pooled connection, and the pages they touch stay in one page cache
+/// ([`WRITER_CACHE_KIB`]) instead of being read from the OS by whichever
+/// connection writes next. A tokio mutex, because a turn is held across the
+/// awaits of a transaction. The connection is opened on first use, and again
+/// after the database failed under it.
+#[derive(Clone)]
+struct Writer {
+    options: SqliteConnectOptions,
+    conn: Arc<tokio::sync::Mutex<Option<SqliteConnection>>>,
+}
 
-impl WriteTurns {
+/// The writing connection's page cache: the pages of the tables and indexes
+/// every claim and finalize touches.
+const WRITER_CACHE_KIB: u32 = 8 * 1024;
+
+impl Writer {
+    fn new(options: &SqliteConnectOptions) -> Self {
+        Self {
+            options: options
+                .clone()
+                .pragma("cache_size", format!("-{WRITER_CACHE_KIB}")),
+            conn: Arc::default(),
+        }
+    }
+
     /// Waits for this process's turn to write, but no longer than SQLite's own
     /// busy timeout: a turn that slow in coming means another process holds
     /// the file's lock, and the writer answers 503 like any database outage,
     /// instead of queueing through one busy timeout after another.
-    async fn take(&self) -> Result<tokio::sync::MutexGuard<'_, ()>, StoreError> {
-        tokio::time::timeout(BUSY_TIMEOUT, self.0.lock())
+    async fn take(
+        &self,
+    ) -> Result<tokio::sync::MutexGuard<'_, Option<SqliteConnection>>, StoreError> {
+        tokio::time::timeout(BUSY_TIMEOUT, self.conn.lock())
             .await
             .map_err(|_| StoreError::Unavailable(sqlx::Error::PoolTimedOut))
     }
@@ -104,25 +128,25 @@ impl SqliteStore {
             .max_connections(max_connections)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .test_before_acquire(false);
+        let writer = Writer::new(&options);
         let pool = pool.connect_lazy_with(options);
-        let turns = WriteTurns::default();
         let claims = Batcher::new("claim", 1, BATCH_CAP, BUSY_TIMEOUT, {
-            let (pool, turns) = (pool.clone(), turns.clone());
+            let writer = writer.clone();
             Arc::new(move |rows| {
-                let (pool, turns) = (pool.clone(), turns.clone());
-                Box::pin(async move { batched::claims(&pool, &turns, rows).await })
+                let writer = writer.clone();
+                Box::pin(async move { batched::claims(&writer, rows).await })
             })
         });
         let finalizes = Batcher::new("finalize", 1, BATCH_CAP, BUSY_TIMEOUT, {
-            let (pool, turns) = (pool.clone(), turns.clone());
+            let writer = writer.clone();
             Arc::new(move |rows| {
-                let (pool, turns) = (pool.clone(), turns.clone());
-                Box::pin(async move { batched::finalizes(&pool, &turns, rows).await })
+                let writer = writer.clone();
+                Box::pin(async move { batched::finalizes(&writer, rows).await })
             })
         });
         Ok(Self {
             pool,
-            turns,
+            writer,
             claims,
             finalizes,
         })
@@ -142,7 +166,7 @@ impl SqliteStore {
         &self,
         op: impl AsyncFnOnce(&mut SqliteConnection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        write(&self.pool, &self.turns, op).await
+        write(&self.writer, op).await
     }
 
     /// Creates or upgrades the schema; sqlx takes the file's write lock.
@@ -162,22 +186,37 @@ impl SqliteStore {
         }
     }
 
-    /// Closes the pool, which also checkpoints the write-ahead log.
+    /// Closes the writer and the pool; the last connection to close also
+    /// checkpoints the write-ahead log.
     pub(super) async fn close(&self) {
+        if let Some(conn) = self.writer.conn.lock().await.take() {
+            let _ = sqlx::Connection::close(conn).await;
+        }
         self.pool.close().await;
     }
 }
 
-/// [`SqliteStore::write`] on a pool and its turns alone (for the batch
-/// workers, which must not hold the store).
+/// [`SqliteStore::write`] on the writer alone (for the batch workers, which
+/// must not hold the store).
 async fn write<T>(
-    pool: &SqlitePool,
-    turns: &WriteTurns,
+    writer: &Writer,
     op: impl AsyncFnOnce(&mut SqliteConnection) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
-    let _turn = turns.take().await?;
-    let mut tx = pool.begin_with("begin immediate").await?;
-    let out = op(&mut tx).await?;
-    tx.commit().await?;
-    Ok(out)
+    let mut turn = writer.take().await?;
+    let written = async {
+        let conn = match &mut *turn {
+            Some(conn) => conn,
+            empty => empty.insert(sqlx::ConnectOptions::connect(&writer.options).await?),
+        };
+        let mut tx = sqlx::Connection::begin_with(conn, "begin immediate").await?;
+        let out = op(&mut tx).await?;
+        tx.commit().await?;
+        Ok(out)
+    }
+    .await;
+    if let Err(StoreError::Unavailable(_)) = &written {
+        // The connection may be what failed: the next write opens another.
+        *turn = None;
+    }
+    written
 }
