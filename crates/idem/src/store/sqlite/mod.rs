@@ -75,9 +75,11 @@ pub struct SqliteStore {
 /// awaits of a transaction. The connection is opened on first use, and again
 /// after the database failed under it.
 #[derive(Clone)]
-struct Writer {
+struct Writer(Arc<WriterState>);
+
+struct WriterState {
     options: SqliteConnectOptions,
-    conn: Arc<tokio::sync::Mutex<Option<SqliteConnection>>>,
+    conn: tokio::sync::Mutex<Option<SqliteConnection>>,
 }
 
 /// The writing connection's page cache: the pages of the tables and indexes
@@ -86,12 +88,12 @@ const WRITER_CACHE_KIB: u32 = 8 * 1024;
 
 impl Writer {
     fn new(options: &SqliteConnectOptions) -> Self {
-        Self {
+        Self(Arc::new(WriterState {
             options: options
                 .clone()
                 .pragma("cache_size", format!("-{WRITER_CACHE_KIB}")),
-            conn: Arc::default(),
-        }
+            conn: tokio::sync::Mutex::default(),
+        }))
     }
 
     /// Waits for this process's turn to write, but no longer than SQLite's own
@@ -101,7 +103,7 @@ impl Writer {
     async fn take(
         &self,
     ) -> Result<tokio::sync::MutexGuard<'_, Option<SqliteConnection>>, StoreError> {
-        tokio::time::timeout(BUSY_TIMEOUT, self.conn.lock())
+        tokio::time::timeout(BUSY_TIMEOUT, self.0.conn.lock())
             .await
             .map_err(|_| StoreError::Unavailable(sqlx::Error::PoolTimedOut))
     }
@@ -189,7 +191,7 @@ impl SqliteStore {
     /// Closes the writer and the pool; the last connection to close also
     /// checkpoints the write-ahead log.
     pub(super) async fn close(&self) {
-        if let Some(conn) = self.writer.conn.lock().await.take() {
+        if let Some(conn) = self.writer.0.conn.lock().await.take() {
             let _ = sqlx::Connection::close(conn).await;
         }
         self.pool.close().await;
@@ -206,7 +208,7 @@ async fn write<T>(
     let written = async {
         let conn = match &mut *turn {
             Some(conn) => conn,
-            empty => empty.insert(sqlx::ConnectOptions::connect(&writer.options).await?),
+            empty => empty.insert(sqlx::ConnectOptions::connect(&writer.0.options).await?),
         };
         let mut tx = sqlx::Connection::begin_with(conn, "begin immediate").await?;
         let out = op(&mut tx).await?;
