@@ -41,7 +41,7 @@ const LIST_LIMIT: i64 = 50;
 const CHART_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 /// The actor of actions signed in with `--admin-token`, which has no name.
-pub const FLAG_TOKEN_ACTOR: &str = "console (--admin-token)";
+const FLAG_TOKEN_ACTOR: &str = "console (--admin-token)";
 
 const CSS: &str = include_str!("console.css");
 

@@ -40,7 +40,7 @@ use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
 pub use auth::SecretCache;
-pub use console::{serve_console, FLAG_TOKEN_ACTOR};
+pub use console::serve_console;
 pub use error::ApiError;
 pub use openapi::document_json as openapi_json;
 pub use server::{run as run_server, Limits, Tls, HEADER_READ_TIMEOUT, MAX_IN_FLIGHT};
