@@ -15,10 +15,11 @@
 //! later batch, left out of the backlog, and never pruned, so that it neither
 //! blocks the rows behind it nor disappears.
 
-use super::model::{OutboxMessage, ResultAnswer};
+use super::model::{NewResult, OutboxMessage, ResultAnswer};
 use super::postgres::PgBatch;
 use super::sqlite::SqliteStore;
 use super::StoreError;
+use crate::domain::MessageId;
 
 /// What a batch reads of the rows it took: a waiting result takes its key's
 /// stored outcome. `o` is the outbox, `k` the awaited key record.
@@ -61,6 +62,46 @@ impl<'a> AnswerColumns<'a> {
                 await_merchant_id: Some(*merchant_id),
                 await_charge_id: Some(charge_id.as_str()),
             },
+        }
+    }
+}
+
+/// A queue command's result, owned: what a batch of results carries to its
+/// worker. Its columns are the outbox's, in the order the inserts name them.
+#[derive(Debug, Clone)]
+pub(super) struct ResultRow {
+    pub(super) message_id: String,
+    pub(super) exchange: String,
+    pub(super) routing_key: String,
+    pub(super) tenant: String,
+    pub(super) correlation_id: Option<String>,
+    pub(super) key: String,
+    pub(super) replayed: bool,
+    pub(super) status: Option<i16>,
+    pub(super) body: Option<bytes::Bytes>,
+    pub(super) await_merchant_id: Option<i64>,
+    pub(super) await_charge_id: Option<String>,
+}
+
+impl ResultRow {
+    /// The row for `new`, with a fresh message id.
+    pub(super) fn new(new: &NewResult<'_>) -> Self {
+        let answer = AnswerColumns::of(&new.answer);
+        Self {
+            message_id: MessageId::result().as_str().to_owned(),
+            exchange: new.exchange.to_owned(),
+            routing_key: new.routing_key.to_owned(),
+            tenant: new.tenant.to_owned(),
+            correlation_id: new.correlation_id.map(str::to_owned),
+            key: new.key.as_str().to_owned(),
+            replayed: new.replayed,
+            status: answer.status,
+            body: match &new.answer {
+                ResultAnswer::Now(r) => Some(r.body.clone()),
+                ResultAnswer::WhenSettled { .. } => None,
+            },
+            await_merchant_id: answer.await_merchant_id,
+            await_charge_id: answer.await_charge_id.map(str::to_owned),
         }
     }
 }

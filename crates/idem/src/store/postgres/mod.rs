@@ -20,6 +20,7 @@ use sqlx::PgConnection;
 
 use super::batch::Batcher;
 use super::model::Claim;
+use super::outbox::ResultRow;
 use super::params::{ClaimRow, FinalizeRow};
 use super::{millis, PoolStats, StoreError, ACQUIRE_TIMEOUT, BATCHES_AT_ONCE, BATCH_CAP};
 use pool::PgPool;
@@ -56,6 +57,8 @@ pub struct PgStore {
     /// Claims and finalizes go to the database in batches ([`batched`]).
     claims: Batcher<ClaimRow, Claim>,
     finalizes: Batcher<FinalizeRow, bool>,
+    /// Queue commands' results, likewise ([`outbox`]).
+    results: Batcher<ResultRow, ()>,
 }
 
 impl PgStore {
@@ -86,10 +89,18 @@ impl PgStore {
                 Box::pin(async move { batched::finalizes(&pool, rows).await })
             })
         });
+        let results = Batcher::new("result", BATCHES_AT_ONCE, BATCH_CAP, ACQUIRE_TIMEOUT, {
+            let pool = pool.clone();
+            Arc::new(move |rows| {
+                let pool = pool.clone();
+                Box::pin(async move { outbox::results(&pool, rows).await })
+            })
+        });
         Ok(Self {
             pool,
             claims,
             finalizes,
+            results,
         })
     }
 

@@ -8,46 +8,82 @@ use std::time::Duration;
 
 use const_format::concatcp;
 
-use super::pool::PgConn;
+use super::pool::{PgConn, PgPool};
 use super::PgStore;
-use crate::domain::MessageId;
+use crate::store::batch::{self, Batched};
 use crate::store::model::{NewResult, OutboxMessage};
-use crate::store::outbox::{AnswerColumns, AWAITED_KEY, BATCH_COLUMNS};
+use crate::store::outbox::ResultRow;
+use crate::store::outbox::{AWAITED_KEY, BATCH_COLUMNS};
 use crate::store::{millis, StoreError};
+
+/// Queue commands' results, as many as there are arrays' elements, in their
+/// order. The statement reads no table, so one prepared plan serves every
+/// batch size (unlike the claim's, see [`super::batched`]).
+const INSERT_RESULTS_SQL: &str = "insert into outbox
+        (kind, message_id, exchange, routing_key, tenant, correlation_id, idempotency_key,
+         replayed, status, body, await_merchant_id, await_charge_id)
+    select 'result', r.message_id, r.exchange, r.routing_key, r.tenant, r.correlation_id,
+           r.idempotency_key, r.replayed, r.status, r.body, r.await_merchant_id,
+           r.await_charge_id
+      from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                  $7::bool[], $8::smallint[], $9::bytea[], $10::bigint[], $11::text[])
+           with ordinality as r(message_id, exchange, routing_key, tenant, correlation_id,
+                                idempotency_key, replayed, status, body, await_merchant_id,
+                                await_charge_id, n)
+     order by r.n";
+
+/// Writes `rows` in one statement.
+pub(super) async fn insert_results(pool: &PgPool, rows: &[ResultRow]) -> Result<(), StoreError> {
+    fn column<'r, T>(rows: &'r [ResultRow], f: impl Fn(&'r ResultRow) -> T) -> Vec<T> {
+        rows.iter().map(f).collect()
+    }
+    super::on_pool(pool, async |db| {
+        sqlx::query(INSERT_RESULTS_SQL)
+            .bind(column(rows, |r| r.message_id.as_str()))
+            .bind(column(rows, |r| r.exchange.as_str()))
+            .bind(column(rows, |r| r.routing_key.as_str()))
+            .bind(column(rows, |r| r.tenant.as_str()))
+            .bind(column(rows, |r| r.correlation_id.as_deref()))
+            .bind(column(rows, |r| r.key.as_str()))
+            .bind(column(rows, |r| r.replayed))
+            .bind(column(rows, |r| r.status))
+            .bind(column(rows, |r| r.body.as_deref()))
+            .bind(column(rows, |r| r.await_merchant_id))
+            .bind(column(rows, |r| r.await_charge_id.as_deref()))
+            .execute(db)
+            .await
+    })
+    .await?;
+    Ok(())
+}
+
+/// A batch of results for the batcher: each row's answer is the batch's.
+pub(super) async fn results(pool: &PgPool, rows: Vec<ResultRow>) -> Vec<Batched<()>> {
+    match insert_results(pool, &rows).await {
+        Ok(()) => rows.iter().map(|_| Batched::Done(Ok(()))).collect(),
+        Err(e) => {
+            tracing::debug!(error = %e, rows = rows.len(), "a batch of results failed; each goes alone");
+            batch::failed(rows.len(), &e)
+        }
+    }
+}
 
 /// A batch's open transaction, on its own connection: its row locks hold the
 /// batch. Dropped unfinished, the connection is closed and the server rolls back.
 pub(in crate::store) struct PgBatch(PgConn);
 
 impl PgStore {
+    /// Writes a result, in a batch with the results written at the same
+    /// time (one statement, one commit), or alone where its batch failed.
     pub(in crate::store) async fn enqueue_result(
         &self,
         new: &NewResult<'_>,
     ) -> Result<(), StoreError> {
-        let answer = AnswerColumns::of(&new.answer);
-        self.on_conn(async |db| {
-            sqlx::query(
-                "insert into outbox (kind, message_id, exchange, routing_key, tenant, correlation_id,
-                                     idempotency_key, replayed, status, body,
-                                     await_merchant_id, await_charge_id)
-                 values ('result', $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-            )
-            .bind(MessageId::result().as_str())
-            .bind(new.exchange)
-            .bind(new.routing_key)
-            .bind(new.tenant)
-            .bind(new.correlation_id)
-            .bind(new.key.as_str())
-            .bind(new.replayed)
-            .bind(answer.status)
-            .bind(answer.body)
-            .bind(answer.await_merchant_id)
-            .bind(answer.await_charge_id)
-            .execute(db)
-            .await
-        })
-        .await?;
-        Ok(())
+        let row = ResultRow::new(new);
+        match self.results.submit(row.clone()).await {
+            Batched::Done(written) => written,
+            Batched::Alone => insert_results(&self.pool, std::slice::from_ref(&row)).await,
+        }
     }
 
     pub(in crate::store) async fn outbox_batch(
