@@ -48,7 +48,7 @@ pub const OUTBOX_OLDEST: &str = "idem_outbox_oldest_pending_seconds";
 /// Database pool connections by state: `idle`, `in_use`.
 pub const POOL_CONNECTIONS: &str = "idem_db_pool_connections";
 /// Requests per batch the store sent to the database, by `op` (`claim`,
-/// `finalize`): 1 at low load; it grows as requests wait for each other.
+/// `finalize`, `result`): 1 at low load; it grows as requests wait for each other.
 pub const STORE_BATCH_ROWS: &str = "idem_store_batch_rows";
 /// Replays looked up in the instance's memory of completed outcomes, by
 /// `result`: `hit` (answered from memory) or `miss` (asked the database).
