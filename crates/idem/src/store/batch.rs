@@ -34,7 +34,7 @@ pub(super) enum Batched<T> {
 }
 
 /// A batch's work: the answers to `inputs`, one per input, in their order.
-pub(super) type RunBatch<I, O> =
+type RunBatch<I, O> =
     Arc<dyn Fn(Vec<I>) -> Pin<Box<dyn Future<Output = Vec<Batched<O>>> + Send>> + Send + Sync>;
 
 struct Job<I, O> {
@@ -75,15 +75,23 @@ struct Inner<I, O> {
 
 impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
     /// `workers` batches may be at the database at once, each of at most `cap`
-    /// inputs waiting at most `max_wait`. `run` must not hold the batcher (or a
-    /// store holding it), or the workers would never end.
-    pub(super) fn new(
+    /// inputs waiting at most `max_wait`, each run as `run(on, inputs)` with a
+    /// clone of `on` (a pool, a connection). Neither may hold the batcher (or
+    /// a store holding it), or the workers would never end.
+    pub(super) fn new<C, F, Fut>(
         name: &'static str,
         workers: usize,
         cap: usize,
         max_wait: Duration,
-        run: RunBatch<I, O>,
-    ) -> Self {
+        on: C,
+        run: F,
+    ) -> Self
+    where
+        C: Clone + Send + Sync + 'static,
+        F: Fn(C, Vec<I>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Vec<Batched<O>>> + Send + 'static,
+    {
+        let run: RunBatch<I, O> = Arc::new(move |inputs| Box::pin(run(on.clone(), inputs)));
         Self {
             inner: Arc::new(Inner {
                 name,

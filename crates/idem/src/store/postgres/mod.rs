@@ -12,7 +12,6 @@ mod merchants;
 mod outbox;
 mod pool;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::PgConnectOptions;
@@ -75,27 +74,30 @@ impl PgStore {
             .options([("statement_timeout", statement_timeout.as_str())])
             .options(TCP_KEEPALIVES);
         let pool = PgPool::new(options, max_connections, ACQUIRE_TIMEOUT)?;
-        let claims = Batcher::new("claim", BATCHES_AT_ONCE, BATCH_CAP, ACQUIRE_TIMEOUT, {
-            let pool = pool.clone();
-            Arc::new(move |rows| {
-                let pool = pool.clone();
-                Box::pin(async move { batched::claims(&pool, rows).await })
-            })
-        });
-        let finalizes = Batcher::new("finalize", BATCHES_AT_ONCE, BATCH_CAP, ACQUIRE_TIMEOUT, {
-            let pool = pool.clone();
-            Arc::new(move |rows| {
-                let pool = pool.clone();
-                Box::pin(async move { batched::finalizes(&pool, rows).await })
-            })
-        });
-        let results = Batcher::new("result", BATCHES_AT_ONCE, BATCH_CAP, ACQUIRE_TIMEOUT, {
-            let pool = pool.clone();
-            Arc::new(move |rows| {
-                let pool = pool.clone();
-                Box::pin(async move { outbox::results(&pool, rows).await })
-            })
-        });
+        let claims = Batcher::new(
+            "claim",
+            BATCHES_AT_ONCE,
+            BATCH_CAP,
+            ACQUIRE_TIMEOUT,
+            pool.clone(),
+            async |pool: PgPool, rows| batched::claims(&pool, rows).await,
+        );
+        let finalizes = Batcher::new(
+            "finalize",
+            BATCHES_AT_ONCE,
+            BATCH_CAP,
+            ACQUIRE_TIMEOUT,
+            pool.clone(),
+            async |pool: PgPool, rows| batched::finalizes(&pool, rows).await,
+        );
+        let results = Batcher::new(
+            "result",
+            BATCHES_AT_ONCE,
+            BATCH_CAP,
+            ACQUIRE_TIMEOUT,
+            pool.clone(),
+            async |pool: PgPool, rows| outbox::results(&pool, rows).await,
+        );
         Ok(Self {
             pool,
             claims,

@@ -132,20 +132,22 @@ impl SqliteStore {
             .test_before_acquire(false);
         let writer = Writer::new(&options);
         let pool = pool.connect_lazy_with(options);
-        let claims = Batcher::new("claim", 1, BATCH_CAP, BUSY_TIMEOUT, {
-            let writer = writer.clone();
-            Arc::new(move |rows| {
-                let writer = writer.clone();
-                Box::pin(async move { batched::claims(&writer, rows).await })
-            })
-        });
-        let finalizes = Batcher::new("finalize", 1, BATCH_CAP, BUSY_TIMEOUT, {
-            let writer = writer.clone();
-            Arc::new(move |rows| {
-                let writer = writer.clone();
-                Box::pin(async move { batched::finalizes(&writer, rows).await })
-            })
-        });
+        let claims = Batcher::new(
+            "claim",
+            1,
+            BATCH_CAP,
+            BUSY_TIMEOUT,
+            writer.clone(),
+            async |writer: Writer, rows| batched::claims(&writer, rows).await,
+        );
+        let finalizes = Batcher::new(
+            "finalize",
+            1,
+            BATCH_CAP,
+            BUSY_TIMEOUT,
+            writer.clone(),
+            async |writer: Writer, rows| batched::finalizes(&writer, rows).await,
+        );
         Ok(Self {
             pool,
             writer,
