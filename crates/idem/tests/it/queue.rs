@@ -15,7 +15,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::BasicProperties;
 
 use crate::broker::{Amqp, Cmd, ConsumeProcess, TestBroker};
-use crate::helpers::{body, failing, new_key, Client, DbProxy, TestApp, TestDb, TestSim};
+use crate::helpers::{body, failing, new_key, run_idem, Client, DbProxy, TestApp, TestDb, TestSim};
 
 const WITHIN: Duration = Duration::from_secs(20);
 
@@ -255,6 +255,51 @@ async fn poison_messages_are_dead_lettered_with_their_reason_and_the_next_comman
         "poison stores nothing"
     );
     assert_eq!(env.amqp.ready(idem::queue::COMMANDS_QUEUE).await, 0);
+}
+
+/// A merchant disabled while its consumer runs: the consumer's merchant cache
+/// follows the deployment's merchants version, so the next command is
+/// dead-lettered as `unknown-tenant` and claims nothing; once the merchant is
+/// enabled again, the same command published again goes through.
+#[tokio::test]
+async fn a_disabled_tenants_commands_are_dead_lettered_until_it_is_enabled_again() {
+    let env = QueueEnv::start(Faults::default()).await;
+    let results = env.results("loja").await;
+    let _consumer = env.consumer(&[]).await;
+    let tenant = async |args: &[&str]| {
+        let mut all = vec!["tenant"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--actor", "ana"]);
+        let (status, _, stderr) = run_idem(&env.db, &all).await;
+        assert!(status.success(), "idem {all:?}: {stderr}");
+        // The consumer reads the merchants version every second.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    };
+
+    // The consumer has the merchant in its cache.
+    env.amqp
+        .publish(&Cmd::new(&new_key(), "loja", &body(1, 100)))
+        .await;
+    assert_eq!(env.amqp.take(&results, 1, WITHIN).await[0].status(), 201);
+
+    tenant(&["disable", "loja", "--reason", "contract ended"]).await;
+    let key = new_key();
+    let command = body(2, 200);
+    env.amqp.publish(&Cmd::new(&key, "loja", &command)).await;
+    let dead = env.amqp.take(DEAD_LETTER_QUEUE, 1, WITHIN).await;
+    assert_eq!(
+        dead[0].header_str(REASON_CODE_HEADER).as_deref(),
+        Some("unknown-tenant")
+    );
+    assert_eq!(dead[0].body, command.as_bytes(), "kept as sent");
+    assert_eq!(env.db.count("charges").await, 1, "nothing claimed for it");
+
+    tenant(&["enable", "loja"]).await;
+    env.amqp.publish(&Cmd::new(&key, "loja", &command)).await;
+    let result = env.amqp.take(&results, 1, WITHIN).await.remove(0);
+    assert_eq!(result.status(), 201);
+    assert!(!result.replayed());
+    assert_eq!(env.sim.ledger().await.captures.len(), 2);
 }
 
 #[tokio::test]
