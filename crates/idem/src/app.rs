@@ -297,11 +297,15 @@ pub(crate) async fn consume(config: Consume, shutdown: CancellationToken) -> any
     let engine = engine(&config.engine).await?;
     tracing::info!(acquirer = %config.engine.acquirer_url, "consuming charge commands");
     let tasks = TaskTracker::new();
+    // The metrics first, as in `serve`: the recorder is installed before
+    // anything counts (a count made before it is lost), and a metrics address
+    // that cannot be bound stops the process before it takes any command.
+    let state = AppState::new(engine.clone());
+    if let Some(addr) = config.metrics_listen {
+        spawn_metrics(&tasks, addr, state, &shutdown).await?;
+    }
     spawn_workers(&tasks, &engine, config.workers.as_ref(), &shutdown);
     let queue = spawn_queue(&tasks, &engine, &config.queue, true, &shutdown);
-    if let Some(addr) = config.metrics_listen {
-        spawn_metrics(&tasks, addr, AppState::new(engine.clone()), &shutdown).await?;
-    }
     tasks.close();
     shutdown.cancelled().await;
     queue.stop().await;
