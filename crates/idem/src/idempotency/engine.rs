@@ -14,7 +14,6 @@
 
 use std::time::{Duration, Instant};
 
-use super::replays::key_lives_until;
 use super::{InFlightMemo, ReplayCache};
 use crate::acquirer::protocol::CaptureRequest;
 use crate::acquirer::{AcquirerClient, AcquirerError, Settled, Unknown};
@@ -442,7 +441,7 @@ impl Engine {
                 record.fingerprint,
                 &settled.id,
                 &response,
-                key_lives_until(asked, self.config.key_ttl),
+                asked + self.config.key_ttl,
             );
             return Ok(Outcome::Completed {
                 charge_id: settled.id,
@@ -515,7 +514,7 @@ impl Engine {
                         record.fingerprint,
                         &record.charge.id,
                         &response,
-                        key_lives_until(asked, expires_in),
+                        asked + expires_in,
                     );
                 }
                 Outcome::Completed {

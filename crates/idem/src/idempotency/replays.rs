@@ -30,13 +30,6 @@ fn margin(expires_in: Duration) -> Duration {
     (expires_in / 100).max(Duration::from_secs(1))
 }
 
-/// The earliest a key can expire, on this host's clock, when the database said
-/// it has `expires_in` left in a statement sent at `asked`: the database's
-/// `now()` came after `asked`.
-pub fn key_lives_until(asked: Instant, expires_in: Duration) -> Instant {
-    asked + expires_in
-}
-
 /// Bytes an entry costs beyond its key and body: the fingerprint, the charge
 /// id, the cache's own bookkeeping (`moka` keeps an `Arc`'d entry, a hash, a
 /// queue node and a frequency sketch per key) and the allocator's slack. At
@@ -108,7 +101,8 @@ impl ReplayCache {
     }
 
     /// Remembers a completed outcome whose key lives at least until
-    /// `key_lives_until` ([`key_lives_until`]).
+    /// `key_lives_until` on this host's clock: the statement's send time plus
+    /// the time the database said the key had left (its `now()` came later).
     pub fn remember(
         &self,
         merchant_id: i64,
@@ -178,7 +172,7 @@ mod tests {
             fingerprint(1),
             &ChargeId::generate(),
             &response(body),
-            key_lives_until(Instant::now(), expires_in),
+            Instant::now() + expires_in,
         );
     }
 
