@@ -30,10 +30,6 @@ use crate::queue::{Consumer, ConsumerConfig, Relay, RelayConfig};
 use crate::store::Store;
 use crate::workers::{Reconciler, ReconcilerConfig, Sweeper};
 
-/// What a client waits beyond the acquirer timeout before it gets a 504: the
-/// claim and finalize statements, with room for a slow database.
-const REQUEST_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
-
 /// How long the broker may take to confirm one batch of the outbox.
 const RELAY_CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -188,7 +184,7 @@ pub(crate) async fn serve(config: Serve, shutdown: CancellationToken) -> anyhow:
         .map(|queue| spawn_queue(&workers, &engine, queue, config.consume, &shutdown));
     workers.close();
     let limits = http::Limits {
-        request_timeout: config.engine.acquirer_timeout + REQUEST_TIMEOUT_MARGIN,
+        request_timeout: http::request_timeout(config.engine.acquirer_timeout),
         header_read_timeout: config.header_read_timeout,
         max_in_flight: config.max_in_flight,
     };

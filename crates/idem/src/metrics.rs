@@ -14,13 +14,18 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 pub const HTTP_REQUESTS: &str = "idem_http_requests_total";
 /// Answers to `POST /v1/charges` by outcome: `captured`, `declined`, `failed`,
 /// `replayed`, `in_flight` (409), `key_reused` (422), `key_expired` (410),
-/// `unknown` (503).
+/// `unknown` (503), `under_review` (503).
 pub const CHARGE_OUTCOMES: &str = "idem_charge_outcomes_total";
-/// Calls to the acquirer by outcome: `captured`, `declined`, `rejected`, `unknown`.
+/// Calls to the acquirer by outcome: `captured`, `declined`, `rejected`,
+/// `unknown`, `contradicted`.
 pub const ACQUIRER_CALLS: &str = "idem_acquirer_calls_total";
 /// Unknown acquirer outcomes by cause: the acquirer's status code (`409`,
 /// `429`, `503`, ...), or `timeout`, `connect`, `transport`, `body`.
 pub const ACQUIRER_UNKNOWN: &str = "idem_acquirer_unknown_total";
+/// Captures whose echo contradicted the charge (another order, amount or
+/// currency): money moved as nobody asked, and the charge awaits a person.
+/// Alert on any increase.
+pub const ACQUIRER_CONTRADICTED: &str = "idem_acquirer_contradicted_total";
 /// Duration of each acquirer call, seconds.
 pub const ACQUIRER_SECONDS: &str = "idem_acquirer_call_seconds";
 /// Reconciler results: `settled`, `backed_off`, `marked_for_review`, `skipped`, `error`.
@@ -29,7 +34,8 @@ pub const RECONCILER: &str = "idem_reconciler_charges_total";
 pub const SWEPT_KEYS: &str = "idem_swept_keys_total";
 /// Age of the oldest charge still `processing`, seconds (0 when none).
 pub const OLDEST_PROCESSING: &str = "idem_oldest_processing_charge_seconds";
-/// Charges awaiting review (past the settle deadline).
+/// Charges awaiting review (past the settle deadline without the acquirer's
+/// word, or captured in contradiction with the charge).
 pub const AWAITING_REVIEW: &str = "idem_charges_awaiting_review";
 /// Queue commands by result: an engine outcome (as in [`CHARGE_OUTCOMES`]),
 /// `dead_lettered` (malformed, refused by the store, or out of attempts), or
@@ -80,6 +86,10 @@ fn describe() {
         ACQUIRER_UNKNOWN,
         "unknown acquirer outcomes, by the acquirer's status or the transport failure"
     );
+    metrics::describe_counter!(
+        ACQUIRER_CONTRADICTED,
+        "captures whose echo named another order, amount or currency than the charge's"
+    );
     metrics::describe_histogram!(
         ACQUIRER_SECONDS,
         metrics::Unit::Seconds,
@@ -92,10 +102,7 @@ fn describe() {
         metrics::Unit::Seconds,
         "age of the oldest processing charge"
     );
-    metrics::describe_gauge!(
-        AWAITING_REVIEW,
-        "charges past the settle deadline, awaiting review"
-    );
+    metrics::describe_gauge!(AWAITING_REVIEW, "charges awaiting a person's review");
     metrics::describe_counter!(QUEUE_COMMANDS, "queue commands handled, by result");
     metrics::describe_counter!(OUTBOX_PUBLISHED, "outbox messages confirmed by the broker");
     metrics::describe_counter!(

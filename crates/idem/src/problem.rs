@@ -25,11 +25,13 @@ pub enum ProblemKind {
     KeyExpired,
     RequestInFlight,
     OutcomeUnknown,
+    UnderReview,
     Declined,
     AcquirerRejected,
     NotFound,
     MethodNotAllowed,
     ServiceUnavailable,
+    StoreUnwritable,
     Overloaded,
     Timeout,
     Internal,
@@ -37,7 +39,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, for docs and tests.
-    pub const ALL: [ProblemKind; 18] = [
+    pub const ALL: [ProblemKind; 20] = [
         Self::Unauthorized,
         Self::MissingIdempotencyKey,
         Self::MalformedIdempotencyKey,
@@ -48,11 +50,13 @@ impl ProblemKind {
         Self::KeyExpired,
         Self::RequestInFlight,
         Self::OutcomeUnknown,
+        Self::UnderReview,
         Self::Declined,
         Self::AcquirerRejected,
         Self::NotFound,
         Self::MethodNotAllowed,
         Self::ServiceUnavailable,
+        Self::StoreUnwritable,
         Self::Overloaded,
         Self::Timeout,
         Self::Internal,
@@ -70,11 +74,13 @@ impl ProblemKind {
             Self::KeyExpired => "key-expired",
             Self::RequestInFlight => "request-in-flight",
             Self::OutcomeUnknown => "outcome-unknown",
+            Self::UnderReview => "charge-under-review",
             Self::Declined => "charge-declined",
             Self::AcquirerRejected => "acquirer-rejected",
             Self::NotFound => "not-found",
             Self::MethodNotAllowed => "method-not-allowed",
             Self::ServiceUnavailable => "service-unavailable",
+            Self::StoreUnwritable => "store-unwritable",
             Self::Overloaded => "overloaded",
             Self::Timeout => "timeout",
             Self::Internal => "internal",
@@ -93,11 +99,13 @@ impl ProblemKind {
             Self::KeyExpired => "Idempotency-Key expired; this request was already answered",
             Self::RequestInFlight => "A request with this Idempotency-Key is in flight",
             Self::OutcomeUnknown => "Charge outcome not yet known",
+            Self::UnderReview => "Charge awaiting review",
             Self::Declined => "Charge declined",
             Self::AcquirerRejected => "Charge rejected by the acquirer",
             Self::NotFound => "Not found",
             Self::MethodNotAllowed => "Method not allowed",
             Self::ServiceUnavailable => "Service unavailable",
+            Self::StoreUnwritable => "The database cannot take writes now",
             Self::Overloaded => "Too many requests in flight",
             Self::Timeout => "Request timed out",
             Self::Internal => "Internal error",
@@ -113,7 +121,11 @@ impl ProblemKind {
             Self::KeyReused => 422,
             Self::KeyExpired => 410,
             Self::RequestInFlight => 409,
-            Self::OutcomeUnknown | Self::ServiceUnavailable | Self::Overloaded => 503,
+            Self::OutcomeUnknown
+            | Self::UnderReview
+            | Self::ServiceUnavailable
+            | Self::StoreUnwritable
+            | Self::Overloaded => 503,
             Self::Declined => 402,
             Self::AcquirerRejected => 502,
             Self::NotFound => 404,

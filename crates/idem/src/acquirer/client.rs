@@ -3,6 +3,9 @@
 //! The acquirer's word is exactly three answers (`../shared/spec/acquirer.md`):
 //! `201` with a captured body for this reference, `402` with a declined body
 //! for this reference, and `422` (the reference is known with other data).
+//! A `201` whose echo names another order, amount or currency than asked is
+//! the acquirer's word too, but not a capture of this charge:
+//! [`AcquirerError::Contradicted`], for a person to look at.
 //! Everything else — any other status (a `409` while the first POST of the
 //! reference is still in flight, a proxy's `408`/`429`, a wrong route's
 //! `404`, a redirect), a timeout, a reset, a body that does not parse or names
@@ -16,7 +19,7 @@ use anyhow::Context;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 use reqwest::StatusCode;
 
-use super::protocol::{CaptureOutcome, CaptureRequest};
+use super::protocol::{CaptureOutcome, CaptureRequest, Echo};
 
 /// The longest `Retry-After` idem takes from the acquirer. A hint beyond it
 /// (a misconfigured proxy's "come back tomorrow") would park a charge the
@@ -49,6 +52,14 @@ pub struct Unknown {
     pub retry_after: Option<Duration>,
 }
 
+/// A capture of this reference that moved something else than was asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Contradiction {
+    pub capture_id: String,
+    /// Each field that differs, as `amount_cents 4500 (asked 4400)`.
+    pub differences: Vec<String>,
+}
+
 /// Errors in the acquirer's words.
 #[derive(Debug, thiserror::Error)]
 pub enum AcquirerError {
@@ -62,6 +73,12 @@ pub enum AcquirerError {
     /// No answer that settles it: money may or may not have moved.
     #[error("outcome unknown: {}", .0.why)]
     Unknown(Unknown),
+    /// The acquirer captured this reference, but its echo contradicts the
+    /// request: money moved, not as asked. Final at the acquirer (it
+    /// deduplicates by reference and will say the same again), and not this
+    /// charge's capture: only a person can settle it.
+    #[error("the acquirer captured {}: {}", .0.capture_id, .0.differences.join(", "))]
+    Contradicted(Contradiction),
 }
 
 impl AcquirerError {
@@ -165,8 +182,9 @@ impl AcquirerClient {
                     Ok(CaptureOutcome::Captured {
                         capture_id,
                         reference,
+                        echo,
                     }) if status == StatusCode::CREATED && reference == request.reference => {
-                        Ok(Captured { capture_id })
+                        captured(request, capture_id, &echo)
                     }
                     Ok(CaptureOutcome::Declined { reason, reference })
                         if status == StatusCode::PAYMENT_REQUIRED
@@ -187,10 +205,13 @@ impl AcquirerClient {
         }
     }
 
-    /// `GET /v1/captures/{reference}`: the acquirer's outcome if it has one.
-    /// `Ok(None)` (404) is not proof that no capture will happen: a POST still
-    /// in flight may land later, so only a POST with the same reference settles it.
-    pub async fn lookup(&self, reference: &str) -> Result<Option<Settled>, AcquirerError> {
+    /// `GET /v1/captures/{reference}` for `request`'s reference: the
+    /// acquirer's outcome if it has one, its echo checked against `request`
+    /// as a POST's would be. `Ok(None)` (404) is not proof that no capture
+    /// will happen: a POST still in flight may land later, so only a POST
+    /// with the same reference settles it.
+    pub async fn lookup(&self, request: &CaptureRequest) -> Result<Option<Settled>, AcquirerError> {
+        let reference = request.reference.as_str();
         let response = self
             .http
             .get(format!("{}/{reference}", self.captures_url))
@@ -213,7 +234,8 @@ impl AcquirerClient {
             Ok(CaptureOutcome::Captured {
                 capture_id,
                 reference: r,
-            }) if r == reference => Ok(Some(Ok(Captured { capture_id }))),
+                echo,
+            }) if r == reference => Ok(Some(captured(request, capture_id, &echo))),
             Ok(CaptureOutcome::Declined {
                 reason,
                 reference: r,
@@ -223,6 +245,20 @@ impl AcquirerClient {
                 "the lookup answered a body that is not this reference's outcome",
             )),
         }
+    }
+}
+
+/// A capture of `request`'s reference, as its echo says: this charge's
+/// capture, or a contradiction.
+fn captured(request: &CaptureRequest, capture_id: String, echo: &Echo) -> Settled {
+    let differences = echo.contradictions(request);
+    if differences.is_empty() {
+        Ok(Captured { capture_id })
+    } else {
+        Err(AcquirerError::Contradicted(Contradiction {
+            capture_id,
+            differences,
+        }))
     }
 }
 

@@ -4,9 +4,11 @@
 //! and `402` declined, each with a body for this reference, and `422`. Every
 //! other answer (any other status, a timeout, a reset, an unreadable body) is
 //! [`AcquirerError::Unknown`]: money may have moved, and only another call with
-//! the same reference can settle it.
+//! the same reference can settle it. A `201` whose echo names another order,
+//! amount or currency is final but not this charge's capture
+//! ([`AcquirerError::Contradicted`]): it goes to a person.
 
 mod client;
 pub mod protocol;
 
-pub use client::{AcquirerClient, AcquirerError, Settled, Unknown};
+pub use client::{AcquirerClient, AcquirerError, Contradiction, Settled, Unknown};

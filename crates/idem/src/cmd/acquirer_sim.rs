@@ -24,7 +24,8 @@ pub(crate) struct Args {
     #[arg(long, env = "IDEM_SIM_DECLINE_RATE", default_value_t = 0.0, value_parser = parse_rate)]
     pub(crate) decline_rate: f64,
     /// Fault to inject into capture calls: none, error-before, error-after,
-    /// hang, drop-after, or status:N (answer status N without capturing).
+    /// hang, drop-after, status:N (answer status N without capturing), or a
+    /// lie: wrong-amount, wrong-currency, wrong-order (capture that, and say so).
     #[arg(long, env = "IDEM_SIM_FAULT", default_value_t = Fault::None)]
     pub(crate) fault: Fault,
     /// Apply the fault to this many calls only (default: every call).

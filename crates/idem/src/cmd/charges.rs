@@ -184,6 +184,10 @@ fn report(outcome: Outcome) -> anyhow::Result<()> {
                 retry_after.as_secs().max(1)
             )
         }
+        Outcome::UnderReview { charge_id, .. } => anyhow::bail!(
+            "{charge_id}: the acquirer's answer still cannot settle it (`idem charges stuck` says \
+             why); it awaits review: resolve it with `idem charges resolve`"
+        ),
         other => anyhow::bail!("another attempt holds the charge now ({})", other.label()),
     }
 }

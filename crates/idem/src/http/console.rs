@@ -263,6 +263,10 @@ fn acted(id: &str, result: Result<Outcome, crate::idempotency::OperatorError>) -
             "failed",
             &format!("{id}: the acquirer's outcome is still unknown"),
         ),
+        Ok(Outcome::UnderReview { .. }) => back_with(
+            "failed",
+            &format!("{id}: the acquirer's answer still cannot settle it; it awaits review"),
+        ),
         Ok(other) => back_with(
             "failed",
             &format!("{id}: another attempt holds it ({})", other.label()),

@@ -50,6 +50,17 @@ pub enum ApiError {
         charge_id: ChargeId,
         retry_after: Duration,
     },
+    /// 503: the charge awaits a person's review; no retry settles it before
+    /// an operator does.
+    #[error(
+        "charge {charge_id} awaits review by a person (the acquirer's answer could not settle it: \
+         see GET /v1/charges/{charge_id}); it stays processing until it is resolved, and no retry \
+         calls the acquirer meanwhile"
+    )]
+    UnderReview {
+        charge_id: ChargeId,
+        retry_after: Duration,
+    },
     /// 404: no such resource for this merchant.
     #[error("not found")]
     NotFound,
@@ -60,6 +71,14 @@ pub enum ApiError {
     /// 503: a dependency (the database) cannot be reached now.
     #[error("the service cannot reach its database")]
     Unavailable,
+    /// 503: the database answers but cannot take a write now (its disk is
+    /// full, it is read-only).
+    #[error(
+        "the service's database cannot take writes now (its disk is full or it is read-only); \
+         retry with the same Idempotency-Key: a retry finishes whatever this attempt began, \
+         and never charges twice"
+    )]
+    Unwritable,
     /// 500: a bug. The cause goes to the log only.
     #[error("internal error")]
     Internal(String),
@@ -67,6 +86,10 @@ pub enum ApiError {
 
 /// `Retry-After` after a database outage.
 const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// `Retry-After` while the database cannot write: space is freed by a person
+/// or a job, in seconds to minutes, not in one.
+const UNWRITABLE_RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// `Retry-After` on a shed request: a second lets the requests in flight
 /// (most answered within the acquirer's latency) make room, and a shed retry
@@ -79,6 +102,12 @@ impl From<StoreError> for ApiError {
             StoreError::Unavailable(cause) => {
                 tracing::warn!(error = %cause, "database unavailable");
                 Self::Unavailable
+            }
+            // Logged once by the store when it turns unwritable (and again
+            // when it writes again), not once per request.
+            StoreError::Unwritable(cause) => {
+                tracing::debug!(error = %cause, "database cannot write");
+                Self::Unwritable
             }
             other => Self::Internal(other.to_string()),
         }
@@ -106,8 +135,10 @@ impl ApiError {
             Self::KeyExpired(_) => ProblemKind::KeyExpired,
             Self::InFlight { .. } => ProblemKind::RequestInFlight,
             Self::OutcomeUnknown { .. } => ProblemKind::OutcomeUnknown,
+            Self::UnderReview { .. } => ProblemKind::UnderReview,
             Self::NotFound => ProblemKind::NotFound,
             Self::Unavailable => ProblemKind::ServiceUnavailable,
+            Self::Unwritable => ProblemKind::StoreUnwritable,
             Self::Overloaded => ProblemKind::Overloaded,
             Self::Internal(_) => ProblemKind::Internal,
         }
@@ -115,10 +146,11 @@ impl ApiError {
 
     fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::InFlight { retry_after } | Self::OutcomeUnknown { retry_after, .. } => {
-                Some(*retry_after)
-            }
+            Self::InFlight { retry_after }
+            | Self::OutcomeUnknown { retry_after, .. }
+            | Self::UnderReview { retry_after, .. } => Some(*retry_after),
             Self::Unavailable => Some(UNAVAILABLE_RETRY_AFTER),
+            Self::Unwritable => Some(UNWRITABLE_RETRY_AFTER),
             Self::Overloaded => Some(OVERLOADED_RETRY_AFTER),
             _ => None,
         }
@@ -142,8 +174,10 @@ impl ApiError {
             Self::KeyExpired(charge_id) => Problem::key_expired(charge_id.as_str()),
             _ => Problem::new(kind, detail),
         };
-        if let Self::InvalidBody(e) = self {
-            problem.field = e.field.as_deref();
+        match self {
+            Self::InvalidBody(e) => problem.field = e.field.as_deref(),
+            Self::UnderReview { charge_id, .. } => problem.charge_id = Some(charge_id.as_str()),
+            _ => {}
         }
         (problem.status, problem.to_bytes())
     }

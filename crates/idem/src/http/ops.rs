@@ -38,7 +38,7 @@ pub async fn healthz() -> Json<Health> {
     Json(Health { status: "ok" })
 }
 
-/// The database answers.
+/// The database answers and, as far as the last writes found, can write.
 #[utoipa::path(
     get,
     path = "/readyz",
@@ -50,12 +50,15 @@ pub async fn healthz() -> Json<Health> {
         (status = INTERNAL_SERVER_ERROR, description = "`internal`: the database answered with an error.",
             body = Problem, content_type = PROBLEM_JSON),
         (status = SERVICE_UNAVAILABLE, description = "`service-unavailable`: the database cannot be \
-            reached, or did not answer within 2 s.", body = Problem, content_type = PROBLEM_JSON,
+            reached, or did not answer within 2 s. `store-unwritable`: the last write failed because \
+            the database cannot write (a full disk, read-only), and no write since has succeeded \
+            (while so, a check probes with one small write at most once a second).",
+            body = Problem, content_type = PROBLEM_JSON,
             headers(("Retry-After" = inline(RetryAfter), description = "Seconds to wait before asking again."))),
     ),
 )]
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
-    match tokio::time::timeout(READY_TIMEOUT, state.engine.store().ping()).await {
+    match tokio::time::timeout(READY_TIMEOUT, state.engine.store().ready()).await {
         Ok(Ok(())) => Ok(Json(Health { status: "ready" })),
         Ok(Err(e)) => Err(e.into()),
         Err(_) => Err(ApiError::Unavailable),

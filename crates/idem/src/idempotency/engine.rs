@@ -6,6 +6,7 @@
 //!   ├─ other fingerprint ──────────────► Mismatch (422)
 //!   ├─ outcome stored ─────────────────► replay, byte for byte
 //!   ├─ in flight, lease alive ─────────► InFlight (409), at once
+//!   ├─ in flight, awaiting review ─────► UnderReview (503): a person decides
 //!   └─ in flight, lease over ─► take over (attempt + 1) ──► acquirer, same reference ...
 //! ```
 //! No transaction is open while the acquirer is called. The acquirer deduplicates
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use super::{InFlightMemo, ReplayCache};
 use crate::acquirer::protocol::CaptureRequest;
-use crate::acquirer::{AcquirerClient, AcquirerError, Settled, Unknown};
+use crate::acquirer::{AcquirerClient, AcquirerError, Contradiction, Settled, Unknown};
 use crate::crash::{self, CrashPoint};
 use crate::domain::{
     Charge, ChargeEvent, ChargeId, ChargeRequest, ChargeStatus, EventType, Fingerprint,
@@ -43,6 +44,10 @@ const IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// Why a charge awaits review (`idem charges stuck` shows it).
 const NO_OUTCOME_AT_DEADLINE: &str =
     "the acquirer had no outcome for the reference at the settle deadline";
+
+/// What a client of a charge awaiting review is told to wait: a person
+/// settles it, in minutes or hours; asking every second changes nothing.
+const UNDER_REVIEW_RETRY_AFTER: Duration = Duration::from_secs(60);
 
 /// How an attempt that holds a record learns the acquirer's outcome.
 #[derive(Debug, Clone, Copy)]
@@ -85,6 +90,14 @@ pub enum Outcome {
     /// The acquirer gave no definite answer; the charge stays `processing` and
     /// the next attempt (or the reconciler) re-drives it with the same reference.
     Unknown {
+        charge_id: ChargeId,
+        retry_after: Duration,
+    },
+    /// The charge awaits a person's review (the acquirer captured something
+    /// else than asked, or had no outcome by the settle deadline): it stays
+    /// `processing`, and no attempt calls the acquirer for it until an
+    /// operator settles it (`idem charges resolve`).
+    UnderReview {
         charge_id: ChargeId,
         retry_after: Duration,
     },
@@ -199,6 +212,9 @@ impl Engine {
                 fields: record.charge.request().differing_fields(request),
             });
         }
+        if record.under_review {
+            return Ok(self.settled_or_waiting(merchant.id, key, record, asked));
+        }
         if let KeyState::InFlight { lease_remaining } = &record.state {
             self.in_flight.hold(
                 merchant.id,
@@ -269,7 +285,7 @@ impl Engine {
         let started = std::time::Instant::now();
         let result = match self
             .acquirer
-            .lookup(record.charge.acquirer_reference.as_str())
+            .lookup(&capture_request(merchant, &record.charge))
             .await
         {
             Ok(Some(settled)) => settled,
@@ -300,18 +316,11 @@ impl Engine {
         record: KeyRecord,
         approach: Approach,
     ) -> Result<Outcome, EngineError> {
-        let charge = &record.charge;
-        let request = CaptureRequest {
-            reference: charge.acquirer_reference.as_str().to_owned(),
-            merchant: merchant.name.clone(),
-            order_id: charge.order_id.get(),
-            amount_cents: charge.amount_cents.get(),
-            currency: charge.currency.as_str().to_owned(),
-        };
+        let request = capture_request(merchant, &record.charge);
         let called = std::time::Instant::now();
         let result = match approach {
             Approach::Capture => self.acquirer.capture(&request).await,
-            Approach::LookupFirst { .. } => match self.acquirer.lookup(&request.reference).await {
+            Approach::LookupFirst { .. } => match self.acquirer.lookup(&request).await {
                 Ok(Some(settled)) => settled,
                 Ok(None) => {
                     // The lookup took part of the lease: renew it, so no
@@ -357,6 +366,7 @@ impl Engine {
             Err(AcquirerError::Declined(_)) => "declined",
             Err(AcquirerError::Rejected { .. }) => "rejected",
             Err(AcquirerError::Unknown(_)) => "unknown",
+            Err(AcquirerError::Contradicted(_)) => "contradicted",
         };
         metrics::counter!(crate::metrics::ACQUIRER_CALLS, "outcome" => label).increment(1);
         let (status, capture_id, decline_reason) = match result {
@@ -368,6 +378,11 @@ impl Engine {
             }
             Err(AcquirerError::Unknown(unknown)) => {
                 return self.unknown(merchant, key, &record, backoff, unknown).await;
+            }
+            Err(AcquirerError::Contradicted(contradiction)) => {
+                return self
+                    .contradicted(merchant, key, &record, contradiction)
+                    .await;
             }
         };
         self.store_outcome(
@@ -493,8 +508,43 @@ impl Engine {
         })
     }
 
+    /// After a capture whose echo contradicts the charge: no retry can fix
+    /// it (the acquirer repeats its first outcome for the reference), and it
+    /// is not this charge's capture. The charge goes to a person at once:
+    /// marked for review while this attempt still holds its record (so no
+    /// other attempt calls the acquirer meanwhile), then released; it stays
+    /// `processing` until an operator settles it.
+    async fn contradicted(
+        &self,
+        merchant: &Merchant,
+        key: &IdempotencyKey,
+        record: &KeyRecord,
+        contradiction: Contradiction,
+    ) -> Result<Outcome, EngineError> {
+        let charge = &record.charge;
+        let differs = contradiction.differences.join(", ");
+        tracing::error!(charge_id = %charge.id, reference = charge.acquirer_reference.as_str(),
+            capture_id = %contradiction.capture_id, differs = %differs,
+            "the acquirer captured something else than the charge asked; marked for review");
+        metrics::counter!(crate::metrics::ACQUIRER_CONTRADICTED).increment(1);
+        let reason = format!(
+            "the acquirer's capture {} contradicts the charge: {differs}",
+            contradiction.capture_id
+        );
+        self.store.mark_for_review(&charge.id, &reason).await?;
+        self.store
+            .release(merchant.id, key, record.attempt, &Reschedule::default())
+            .await?;
+        self.in_flight.forget(merchant.id, key);
+        Ok(Outcome::UnderReview {
+            charge_id: charge.id.clone(),
+            retry_after: UNDER_REVIEW_RETRY_AFTER,
+        })
+    }
+
     /// A record read in a statement sent at `asked`, as an answer: its stored
-    /// outcome replayed (and remembered while the key surely lives), or `409`.
+    /// outcome replayed (and remembered while the key surely lives), `409`,
+    /// or, for a charge awaiting review, that.
     fn settled_or_waiting(
         &self,
         merchant_id: i64,
@@ -523,6 +573,10 @@ impl Engine {
                     replayed: true,
                 }
             }
+            KeyState::InFlight { .. } if record.under_review => Outcome::UnderReview {
+                charge_id: record.charge.id,
+                retry_after: UNDER_REVIEW_RETRY_AFTER,
+            },
             KeyState::InFlight { .. } => Outcome::InFlight {
                 charge_id: record.charge.id,
                 retry_after: IN_FLIGHT_RETRY_AFTER,
@@ -546,7 +600,8 @@ impl Engine {
 
 impl Outcome {
     /// The outcome's name in metrics: `captured`, `declined`, `failed`,
-    /// `replayed`, `in_flight`, `key_reused`, `key_expired`, `unknown`.
+    /// `replayed`, `in_flight`, `key_reused`, `key_expired`, `unknown`,
+    /// `under_review`.
     pub fn label(&self) -> &'static str {
         match self {
             Self::Completed { replayed: true, .. } => "replayed",
@@ -559,7 +614,20 @@ impl Outcome {
             Self::Mismatch { .. } => "key_reused",
             Self::Expired { .. } => "key_expired",
             Self::Unknown { .. } => "unknown",
+            Self::UnderReview { .. } => "under_review",
         }
+    }
+}
+
+/// What the acquirer is asked for a charge: its reference, and the order,
+/// amount and currency a capture's echo is checked against.
+fn capture_request(merchant: &Merchant, charge: &Charge) -> CaptureRequest {
+    CaptureRequest {
+        reference: charge.acquirer_reference.as_str().to_owned(),
+        merchant: merchant.name.clone(),
+        order_id: charge.order_id.get(),
+        amount_cents: charge.amount_cents.get(),
+        currency: charge.currency.as_str().to_owned(),
     }
 }
 

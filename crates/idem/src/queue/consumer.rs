@@ -341,7 +341,8 @@ impl Consumer {
                 },
                 true,
             ),
-            Outcome::Unknown { charge_id, .. } => {
+            // Answered once it is settled: by a retry, the reconciler, or a person.
+            Outcome::Unknown { charge_id, .. } | Outcome::UnderReview { charge_id, .. } => {
                 tracing::Span::current().record("charge_id", charge_id.as_str());
                 (
                     ResultAnswer::WhenSettled {
@@ -377,6 +378,7 @@ fn charge_of(outcome: &Outcome) -> Option<&str> {
         Outcome::Completed { charge_id, .. }
         | Outcome::InFlight { charge_id, .. }
         | Outcome::Unknown { charge_id, .. }
+        | Outcome::UnderReview { charge_id, .. }
         | Outcome::Expired { charge_id } => Some(charge_id.as_str()),
         Outcome::Mismatch { .. } => None,
     }

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::acquirer::protocol::{CaptureOutcome, CaptureRequest};
+use crate::acquirer::protocol::{CaptureOutcome, CaptureRequest, Echo};
 
 /// The result of presenting a capture request to the book.
 pub enum Recorded {
@@ -73,7 +73,15 @@ pub struct Ledger {
 }
 
 impl Book {
-    pub fn capture(&mut self, request: CaptureRequest, decline: bool) -> Recorded {
+    /// Presents a capture of `request`. A new reference is declined if
+    /// `decline`, else captured as `moved` (what the capture really moves,
+    /// `request` itself unless a fault lies), and its outcome echoes that.
+    pub fn capture(
+        &mut self,
+        request: CaptureRequest,
+        decline: bool,
+        moved: CaptureRequest,
+    ) -> Recorded {
         if let Some((first, outcome)) = self.by_reference.get(&request.reference) {
             return if *first == request {
                 Recorded::Outcome(outcome.clone())
@@ -90,16 +98,17 @@ impl Book {
             let capture_id = format!("cap_{}", self.captures.len() + 1);
             self.captures.push(LedgerCapture {
                 capture_id: capture_id.clone(),
-                reference: request.reference.clone(),
-                merchant: request.merchant.clone(),
-                order_id: request.order_id,
-                amount_cents: request.amount_cents,
-                currency: request.currency.clone(),
+                reference: moved.reference.clone(),
+                merchant: moved.merchant.clone(),
+                order_id: moved.order_id,
+                amount_cents: moved.amount_cents,
+                currency: moved.currency.clone(),
                 at_micros: self.micros_since_epoch(),
             });
             CaptureOutcome::Captured {
                 capture_id,
                 reference: request.reference.clone(),
+                echo: Echo::of(&moved),
             }
         };
         self.by_reference
@@ -150,24 +159,53 @@ mod tests {
         }
     }
 
+    fn capture(book: &mut Book, request: CaptureRequest, decline: bool) -> Recorded {
+        let moved = request.clone();
+        book.capture(request, decline, moved)
+    }
+
     #[test]
     fn a_known_reference_moves_no_money_twice() {
         let mut book = Book::default();
-        let Recorded::Outcome(first) = book.capture(req("r1", 100), false) else {
+        let Recorded::Outcome(first) = capture(&mut book, req("r1", 100), false) else {
             panic!()
         };
-        let Recorded::Outcome(again) = book.capture(req("r1", 100), false) else {
+        let Recorded::Outcome(again) = capture(&mut book, req("r1", 100), false) else {
             panic!()
         };
         assert_eq!(first, again);
         assert!(matches!(
-            book.capture(req("r1", 999), false),
+            capture(&mut book, req("r1", 999), false),
             Recorded::Mismatch
         ));
         let ledger = book.ledger();
         assert_eq!(ledger.captures.len(), 1);
         assert_eq!(ledger.counts[0].captures, 1);
         assert!(ledger.captures[0].at_micros <= ledger.now_micros);
+    }
+
+    #[test]
+    fn a_lie_moves_what_it_says_and_repeats_itself() {
+        let mut book = Book::default();
+        let asked = req("r1", 100);
+        let moved = crate::sim::Fault::WrongAmount.captures(&asked);
+        let Recorded::Outcome(first) = book.capture(asked.clone(), false, moved) else {
+            panic!()
+        };
+        let CaptureOutcome::Captured { echo, .. } = &first else {
+            panic!("{first:?}")
+        };
+        assert_eq!(echo.amount_cents, Some(101));
+        assert_eq!(
+            book.ledger().captures[0].amount_cents,
+            101,
+            "the ledger has what moved"
+        );
+        let Recorded::Outcome(again) = capture(&mut book, asked, false) else {
+            panic!()
+        };
+        assert_eq!(first, again, "the same reference, the same lie");
+        assert_eq!(book.ledger().captures.len(), 1);
     }
 
     #[test]
@@ -182,8 +220,8 @@ mod tests {
     #[test]
     fn a_decline_is_remembered_and_not_a_capture() {
         let mut book = Book::default();
-        book.capture(req("r1", 100), true);
-        let Recorded::Outcome(again) = book.capture(req("r1", 100), false) else {
+        capture(&mut book, req("r1", 100), true);
+        let Recorded::Outcome(again) = capture(&mut book, req("r1", 100), false) else {
             panic!()
         };
         assert!(matches!(again, CaptureOutcome::Declined { .. }));

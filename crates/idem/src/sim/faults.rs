@@ -5,10 +5,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::acquirer::protocol::CaptureRequest;
+
 /// One kind of misbehaviour, applied to a capture call. Written the same way
 /// on the command line and in `/_sim/faults`: `none`, `error-before`,
-/// `error-after`, `hang`, `drop-after`, or `status:N` (`error_before` and
-/// the other snake-case spellings are accepted too).
+/// `error-after`, `hang`, `drop-after`, `wrong-amount`, `wrong-currency`,
+/// `wrong-order`, or `status:N` (`error_before` and the other snake-case
+/// spellings are accepted too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub enum Fault {
@@ -28,6 +31,35 @@ pub enum Fault {
     /// Answer this status without capturing, as a proxy, a rate limiter or a
     /// wrong route would (with `Retry-After` when `retry_after_secs` is set).
     Status(u16),
+    /// Capture one cent more than asked, and say so in the `201`'s echo (a
+    /// new reference only: a known one repeats its first outcome).
+    WrongAmount,
+    /// Capture in another currency than asked (`USD`, or `EUR` for `USD`).
+    WrongCurrency,
+    /// Capture for the next order id.
+    WrongOrder,
+}
+
+impl Fault {
+    /// What a capture of `asked` moves under this fault: `asked` itself,
+    /// unless the fault is a lie about it.
+    pub fn captures(self, asked: &CaptureRequest) -> CaptureRequest {
+        let mut moved = asked.clone();
+        match self {
+            Self::WrongAmount => moved.amount_cents = asked.amount_cents.saturating_add(1),
+            Self::WrongCurrency => {
+                moved.currency = if asked.currency == "USD" {
+                    "EUR"
+                } else {
+                    "USD"
+                }
+                .to_owned();
+            }
+            Self::WrongOrder => moved.order_id = asked.order_id.saturating_add(1),
+            _ => {}
+        }
+        moved
+    }
 }
 
 impl std::str::FromStr for Fault {
@@ -36,8 +68,8 @@ impl std::str::FromStr for Fault {
     fn from_str(s: &str) -> Result<Self, String> {
         let bad = || {
             format!(
-                "unknown fault {s:?}: use none, error-before, error-after, hang, drop-after \
-                 or status:N (N from 100 to 599)"
+                "unknown fault {s:?}: use none, error-before, error-after, hang, drop-after, \
+                 wrong-amount, wrong-currency, wrong-order or status:N (N from 100 to 599)"
             )
         };
         if let Some(code) = s.strip_prefix("status:") {
@@ -52,6 +84,9 @@ impl std::str::FromStr for Fault {
             "error-after" => Ok(Self::ErrorAfter),
             "hang" => Ok(Self::Hang),
             "drop-after" => Ok(Self::DropAfter),
+            "wrong-amount" => Ok(Self::WrongAmount),
+            "wrong-currency" => Ok(Self::WrongCurrency),
+            "wrong-order" => Ok(Self::WrongOrder),
             _ => Err(bad()),
         }
     }
@@ -65,6 +100,9 @@ impl std::fmt::Display for Fault {
             Self::ErrorAfter => f.write_str("error-after"),
             Self::Hang => f.write_str("hang"),
             Self::DropAfter => f.write_str("drop-after"),
+            Self::WrongAmount => f.write_str("wrong-amount"),
+            Self::WrongCurrency => f.write_str("wrong-currency"),
+            Self::WrongOrder => f.write_str("wrong-order"),
             Self::Status(n) => write!(f, "status:{n}"),
         }
     }
@@ -179,6 +217,9 @@ mod tests {
             "error-after",
             "hang",
             "drop-after",
+            "wrong-amount",
+            "wrong-currency",
+            "wrong-order",
             "status:429",
         ] {
             let fault: Fault = text.parse().expect(text);

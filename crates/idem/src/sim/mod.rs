@@ -104,8 +104,15 @@ async fn capture(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Res
         let answer = match plan.fault {
             Fault::ErrorBefore => Answer::ErrorBefore,
             Fault::Status(status) => Answer::Status(status, plan.retry_after_secs),
-            Fault::None | Fault::ErrorAfter | Fault::Hang | Fault::DropAfter => {
-                match sim.lock_book().capture(request, plan.decline) {
+            Fault::None
+            | Fault::ErrorAfter
+            | Fault::Hang
+            | Fault::DropAfter
+            | Fault::WrongAmount
+            | Fault::WrongCurrency
+            | Fault::WrongOrder => {
+                let moved = plan.fault.captures(&request);
+                match sim.lock_book().capture(request, plan.decline, moved) {
                     Recorded::Mismatch => Answer::Mismatch,
                     Recorded::Outcome(outcome) => Answer::Outcome(outcome, plan.fault),
                 }

@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, oneshot, Mutex};
 use super::model::{Claim, KeyRecord};
 use super::params::ClaimValues;
 use super::rows::ClaimBatchRow;
-use super::StoreError;
+use super::{past_deadline, StoreError, STORE_DEADLINE};
 
 /// The answer for one input of a batch.
 pub(super) enum Batched<T> {
@@ -117,7 +117,13 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
         if queue.send(job).is_err() {
             return Batched::Alone;
         }
-        answer.await.unwrap_or(Batched::Alone)
+        match tokio::time::timeout(STORE_DEADLINE, answer).await {
+            Ok(answer) => answer.unwrap_or(Batched::Alone),
+            // The batch ahead never came back (the database answers nothing):
+            // a `503` at the deadline. The input, if a worker takes it later,
+            // is past its wait and is not run.
+            Err(_) => Batched::Done(Err(past_deadline())),
+        }
     }
 
     fn start(&self) -> mpsc::UnboundedSender<Job<I, O>> {
@@ -177,22 +183,18 @@ async fn work<I, O>(
 }
 
 /// For a batch that failed as a whole: what each of its `n` inputs gets.
-/// Weather (the database unreachable, busy, timed out: [`StoreError::Unavailable`])
-/// is every request's `503`, at once, as it would be alone: running each row
-/// again would only wait out the same weather once per row. Any other failure
-/// may be one row's doing (a constraint, text the database refuses), so each
-/// row runs alone and gets its own answer.
+/// Weather (the database unreachable, busy, timed out, or unable to write:
+/// [`StoreError::is_transient`]) is every request's `503`, at once, as it
+/// would be alone: running each row again would only wait out the same
+/// weather once per row. Any other failure may be one row's doing (a
+/// constraint, text the database refuses), so each row runs alone and gets
+/// its own answer.
 pub(super) fn failed<T>(n: usize, error: &StoreError) -> Vec<Batched<T>> {
-    let StoreError::Unavailable(cause) = error else {
+    if !error.is_transient() {
         return (0..n).map(|_| Batched::Alone).collect();
-    };
-    let copy = || match cause {
-        sqlx::Error::PoolTimedOut => sqlx::Error::PoolTimedOut,
-        sqlx::Error::PoolClosed => sqlx::Error::PoolClosed,
-        other => sqlx::Error::Protocol(format!("the batch this request was in failed: {other}")),
-    };
+    }
     (0..n)
-        .map(|_| Batched::Done(Err(StoreError::Unavailable(copy()))))
+        .map(|_| Batched::Done(Err(error.for_batch_member())))
         .collect()
 }
 

@@ -10,6 +10,13 @@ pub enum StoreError {
     /// The API answers 503; the queue consumer retries, a bounded number of times.
     #[error("database unavailable: {0}")]
     Unavailable(#[source] sqlx::Error),
+    /// Weather of another kind: the database answers, but cannot take a
+    /// write now (its disk is full, it is read-only, its file system failed
+    /// under it): see [`is_pg_unwritable`] and [`is_sqlite_unwritable`]. The
+    /// API answers 503 (`store-unwritable`) and readiness is red until a
+    /// write succeeds again; the queue consumer retries, as for `Unavailable`.
+    #[error("the database cannot take writes now: {0}")]
+    Unwritable(#[source] sqlx::Error),
     /// Anything else the database refused (a constraint, text it cannot store
     /// such as a NUL byte): trying again gives the same answer. A bug or bad
     /// data, not weather.
@@ -39,14 +46,46 @@ pub(super) fn is_reference_taken(e: &StoreError) -> bool {
 impl StoreError {
     /// Whether trying the same operation again later may succeed.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Unavailable(_))
+        matches!(self, Self::Unavailable(_) | Self::Unwritable(_))
+    }
+
+    /// The same error for another request of the batch that met it: the same
+    /// class, its cause in words (a database error cannot be cloned).
+    pub(super) fn for_batch_member(&self) -> Self {
+        let copy = |cause: &sqlx::Error| match cause {
+            sqlx::Error::PoolTimedOut => sqlx::Error::PoolTimedOut,
+            sqlx::Error::PoolClosed => sqlx::Error::PoolClosed,
+            other => {
+                sqlx::Error::Protocol(format!("the batch this request was in failed: {other}"))
+            }
+        };
+        match self {
+            Self::Unavailable(cause) => Self::Unavailable(copy(cause)),
+            Self::Unwritable(cause) => Self::Unwritable(copy(cause)),
+            Self::Database(cause) => Self::Database(copy(cause)),
+            Self::Corrupt(what) => Self::Corrupt(what.clone()),
+            Self::UnsupportedUrl(url) => Self::UnsupportedUrl(url.clone()),
+        }
+    }
+
+    /// The class of the error, for logs and metrics: `unavailable`,
+    /// `unwritable`, `database`, `corrupt` or `config`.
+    pub fn class(&self) -> &'static str {
+        match self {
+            Self::Unavailable(_) => "unavailable",
+            Self::Unwritable(_) => "unwritable",
+            Self::Database(_) => "database",
+            Self::Corrupt(_) => "corrupt",
+            Self::UnsupportedUrl(_) => "config",
+        }
     }
 }
 
 /// PostgreSQL's SQLSTATEs that mean "try again": the server is going away,
 /// starting or overloaded, the statement ran past `statement_timeout`, or
-/// the transaction lost a race it can win next time. Class 08 (connection exception), class 53 (insufficient resources:
-/// too many connections, out of memory, disk full), `40001`
+/// the transaction lost a race it can win next time. Class 08 (connection
+/// exception), class 53 (insufficient resources: too many connections, out of
+/// memory; its `53100` disk_full is [`is_pg_unwritable`]'s, checked first), `40001`
 /// serialization_failure, `40P01` deadlock_detected, `40003`
 /// statement_completion_unknown, `55P03` lock_not_available, `57014`
 /// query_canceled, `57P01` admin_shutdown, `57P02` crash_shutdown, `57P03`
@@ -63,6 +102,21 @@ fn is_pg_transient(code: &str) -> bool {
         )
 }
 
+/// PostgreSQL's SQLSTATEs that mean "I answer, but cannot write now":
+/// `53100` disk_full and `58030` io_error. `25006` (read-only transaction) is
+/// not among them: it is a connection left on a former primary, which the
+/// next connection leaves behind (a failover, [`is_pg_transient`]).
+fn is_pg_unwritable(code: &str) -> bool {
+    matches!(code, "53100" | "58030")
+}
+
+/// SQLite's primary result codes for "the file cannot be written now":
+/// `SQLITE_READONLY` (8), `SQLITE_IOERR` (10) and `SQLITE_FULL` (13).
+fn is_sqlite_unwritable(code: &str) -> bool {
+    code.parse::<i32>()
+        .is_ok_and(|c| matches!(c & 0xff, 8 | 10 | 13))
+}
+
 /// SQLite's primary result codes for "another connection holds the lock":
 /// `SQLITE_BUSY` (5) and `SQLITE_LOCKED` (6); extended codes keep them in the low byte.
 fn is_sqlite_busy(code: &str) -> bool {
@@ -77,19 +131,20 @@ impl From<sqlx::Error> for StoreError {
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::Protocol(_) => Self::Unavailable(e),
-            sqlx::Error::Database(db)
-                if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
-                    && db.code().is_some_and(|c| is_sqlite_busy(&c)) =>
-            {
-                Self::Unavailable(e)
-            }
-            sqlx::Error::Database(db)
-                if db
+            sqlx::Error::Database(db) => {
+                let code = db.code();
+                let code = code.as_deref().unwrap_or_default();
+                let sqlite = db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some();
+                let pg = db
                     .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
-                    .is_some()
-                    && db.code().is_some_and(|c| is_pg_transient(&c)) =>
-            {
-                Self::Unavailable(e)
+                    .is_some();
+                if (sqlite && is_sqlite_unwritable(code)) || (pg && is_pg_unwritable(code)) {
+                    Self::Unwritable(e)
+                } else if (sqlite && is_sqlite_busy(code)) || (pg && is_pg_transient(code)) {
+                    Self::Unavailable(e)
+                } else {
+                    Self::Database(e)
+                }
             }
             _ => Self::Database(e),
         }

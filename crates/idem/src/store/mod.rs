@@ -21,6 +21,7 @@
 
 mod batch;
 mod error;
+mod health;
 mod merchant_cache;
 mod model;
 mod outbox;
@@ -48,6 +49,18 @@ pub use model::{
 pub use outbox::OutboxBatch;
 pub use params::{claim_param_names, finalize_param_names};
 pub use postgres::{CLAIM_SQL, FINALIZE_SQL};
+
+/// The longest one store operation takes, from the call to its answer,
+/// whatever the database and the network between do: waiting for a batch, for
+/// a connection, and the statements. A database that answers nothing at all
+/// (a partition that drops packets and sends no reset, a host frozen mid-way)
+/// makes the operation [`StoreError::Unavailable`] at this deadline, and the
+/// request answers `503` with `Retry-After`. As after any lost connection, a
+/// write it sent may or may not have committed: a claim that did is in
+/// flight (a retry gets `409` until its lease ends, then takes it over), a
+/// finalize that did is replayed. PostgreSQL's own `statement_timeout` (2 s)
+/// ends a slow statement before this; this is for the answer that never comes.
+pub const STORE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// How long a request waits for a pooled connection before answering 503:
 /// long enough to ride out a burst, short enough that a client retries on a
@@ -133,6 +146,17 @@ impl Store {
         match self {
             Self::Postgres(s) => s.ping().await,
             Self::Sqlite(s) => s.ping().await,
+        }
+    }
+
+    /// Whether the store can take a charge now: the database answers, and
+    /// can write as far as the last writes found (see [`health`]: no write
+    /// per check while it can, one small write now and then while it could not).
+    pub async fn ready(&self) -> Result<(), StoreError> {
+        self.ping().await?;
+        match self {
+            Self::Postgres(s) => s.writable().await,
+            Self::Sqlite(s) => s.writable().await,
         }
     }
 
@@ -638,4 +662,15 @@ impl Store {
 /// Milliseconds as `i64` for interval arithmetic in SQL.
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The error of an operation that had no answer within [`STORE_DEADLINE`].
+fn past_deadline() -> StoreError {
+    StoreError::Unavailable(sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!(
+            "the database gave no answer within {} s",
+            STORE_DEADLINE.as_secs()
+        ),
+    )))
 }

@@ -45,6 +45,9 @@ pub struct KeyRecord {
     pub attempt: i64,
     /// Completed and past its time to live: the key may start a new intent.
     pub expired: bool,
+    /// The charge awaits a person's review: no attempt calls the acquirer
+    /// for it until an operator settles it.
+    pub under_review: bool,
 }
 
 /// What a key stands for now, as `GET /v1/idempotency-keys/{key}` shows it.

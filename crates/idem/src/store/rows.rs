@@ -64,6 +64,7 @@ pub(super) struct RecordRow {
     lease_remaining_ms: i64,
     expired: bool,
     expires_in_ms: i64,
+    under_review: bool,
 }
 
 impl TryFrom<RecordRow> for KeyRecord {
@@ -94,6 +95,7 @@ impl TryFrom<RecordRow> for KeyRecord {
             state,
             attempt: r.attempt,
             expired: r.expired,
+            under_review: r.under_review,
         })
     }
 }

@@ -161,6 +161,10 @@ impl Reconciler {
                     backoff.max(retry_after).as_secs()
                 )
             }
+            Ok(Some(Reconciled::Outcome(Outcome::UnderReview { .. }))) => {
+                report.marked_for_review += 1;
+                "the acquirer's answer contradicts the charge: marked for review".to_owned()
+            }
             Ok(Some(Reconciled::NoOutcome)) => {
                 tracing::warn!(
                     "no outcome at the acquirer within the settle deadline; marked for review"

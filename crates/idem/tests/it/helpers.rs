@@ -75,8 +75,19 @@ impl TestDb {
     /// A database of its own without idem's schema, for a test of the
     /// migrations themselves.
     pub async fn unmigrated() -> Self {
+        Self::unmigrated_on(test_backend(), &std::env::temp_dir()).await
+    }
+
+    /// A migrated SQLite database in a scratch directory under `parent` (a
+    /// [`SmallDisk`], say), whatever backend this run tests.
+    pub async fn sqlite_in(parent: &std::path::Path) -> Self {
+        let db = Self::unmigrated_on(Backend::Sqlite, parent).await;
+        db.store.migrate().await.expect("migrate test db");
+        db
+    }
+
+    async fn unmigrated_on(backend: Backend, parent: &std::path::Path) -> Self {
         sqlx::any::install_default_drivers();
-        let backend = test_backend();
         let id = uuid::Uuid::new_v4().simple().to_string();
         let (url, place) = match backend {
             Backend::Postgres => {
@@ -97,7 +108,7 @@ impl TestDb {
                 (url, name)
             }
             Backend::Sqlite => {
-                let dir = std::env::temp_dir().join(format!("idem_test_{id}"));
+                let dir = parent.join(format!("idem_test_{id}"));
                 std::fs::create_dir_all(&dir).expect("scratch directory");
                 let url = format!("sqlite://{}/idem.db", dir.display());
                 (url, dir.display().to_string())
@@ -338,7 +349,7 @@ impl TestApp {
         tokio::spawn(http::serve(
             listener,
             AppState::new(engine),
-            acquirer_timeout + Duration::from_secs(5),
+            http::request_timeout(acquirer_timeout),
             stop.clone(),
         ));
         Self { url, stop }
@@ -703,11 +714,13 @@ pub async fn run_idem_on(
 }
 
 /// A TCP proxy in front of PostgreSQL that a test can cut and restore, to take
-/// the database away from a running server as a network failure would.
+/// the database away from a running server as a network failure would, or
+/// freeze and thaw, as a partition that drops packets without a reset would.
 pub struct DbProxy {
     pub url: String,
     cut: Arc<std::sync::atomic::AtomicBool>,
     generation: tokio::sync::watch::Sender<u64>,
+    frozen: tokio::sync::watch::Sender<bool>,
     stop: CancellationToken,
 }
 
@@ -732,11 +745,17 @@ impl DbProxy {
         url.set_port(Some(port)).expect("port");
         let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (generation, _) = tokio::sync::watch::channel(0u64);
+        let (frozen, _) = tokio::sync::watch::channel(false);
         let stop = CancellationToken::new();
-        let (cut2, gen2, stop2) = (cut.clone(), generation.clone(), stop.clone());
+        let (cut2, gen2, frozen2, stop2) = (
+            cut.clone(),
+            generation.clone(),
+            frozen.clone(),
+            stop.clone(),
+        );
         tokio::spawn(async move {
             loop {
-                let (mut inbound, _) = tokio::select! {
+                let (inbound, _) = tokio::select! {
                     _ = stop2.cancelled() => return,
                     accepted = listener.accept() => match accepted { Ok(a) => a, Err(_) => continue },
                 };
@@ -746,36 +765,19 @@ impl DbProxy {
                 }
                 let upstream = upstream.clone();
                 let mut severed = gen2.subscribe();
+                let frozen = frozen2.subscribe();
                 tokio::spawn(async move {
-                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&upstream).await else {
+                    // A connection opened during a freeze hangs, as a SYN
+                    // into a partition does.
+                    thawed(frozen.clone()).await;
+                    let Ok(outbound) = tokio::net::TcpStream::connect(&upstream).await else {
                         return;
                     };
-                    if latency.is_zero() {
-                        tokio::select! {
-                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                            _ = severed.changed() => {}
-                        }
-                        return;
-                    }
-                    let (mut from_client, mut to_client) = inbound.into_split();
-                    let (mut from_db, mut to_db) = outbound.into_split();
-                    let delayed = async {
-                        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                        let mut buf = vec![0u8; 16 * 1024];
-                        loop {
-                            let n = match from_client.read(&mut buf).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => n,
-                            };
-                            tokio::time::sleep(latency).await;
-                            if to_db.write_all(&buf[..n]).await.is_err() {
-                                return;
-                            }
-                        }
-                    };
+                    let (from_client, to_client) = inbound.into_split();
+                    let (from_db, to_db) = outbound.into_split();
                     tokio::select! {
-                        _ = delayed => {}
-                        _ = tokio::io::copy(&mut from_db, &mut to_client) => {}
+                        _ = pump(from_client, to_db, latency, frozen.clone()) => {}
+                        _ = pump(from_db, to_client, Duration::ZERO, frozen) => {}
                         _ = severed.changed() => {}
                     }
                 });
@@ -785,6 +787,7 @@ impl DbProxy {
             url: url.to_string(),
             cut,
             generation,
+            frozen,
             stop,
         }
     }
@@ -798,11 +801,53 @@ impl DbProxy {
     pub fn restore(&self) {
         self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
     }
+
+    /// A partition: no byte crosses either way, and nothing is closed or
+    /// reset; a new connection hangs unanswered.
+    pub fn freeze(&self) {
+        self.frozen.send_replace(true);
+    }
+
+    /// Ends the partition: what was held goes through.
+    pub fn thaw(&self) {
+        self.frozen.send_replace(false);
+    }
+}
+
+/// Waits while `frozen` says so.
+async fn thawed(mut frozen: tokio::sync::watch::Receiver<bool>) {
+    let _ = frozen.wait_for(|f| !*f).await;
+}
+
+/// Copies one direction of a proxied connection, each chunk held `latency`,
+/// and none passed on while the proxy is frozen.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    latency: Duration,
+    frozen: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        thawed(frozen.clone()).await;
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
 }
 
 impl Drop for DbProxy {
     fn drop(&mut self) {
         self.cut();
+        self.thaw();
         self.stop.cancel();
     }
 }
@@ -880,5 +925,56 @@ pub fn new_claim<'a>(
         request,
         lease,
         key_ttl,
+    }
+}
+
+/// A small file system of its own (a tmpfs, mounted as root, as CI runs) that
+/// a test can fill to the last byte and free again: a full disk under a
+/// running server. Unmounted when dropped.
+pub struct SmallDisk {
+    pub dir: std::path::PathBuf,
+}
+
+impl SmallDisk {
+    pub fn mount(bytes: u64) -> Self {
+        let dir = std::env::temp_dir().join(format!("idem_disk_{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("mount point");
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(&dir)
+            .status()
+            .expect("run mount");
+        assert!(
+            status.success(),
+            "mounting a {bytes}-byte tmpfs at {} failed: this test needs root (as CI runs)",
+            dir.display()
+        );
+        Self { dir }
+    }
+
+    /// Writes a file until the disk refuses another byte.
+    pub fn fill(&self) {
+        use std::io::Write;
+        let mut filler = std::fs::File::create(self.filler()).expect("filler file");
+        let chunk = vec![0u8; 4096];
+        while filler.write_all(&chunk).is_ok() {}
+        while filler.write_all(&[0]).is_ok() {}
+        let _ = filler.sync_all();
+    }
+
+    /// Gives back what [`SmallDisk::fill`] took.
+    pub fn free(&self) {
+        std::fs::remove_file(self.filler()).expect("remove the filler");
+    }
+
+    fn filler(&self) -> std::path::PathBuf {
+        self.dir.join("filler")
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

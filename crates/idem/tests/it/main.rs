@@ -15,6 +15,7 @@ mod console;
 mod crash;
 mod demo;
 mod events;
+mod faults;
 mod ha;
 mod hostile;
 mod keys;

@@ -184,7 +184,8 @@ async fn past_the_deadline_the_reconciler_marks_for_review_and_never_decides_alo
         client: c,
     } = Env::start_with(Faults::default(), test_config(), Duration::from_millis(300)).await;
     sim.set_faults(failing(Fault::ErrorBefore)).await;
-    let first = c.charge(&new_key(), &body(1, 100)).await;
+    let key = new_key();
+    let first = c.charge(&key, &body(1, 100)).await;
     assert_eq!(first.status, 503);
 
     let engine = test_engine(
@@ -236,6 +237,13 @@ async fn past_the_deadline_the_reconciler_marks_for_review_and_never_decides_alo
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 2, "{stdout}");
     assert!(lines[1].contains("settle deadline"), "{stdout}");
+
+    // The charge is a person's now: a client's retry, the acquirer healthy
+    // again, is told so and captures nothing behind the reviewer's back.
+    sim.set_faults(Faults::default()).await;
+    let retry = c.charge(&key, &body(1, 100)).await;
+    assert_eq!(retry.status, 503, "{:?}", retry.body);
+    assert_eq!(retry.problem_type(), "urn:idem:problem:charge-under-review");
     assert!(sim.ledger().await.captures.is_empty());
 }
 

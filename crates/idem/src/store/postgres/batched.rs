@@ -175,7 +175,6 @@ where
             .await
     })
     .await
-    .map_err(StoreError::from)
 }
 
 /// Runs `claims` as one statement: each row's [`Claim`], or [`Batched::Alone`]

@@ -56,27 +56,26 @@ impl PgStore {
         &self,
         filter: &ChargeFilter,
     ) -> Result<Vec<ChargeSummary>, StoreError> {
-        Ok(self
-            .on_conn(async |db| {
-                sqlx::query_as(LIST_SQL)
-                    .bind(filter.status.map(|s| s.as_str()))
-                    .bind(filter.awaiting_review)
-                    .bind(filter.since)
-                    .bind(filter.order_id)
-                    .bind(filter.limit)
-                    .bind(filter.oldest_first)
-                    .bind(filter.oldest_first)
-                    .fetch_all(db)
-                    .await
-            })
-            .await?)
+        self.on_conn(async |db| {
+            sqlx::query_as(LIST_SQL)
+                .bind(filter.status.map(|s| s.as_str()))
+                .bind(filter.awaiting_review)
+                .bind(filter.since)
+                .bind(filter.order_id)
+                .bind(filter.limit)
+                .bind(filter.oldest_first)
+                .bind(filter.oldest_first)
+                .fetch_all(db)
+                .await
+        })
+        .await
     }
 
     pub(in crate::store) async fn charge_record(
         &self,
         id: &str,
     ) -> Result<Option<ChargeRecord>, StoreError> {
-        self.on_conn(async |db| {
+        self.on_conn(async |db| -> Result<_, sqlx::Error> {
             let charge: Option<ChargeDetail> = sqlx::query_as(DETAIL_SQL)
                 .bind(id)
                 .fetch_optional(&mut *db)
@@ -152,33 +151,31 @@ impl PgStore {
     }
 
     pub(in crate::store) async fn stuck_charges(&self) -> Result<Vec<StuckCharge>, StoreError> {
-        Ok(self
-            .on_conn(async |db| {
-                sqlx::query_as(
-                    "select c.id, m.name as merchant, c.order_id, c.amount_cents, c.currency,
+        self.on_conn(async |db| {
+            sqlx::query_as(
+                "select c.id, m.name as merchant, c.order_id, c.amount_cents, c.currency,
                         c.acquirer_reference, c.created_at, c.review_since, c.review_reason
                    from charges c join merchants m on m.id = c.merchant_id
                   where c.status = 'processing' and c.review_since is not null
                   order by c.created_at",
-                )
-                .fetch_all(db)
-                .await
-            })
-            .await?)
+            )
+            .fetch_all(db)
+            .await
+        })
+        .await
     }
 
     pub(in crate::store) async fn processing_stats(&self) -> Result<ProcessingStats, StoreError> {
-        Ok(self
-            .on_conn(async |db| {
-                sqlx::query_as(
-                    "select coalesce(extract(epoch from now() - min(created_at)), 0)::float8
+        self.on_conn(async |db| {
+            sqlx::query_as(
+                "select coalesce(extract(epoch from now() - min(created_at)), 0)::float8
                           as oldest_processing_seconds,
                         count(*) filter (where review_since is not null) as awaiting_review
                    from charges where status = 'processing'",
-                )
-                .fetch_one(db)
-                .await
-            })
-            .await?)
+            )
+            .fetch_one(db)
+            .await
+        })
+        .await
     }
 }

@@ -51,17 +51,16 @@ impl PgStore {
         &self,
         window: Duration,
     ) -> Result<Vec<(String, i64)>, StoreError> {
-        Ok(self
-            .on_conn(async |db| {
-                sqlx::query_as(
-                    "select status, count(*) from charges
+        self.on_conn(async |db| {
+            sqlx::query_as(
+                "select status, count(*) from charges
                       where created_at >= now() - $1 * interval '1 millisecond'
                       group by status order by status",
-                )
-                .bind(i64::try_from(window.as_millis()).unwrap_or(i64::MAX))
-                .fetch_all(db)
-                .await
-            })
-            .await?)
+            )
+            .bind(i64::try_from(window.as_millis()).unwrap_or(i64::MAX))
+            .fetch_all(db)
+            .await
+        })
+        .await
     }
 }

@@ -28,7 +28,8 @@ pub(super) const RECORD_COLUMNS: &str = concatcp!(
        as lease_remaining_ms, \
      (k.state = 'completed' and k.expires_at <= now()) as expired, \
      greatest(0, floor(extract(epoch from (k.expires_at - now())) * 1000))::bigint \
-       as expires_in_ms"
+       as expires_in_ms, \
+     c.review_since is not null as under_review"
 );
 
 /// Rounds of insert-or-read a claim may need: each extra one means the sweeper

@@ -12,16 +12,21 @@ mod merchants;
 mod outbox;
 mod pool;
 
+use std::future::Future;
 use std::time::Duration;
 
 use sqlx::postgres::PgConnectOptions;
 use sqlx::PgConnection;
 
 use super::batch::Batcher;
+use super::health::Check;
 use super::model::Claim;
 use super::outbox::ResultRow;
 use super::params::{ClaimRow, FinalizeRow};
-use super::{millis, PoolStats, StoreError, ACQUIRE_TIMEOUT, BATCHES_AT_ONCE, BATCH_CAP};
+use super::{
+    millis, past_deadline, PoolStats, StoreError, ACQUIRE_TIMEOUT, BATCHES_AT_ONCE, BATCH_CAP,
+    STORE_DEADLINE,
+};
 use pool::PgPool;
 
 pub use keys::{CLAIM_SQL, FINALIZE_SQL};
@@ -31,9 +36,9 @@ pub(super) use outbox::PgBatch;
 /// idem runs is short (a claim, a finalize, a batch of at most 1 000 rows), so
 /// one still running after 2 s is stuck behind a lock or on a sick server. It
 /// then ends as a transient error (SQLSTATE 57014: a 503, or another attempt
-/// for a queue command) instead of holding its connection. 2 s keeps a request
-/// inside its own bound, the acquirer timeout + 5 s, even when both of its
-/// statements (claim and finalize) run out. Migrations lift it.
+/// for a queue command) instead of holding its connection, well inside the
+/// store's own deadline ([`STORE_DEADLINE`], which also bounds the answer
+/// that never comes). Migrations lift it.
 const STATEMENT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// TCP keepalives, as PostgreSQL's own settings for the server's end of each
@@ -113,16 +118,18 @@ impl PgStore {
         Ok(store)
     }
 
-    /// Runs `op` on one connection of the pool. The connection goes back to
-    /// the pool only if `op` succeeds; on an error, or if the future is
-    /// dropped before `op` ends, it is closed (see [`pool`] for why). Every
-    /// operation of this backend runs through here.
+    /// Runs `op` on one connection of the pool, within [`STORE_DEADLINE`].
+    /// The connection goes back to the pool only if `op` succeeds; on an
+    /// error, past the deadline, or if the future is dropped before `op`
+    /// ends, it is closed (see [`pool`] for why). Every operation of this
+    /// backend runs through here, but for the relay's batch (bounded the same
+    /// way) and migrations (unbounded).
     async fn on_conn<T, E>(
         &self,
         op: impl AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
-    ) -> Result<T, E>
+    ) -> Result<T, StoreError>
     where
-        E: From<sqlx::Error>,
+        E: Into<StoreError>,
     {
         on_pool(&self.pool, op).await
     }
@@ -134,7 +141,7 @@ impl PgStore {
         &self,
         op: impl AsyncFnOnce(&mut PgConnection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        self.on_conn(async |db| {
+        self.on_conn(async |db| -> Result<T, StoreError> {
             let mut tx = sqlx::Connection::begin(db).await?;
             let out = op(&mut tx).await?;
             tx.commit().await?;
@@ -147,27 +154,43 @@ impl PgStore {
     /// advisory lock. A migration may build an index on a big table: no
     /// statement timeout for it; the connection gets the usual one back after.
     pub(super) async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
-        self.on_conn(async |db| {
-            sqlx::query("set statement_timeout = 0")
-                .execute(&mut *db)
-                .await?;
-            sqlx::migrate!("./migrations/postgres")
-                .run(&mut *db)
-                .await?;
-            sqlx::query("reset statement_timeout")
-                .execute(&mut *db)
-                .await?;
-            Ok(())
-        })
-        .await
+        let mut conn = self.pool.get().await?;
+        let db = conn.raw();
+        sqlx::query("set statement_timeout = 0")
+            .execute(&mut *db)
+            .await?;
+        sqlx::migrate!("./migrations/postgres")
+            .run(&mut *db)
+            .await?;
+        sqlx::query("reset statement_timeout")
+            .execute(&mut *db)
+            .await?;
+        conn.release();
+        Ok(())
     }
 
     pub(super) async fn ping(&self) -> Result<(), StoreError> {
-        self.on_conn(async |db| {
-            sqlx::query("select 1").execute(db).await?;
-            Ok(())
-        })
-        .await
+        self.on_conn(async |db| sqlx::query("select 1").execute(db).await)
+            .await
+            .map(drop)
+    }
+
+    /// Whether the database can take a write, as the operations found it;
+    /// while it could not, one small write of its own now and then
+    /// ([`crate::store::health`]).
+    pub(super) async fn writable(&self) -> Result<(), StoreError> {
+        match self.pool.health().check() {
+            Check::Writable => Ok(()),
+            Check::Unwritable(e) => Err(e),
+            Check::ProbeDue => {
+                let probed = self
+                    .on_conn(async |db| sqlx::query(PROBE_SQL).execute(db).await)
+                    .await
+                    .map(drop);
+                self.pool.health().saw(&probed, true);
+                probed
+            }
+        }
     }
 
     pub(super) fn pool_stats(&self) -> PoolStats {
@@ -180,19 +203,38 @@ impl PgStore {
     }
 }
 
+/// The readiness probe's write: one row, rewritten in place.
+const PROBE_SQL: &str = "insert into write_probe (id, probed_at) values (1, now())
+    on conflict (id) do update set probed_at = excluded.probed_at";
+
 /// [`PgStore::on_conn`] on a pool alone (for the batch workers, which must not
 /// hold the store).
 async fn on_pool<T, E>(
     pool: &PgPool,
     op: impl AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
-) -> Result<T, E>
+) -> Result<T, StoreError>
 where
-    E: From<sqlx::Error>,
+    E: Into<StoreError>,
 {
-    let mut conn = pool.get().await?;
-    let result = op(conn.raw()).await;
-    if result.is_ok() {
-        conn.release();
-    }
+    let result = within_deadline(async {
+        let mut conn = pool.get().await?;
+        let result = op(conn.raw()).await.map_err(Into::into);
+        if result.is_ok() {
+            conn.release();
+        }
+        result
+    })
+    .await;
+    pool.health().saw(&result, false);
     result
+}
+
+/// `work`'s answer, or [`StoreError::Unavailable`] at [`STORE_DEADLINE`]:
+/// the work is dropped there, and a connection it held is closed with it.
+async fn within_deadline<T>(
+    work: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(STORE_DEADLINE, work)
+        .await
+        .unwrap_or_else(|_| Err(past_deadline()))
 }

@@ -90,25 +90,28 @@ impl PgStore {
         &self,
         limit: i64,
     ) -> Result<(PgBatch, Vec<OutboxMessage>), StoreError> {
-        let mut conn = self.pool.get().await?;
-        // `query`, not `raw_sql`: sqlx 0.8's `raw_sql` future is not `Send`
-        // for every lifetime, and the relay runs on a spawned task.
-        sqlx::query("begin").execute(conn.raw()).await?;
-        let messages = sqlx::query_as(concatcp!(
-            "select ",
-            BATCH_COLUMNS,
-            " from outbox o ",
-            AWAITED_KEY,
-            " where o.published_at is null and o.set_aside_at is null
+        super::within_deadline(async {
+            let mut conn = self.pool.get().await?;
+            // `query`, not `raw_sql`: sqlx 0.8's `raw_sql` future is not `Send`
+            // for every lifetime, and the relay runs on a spawned task.
+            sqlx::query("begin").execute(conn.raw()).await?;
+            let messages = sqlx::query_as(concatcp!(
+                "select ",
+                BATCH_COLUMNS,
+                " from outbox o ",
+                AWAITED_KEY,
+                " where o.published_at is null and o.set_aside_at is null
                 and (o.body is not null or k.response_body is not null)
               order by o.id
               limit $1
                 for update of o skip locked"
-        ))
-        .bind(limit)
-        .fetch_all(conn.raw())
-        .await?;
-        Ok((PgBatch(conn), messages))
+            ))
+            .bind(limit)
+            .fetch_all(conn.raw())
+            .await?;
+            Ok((PgBatch(conn), messages))
+        })
+        .await
     }
 
     pub(in crate::store) async fn prune_outbox(
@@ -165,17 +168,16 @@ impl PgStore {
     }
 
     pub(in crate::store) async fn outbox_backlog(&self) -> Result<(i64, f64), StoreError> {
-        Ok(self
-            .on_conn(async |db| {
-                sqlx::query_as(
-                    "select count(*),
+        self.on_conn(async |db| {
+            sqlx::query_as(
+                "select count(*),
                             coalesce(extract(epoch from now() - min(created_at)), 0)::float8
                        from outbox where published_at is null and set_aside_at is null",
-                )
-                .fetch_one(db)
-                .await
-            })
-            .await?)
+            )
+            .fetch_one(db)
+            .await
+        })
+        .await
     }
 }
 
@@ -188,6 +190,20 @@ impl PgBatch {
         aside_ids: &[i64],
         aside_reasons: &[&str],
     ) -> Result<(), StoreError> {
+        super::within_deadline(async {
+            self.finish_now(published, aside_ids, aside_reasons).await?;
+            self.0.release();
+            Ok(())
+        })
+        .await
+    }
+
+    async fn finish_now(
+        &mut self,
+        published: &[i64],
+        aside_ids: &[i64],
+        aside_reasons: &[&str],
+    ) -> Result<(), sqlx::Error> {
         let db = self.0.raw();
         sqlx::query("update outbox set published_at = now() where id = any($1)")
             .bind(published)
@@ -205,7 +221,6 @@ impl PgBatch {
             .await?;
         }
         sqlx::query("commit").execute(&mut *db).await?;
-        self.0.release();
         Ok(())
     }
 }

@@ -18,6 +18,8 @@ use deadpool::Runtime;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection};
 
+use crate::store::health::WriteHealth;
+
 /// A connection older than this is closed instead of reused (sqlx's default
 /// too), so that a server-side change (a failover behind a name, a changed
 /// setting) reaches every connection in bounded time.
@@ -48,7 +50,12 @@ impl Manager for Connector {
 
 /// The pool of one store; cheap to clone.
 #[derive(Clone)]
-pub(super) struct PgPool(Pool<Connector>);
+pub(super) struct PgPool {
+    pool: Pool<Connector>,
+    /// Whether the database could write, as its connections' last
+    /// operations found it (readiness reads it).
+    health: WriteHealth,
+}
 
 impl PgPool {
     /// A pool of up to `max_connections`, opened on demand; waiting for a
@@ -65,12 +72,15 @@ impl PgPool {
             .runtime(Runtime::Tokio1)
             .build()
             .map_err(|e| sqlx::Error::Configuration(e.into()))?;
-        Ok(Self(pool))
+        Ok(Self {
+            pool,
+            health: WriteHealth::default(),
+        })
     }
 
     /// One connection, held until [`PgConn::release`] (or closed when dropped).
     pub(super) async fn get(&self) -> Result<PgConn, sqlx::Error> {
-        match self.0.get().await {
+        match self.pool.get().await {
             Ok(object) => Ok(PgConn(Some(object))),
             // Opening a connection failed: whatever the server said (a wrong
             // password during a rotation, a database not there yet, a refused
@@ -86,7 +96,7 @@ impl PgPool {
 
     /// Connections open now, and how many of them are idle.
     pub(super) fn stats(&self) -> (u32, usize) {
-        let status = self.0.status();
+        let status = self.pool.status();
         (
             u32::try_from(status.size).unwrap_or(u32::MAX),
             status.available,
@@ -96,10 +106,14 @@ impl PgPool {
     /// Closes the idle connections politely (the server sees a goodbye, not a
     /// reset) and refuses new work; busy ones close as they come back.
     pub(super) async fn close(&self) {
-        for conn in self.0.retain(|_, _| false).removed {
+        for conn in self.pool.retain(|_, _| false).removed {
             let _ = conn.close().await;
         }
-        self.0.close();
+        self.pool.close();
+    }
+
+    pub(super) fn health(&self) -> &WriteHealth {
+        &self.health
     }
 }
 

@@ -29,7 +29,7 @@ pub(super) const RECORD_COLUMNS: &str = concatcp!(
     NOW,
     ") as expired, max(0, k.expires_at - ",
     NOW,
-    ") as expires_in_ms"
+    ") as expires_in_ms, c.review_since is not null as under_review"
 );
 
 /// Insert first: `on conflict do nothing returning` tells at once whether this

@@ -23,12 +23,14 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use const_format::concatcp;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::SqlitePool;
 
 use super::batch::Batcher;
+use super::health::{Check, WriteHealth};
 use super::model::Claim;
 use super::params::{ClaimRow, FinalizeRow};
 use super::{PoolStats, StoreError, ACQUIRE_TIMEOUT, BATCH_CAP};
@@ -80,6 +82,8 @@ struct Writer(Arc<WriterState>);
 struct WriterState {
     options: SqliteConnectOptions,
     conn: tokio::sync::Mutex<Option<SqliteConnection>>,
+    /// What the writes found: readiness reads it.
+    health: WriteHealth,
 }
 
 /// The writing connection's page cache: the pages of the tables and indexes
@@ -93,6 +97,7 @@ impl Writer {
                 .clone()
                 .pragma("cache_size", format!("-{WRITER_CACHE_KIB}")),
             conn: tokio::sync::Mutex::default(),
+            health: WriteHealth::default(),
         }))
     }
 
@@ -183,6 +188,23 @@ impl SqliteStore {
         Ok(())
     }
 
+    /// Whether the file can take a write, as the writes found it; while it
+    /// could not, one small write of its own now and then
+    /// ([`super::health`]).
+    pub(super) async fn writable(&self) -> Result<(), StoreError> {
+        match self.writer.0.health.check() {
+            Check::Writable => Ok(()),
+            Check::Unwritable(e) => Err(e),
+            Check::ProbeDue => {
+                self.write(async |tx| {
+                    sqlx::query(PROBE_SQL).execute(&mut *tx).await?;
+                    Ok(())
+                })
+                .await
+            }
+        }
+    }
+
     pub(super) fn pool_stats(&self) -> PoolStats {
         PoolStats {
             size: self.pool.size(),
@@ -200,27 +222,55 @@ impl SqliteStore {
     }
 }
 
+/// The readiness probe's write: one row, rewritten in place.
+const PROBE_SQL: &str = concatcp!(
+    "insert into write_probe (id, probed_at) values (1, ",
+    NOW,
+    ") on conflict (id) do update set probed_at = excluded.probed_at"
+);
+
 /// [`SqliteStore::write`] on the writer alone (for the batch workers, which
 /// must not hold the store).
+///
+/// After an error the connection is kept only if it is known to be clean:
+/// `op` failed and an explicit rollback then succeeded. SQLite rolls a
+/// transaction back by itself on some errors (a full disk, an I/O error),
+/// and sqlx's count of open transactions does not learn of it: its rollback
+/// then fails, the count stays at one, and every later `begin` on that
+/// connection would be refused. So a failed commit, a failed rollback or a
+/// failed `begin` closes the connection, and the next write opens another.
 async fn write<T>(
     writer: &Writer,
     op: impl AsyncFnOnce(&mut SqliteConnection) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
     let mut turn = writer.take().await?;
+    let mut clean = false;
     let written = async {
         let conn = match &mut *turn {
             Some(conn) => conn,
             empty => empty.insert(sqlx::ConnectOptions::connect(&writer.0.options).await?),
         };
         let mut tx = sqlx::Connection::begin_with(conn, "begin immediate").await?;
-        let out = op(&mut tx).await?;
-        tx.commit().await?;
-        Ok(out)
+        match op(&mut tx).await {
+            Ok(out) => {
+                tx.commit().await?;
+                clean = true;
+                Ok(out)
+            }
+            Err(e) => {
+                clean = tx.rollback().await.is_ok();
+                Err(e)
+            }
+        }
     }
     .await;
-    if let Err(StoreError::Unavailable(_)) = &written {
-        // The connection may be what failed: the next write opens another.
-        *turn = None;
+    if !clean {
+        if let Some(conn) = turn.take() {
+            // Closed on its own task: a close waits for the connection's
+            // worker thread, which may be inside a busy wait.
+            tokio::spawn(sqlx::Connection::close(conn));
+        }
     }
+    writer.0.health.saw(&written, true);
     written
 }
