@@ -5,8 +5,9 @@
 
 use std::time::{Duration, Instant};
 
+use idem::domain::MerchantSecret;
 use idem::sim::{Fault, Faults};
-use idem::store::{Backend, STORE_DEADLINE};
+use idem::store::{Audit, Backend, MerchantError, Store, StoreError, STORE_DEADLINE};
 
 use crate::helpers::{
     body, latency, new_key, run_idem, runs_on, Answer, Client, DbProxy, ServeProcess, SmallDisk,
@@ -307,4 +308,46 @@ async fn a_capture_that_names_another_amount_currency_or_order_goes_to_review_no
     // An honest capture is stored as ever.
     let a = c.charge(&new_key(), &body(9, 4400)).await;
     assert_eq!(a.status, 201, "{:?}", a.body);
+}
+
+/// A store that answers but cannot write (here a SQLite file opened
+/// read-only, as on a read-only file system): the write is `Unwritable`, a
+/// class of its own (the API's `503` `store-unwritable`), not a refusal that
+/// would be a `500` or a dead letter; readiness says so too.
+#[tokio::test]
+async fn a_read_only_store_is_unwritable_weather_not_a_refusal() {
+    if !runs_on(
+        Backend::Sqlite,
+        "it opens the SQLite file read-only; a PostgreSQL server's read-only mode is a failover's",
+    ) {
+        return;
+    }
+    let db = TestDb::new().await;
+    let read_only = Store::connect(&format!("{}?mode=ro", db.url), 2)
+        .await
+        .expect("open read-only");
+    let refused = read_only
+        .create_merchant(
+            "loja",
+            &MerchantSecret::generate().hash(),
+            &Audit {
+                actor: "test",
+                reason: None,
+            },
+        )
+        .await
+        .expect_err("a read-only file takes no write");
+    let MerchantError::Store(refused) = refused else {
+        panic!("{refused:?}")
+    };
+    assert!(matches!(refused, StoreError::Unwritable(_)), "{refused:?}");
+    assert!(refused.is_transient());
+    assert!(matches!(
+        read_only.ready().await,
+        Err(StoreError::Unwritable(_))
+    ));
+    assert!(
+        db.store.ready().await.is_ok(),
+        "the writable store is ready"
+    );
 }
