@@ -12,6 +12,7 @@
 //! - [`sim`]: the acquirer simulator with fault injection and a ledger;
 //! - [`queue`]: charges from RabbitMQ (the idempotent consumer) and the outbox relay;
 //! - [`workers`]: background work: the reconciler and the key sweeper;
+//! - [`webhooks`]: charge outcomes told to merchants' endpoints, signed and retried;
 //! - [`crash`]: test-only crash points (cargo feature `crash-points`);
 //! - [`demo`]: `idem demo`, the article's story under three strategies;
 //! - [`bench`]: `idem bench`, load figures against pgbench's for the same statements;
@@ -37,6 +38,7 @@ pub(crate) mod problem;
 pub mod queue;
 pub mod sim;
 pub mod store;
+pub mod webhooks;
 pub mod workers;
 
 /// The environment variable that sets the log filter (tracing's `EnvFilter`

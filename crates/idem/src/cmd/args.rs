@@ -48,6 +48,28 @@ impl ActorArgs {
     }
 }
 
+/// Where webhooks may go: shared by `idem webhooks add` and the processes
+/// that deliver them.
+#[derive(Args, Debug, Clone, Copy)]
+pub(crate) struct WebhookPolicyArgs {
+    /// Allow webhook URLs to private, loopback and link-local addresses, and
+    /// plain http:// (for receivers on a private network, and tests). By
+    /// default only https:// to public addresses.
+    #[arg(long, env = "IDEM_WEBHOOK_ALLOW_PRIVATE")]
+    pub(crate) webhook_allow_private: bool,
+}
+
+impl WebhookPolicyArgs {
+    pub(crate) fn policy(self) -> crate::webhooks::target::AddressPolicy {
+        use crate::webhooks::target::AddressPolicy;
+        if self.webhook_allow_private {
+            AddressPolicy::AllowPrivate
+        } else {
+            AddressPolicy::PublicOnly
+        }
+    }
+}
+
 /// What the charge engine needs, shared by `serve` and `reconcile`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct EngineArgs {

@@ -25,6 +25,7 @@ mod openapi;
 mod reconcile;
 mod serve;
 mod tenant;
+mod webhooks;
 
 use args::DbArgs;
 
@@ -56,6 +57,11 @@ pub(crate) enum Command {
     Tenant {
         #[command(subcommand)]
         command: tenant::Command,
+    },
+    /// Manage merchants' webhook endpoints.
+    Webhooks {
+        #[command(subcommand)]
+        command: webhooks::Command,
     },
     /// Run the charge API.
     Serve(serve::Args),
@@ -117,6 +123,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Migrate(db) => migrate::run(&db).await,
         Command::Tenant { command } => tenant::run(command).await,
+        Command::Webhooks { command } => webhooks::run(command).await,
         Command::Serve(args) => serve::run(args, shutdown_signal()).await,
         Command::AcquirerSim(args) => acquirer_sim::run(args, shutdown_signal()).await,
         Command::Reconcile(args) => reconcile::run(args, shutdown_signal()).await,

@@ -128,6 +128,20 @@ impl MessageId {
     }
 }
 
+/// The id of a merchant's webhook endpoint, `we_...`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EndpointId(String);
+
+impl EndpointId {
+    pub fn generate() -> Self {
+        Self(mint("we_"))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 impl PartialSchema for ChargeId {
     fn schema() -> RefOr<Schema> {
         ObjectBuilder::new()

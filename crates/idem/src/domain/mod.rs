@@ -15,16 +15,18 @@ mod ids;
 mod key;
 mod merchant;
 mod response;
+mod webhook;
 
 pub use charge::{
     AmountCents, Charge, ChargeRequest, ChargeStatus, Currency, Description, FieldError, OrderId,
 };
 pub use event::{ChargeEvent, EventType, EVENTS_EXCHANGE};
 pub use fingerprint::Fingerprint;
-pub use ids::{AcquirerReference, ChargeId, MessageId};
+pub use ids::{AcquirerReference, ChargeId, EndpointId, MessageId};
 pub use key::{IdempotencyKey, KeyError};
 pub use merchant::{parse_merchant_name, Merchant, MerchantSecret, SecretHash};
 pub use response::StoredResponse;
+pub use webhook::{signature_header, WebhookEvent, WebhookSecret};
 
 /// The JSON of a domain value: a stored response's body, an event, a
 /// fingerprint's canonical form. serde_json fails only on a map with

@@ -42,9 +42,9 @@ pub use error::StoreError;
 pub use merchant_cache::MerchantCache;
 pub use model::{
     Audit, AuditEntry, AuditRecord, ChargeDetail, ChargeFilter, ChargeRecord, ChargeSummary, Claim,
-    KeyDetail, KeyRecord, KeyState, KeyStatus, MerchantError, NewClaim, NewEvent, NewResult,
-    Orphan, OutboxMessage, PoolStats, ProcessingStats, Reschedule, ResultAnswer, Rotation,
-    SecretInfo, SecretMatch, Settlement, StuckCharge, Tenant,
+    EndpointChange, EndpointInfo, KeyDetail, KeyRecord, KeyState, KeyStatus, MerchantError,
+    NewClaim, NewEndpoint, NewEvent, NewResult, Orphan, OutboxMessage, PoolStats, ProcessingStats,
+    Reschedule, ResultAnswer, Rotation, SecretInfo, SecretMatch, Settlement, StuckCharge, Tenant,
 };
 pub use outbox::OutboxBatch;
 pub use params::{claim_param_names, finalize_param_names};
@@ -455,6 +455,43 @@ impl Store {
         match self {
             Self::Postgres(s) => s.processing_stats().await,
             Self::Sqlite(s) => s.processing_stats().await,
+        }
+    }
+
+    // Webhook endpoints.
+
+    /// Adds a webhook endpoint for the merchant `new.merchant` (an unknown
+    /// name is [`MerchantError::Unknown`]), audited.
+    pub async fn add_webhook_endpoint(
+        &self,
+        new: &NewEndpoint<'_>,
+        audit: &Audit<'_>,
+    ) -> Result<(), MerchantError> {
+        match self {
+            Self::Postgres(s) => s.add_webhook_endpoint(new, audit).await,
+            Self::Sqlite(s) => s.add_webhook_endpoint(new, audit).await,
+        }
+    }
+
+    /// Every webhook endpoint, by merchant: never a secret.
+    pub async fn webhook_endpoints(&self) -> Result<Vec<EndpointInfo>, StoreError> {
+        match self {
+            Self::Postgres(s) => s.webhook_endpoints().await,
+            Self::Sqlite(s) => s.webhook_endpoints().await,
+        }
+    }
+
+    /// Changes the endpoint `id`, audited; `false` when there is no such
+    /// endpoint (or nothing to change: enabling an enabled one).
+    pub async fn change_webhook_endpoint(
+        &self,
+        id: &str,
+        change: EndpointChange<'_>,
+        audit: &Audit<'_>,
+    ) -> Result<bool, StoreError> {
+        match self {
+            Self::Postgres(s) => s.change_webhook_endpoint(id, change, audit).await,
+            Self::Sqlite(s) => s.change_webhook_endpoint(id, change, audit).await,
         }
     }
 

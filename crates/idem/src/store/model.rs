@@ -362,3 +362,58 @@ impl ChargeDetail {
         self.status == "processing" && self.review_since.is_some()
     }
 }
+
+/// A webhook endpoint to add for a merchant.
+pub struct NewEndpoint<'a> {
+    /// `we_...`.
+    pub id: &'a str,
+    /// The merchant's name.
+    pub merchant: &'a str,
+    pub url: &'a str,
+    /// The events it hears (`charge.captured`, ...); `None`: every event.
+    pub events: Option<&'a [&'a str]>,
+    /// `whsec_...`.
+    pub secret: &'a str,
+}
+
+/// A webhook endpoint as `idem webhooks list` shows it: never its secret.
+#[derive(Debug, Clone)]
+pub struct EndpointInfo {
+    pub id: String,
+    pub merchant: String,
+    pub url: String,
+    /// `None`: every event.
+    pub events: Option<Vec<String>>,
+    pub created_at: DateTime<Utc>,
+    pub disabled_at: Option<DateTime<Utc>>,
+    /// While a rotation's grace lasts, when the previous secret stops signing.
+    pub previous_secret_until: Option<DateTime<Utc>>,
+}
+
+/// A change to one webhook endpoint, each audited in its own transaction.
+#[derive(Debug, Clone, Copy)]
+pub enum EndpointChange<'a> {
+    /// Gone, with its deliveries.
+    Remove,
+    /// Nothing more is written for it; pending deliveries wait.
+    Disable,
+    Enable,
+    /// A new signing secret; the current one signs too for `grace` more
+    /// (a rotation during an earlier grace ends that one).
+    RotateSecret {
+        secret: &'a str,
+        grace: Duration,
+    },
+}
+
+impl EndpointChange<'_> {
+    /// The change's action in the audit trail.
+    pub fn action(&self) -> &'static str {
+        match self {
+            Self::Remove => "webhook.remove",
+            Self::Disable => "webhook.disable",
+            Self::Enable => "webhook.enable",
+            Self::RotateSecret { .. } => "webhook.rotate-secret",
+        }
+    }
+}

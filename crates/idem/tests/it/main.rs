@@ -29,3 +29,4 @@ mod retention;
 mod store;
 mod tenant;
 mod tls;
+mod webhooks;

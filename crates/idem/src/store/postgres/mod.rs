@@ -11,6 +11,7 @@ mod keys;
 mod merchants;
 mod outbox;
 mod pool;
+mod webhooks;
 
 use std::future::Future;
 use std::time::Duration;

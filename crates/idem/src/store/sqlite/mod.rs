@@ -18,6 +18,7 @@ mod console;
 mod keys;
 mod merchants;
 mod outbox;
+mod webhooks;
 
 use std::str::FromStr;
 use std::sync::Arc;
