@@ -214,6 +214,7 @@ async fn write_charges(
             decline_reason: None,
             response: &response,
             event: None,
+            webhook: None,
             audit: None,
         };
         store

@@ -28,6 +28,7 @@ use crate::http::{self, AppState};
 use crate::idempotency::{Engine, EngineConfig};
 use crate::queue::{Consumer, ConsumerConfig, Relay, RelayConfig};
 use crate::store::Store;
+use crate::webhooks::{Deliverer, DelivererConfig};
 use crate::workers::{Reconciler, ReconcilerConfig, Sweeper};
 
 /// How long the broker may take to confirm one batch of the outbox.
@@ -63,6 +64,8 @@ pub(crate) struct Workers {
     /// How long an expired key's tombstone lives past the key's expiry.
     pub(crate) tombstone_ttl: Duration,
     pub(crate) reconciler: ReconcilerConfig,
+    /// The webhook deliverer's pace and bounds.
+    pub(crate) webhooks: DelivererConfig,
 }
 
 /// The outbox relay's and the queue consumer's broker and pace.
@@ -169,7 +172,7 @@ pub(crate) async fn serve(config: Serve, shutdown: CancellationToken) -> anyhow:
             shutdown.clone(),
         ));
     }
-    spawn_workers(&workers, &engine, config.workers.as_ref(), &shutdown);
+    spawn_workers(&workers, &engine, config.workers.as_ref(), &shutdown)?;
     if config.queue.is_some() {
         // Before the API takes its first request, so that none of its outcomes
         // misses its event; if the database does not answer yet, the relay
@@ -215,21 +218,26 @@ async fn spawn_metrics(
     Ok(())
 }
 
-/// The reconciler and the sweeper, unless there are no `workers`.
+/// The reconciler, the sweeper and the webhook deliverer, unless there are
+/// no `workers`.
 fn spawn_workers(
     tracker: &TaskTracker,
     engine: &Engine,
     workers: Option<&Workers>,
     shutdown: &CancellationToken,
-) {
+) -> anyhow::Result<()> {
     let Some(workers) = workers else {
-        return;
+        return Ok(());
     };
+    let deliverer = Deliverer::new(engine.store().clone(), workers.webhooks.clone())
+        .context("the webhook deliverer's HTTP client")?;
     let reconciler = Reconciler::new(engine.clone(), workers.reconciler);
     tracker.spawn(reconciler.run(shutdown.clone()));
     let sweeper = Sweeper::new(engine.store().clone(), workers.sweep_interval)
         .with_tombstone_ttl(workers.tombstone_ttl);
     tracker.spawn(sweeper.run(shutdown.clone()));
+    tracker.spawn(deliverer.run(shutdown.clone()));
+    Ok(())
 }
 
 /// The outbox relay, and with `consume` the queue consumer beside it.
@@ -300,7 +308,7 @@ pub(crate) async fn consume(config: Consume, shutdown: CancellationToken) -> any
     if let Some(addr) = config.metrics_listen {
         spawn_metrics(&tasks, addr, state, &shutdown).await?;
     }
-    spawn_workers(&tasks, &engine, config.workers.as_ref(), &shutdown);
+    spawn_workers(&tasks, &engine, config.workers.as_ref(), &shutdown)?;
     let queue = spawn_queue(&tasks, &engine, &config.queue, true, &shutdown);
     tasks.close();
     shutdown.cancelled().await;

@@ -26,6 +26,13 @@ pub const ACQUIRER_UNKNOWN: &str = "idem_acquirer_unknown_total";
 /// currency): money moved as nobody asked, and the charge awaits a person.
 /// Alert on any increase.
 pub const ACQUIRER_CONTRADICTED: &str = "idem_acquirer_contradicted_total";
+/// Webhook attempts by result: `delivered`, `retried` (any answer but a 2xx
+/// in time: tried again later), `failed` (the schedule's end).
+pub const WEBHOOK_DELIVERIES: &str = "idem_webhook_deliveries_total";
+/// Webhook deliveries neither delivered nor given up (read at scrape).
+pub const WEBHOOK_PENDING: &str = "idem_webhook_pending";
+/// Age of the oldest of them, seconds (read at scrape).
+pub const WEBHOOK_OLDEST_PENDING: &str = "idem_webhook_oldest_pending_seconds";
 /// Duration of each acquirer call, seconds.
 pub const ACQUIRER_SECONDS: &str = "idem_acquirer_call_seconds";
 /// Reconciler results: `settled`, `backed_off`, `marked_for_review`, `skipped`, `error`.
@@ -85,6 +92,15 @@ fn describe() {
     metrics::describe_counter!(
         ACQUIRER_UNKNOWN,
         "unknown acquirer outcomes, by the acquirer's status or the transport failure"
+    );
+    metrics::describe_counter!(WEBHOOK_DELIVERIES, "webhook attempts by result");
+    metrics::describe_gauge!(
+        WEBHOOK_PENDING,
+        "webhook deliveries not yet delivered nor failed"
+    );
+    metrics::describe_gauge!(
+        WEBHOOK_OLDEST_PENDING,
+        "age of the oldest webhook delivery not yet delivered nor failed"
     );
     metrics::describe_counter!(
         ACQUIRER_CONTRADICTED,

@@ -40,6 +40,9 @@ fn expression(name: &str) -> Option<&'static str> {
         "event_type" => "'charge.captured'",
         "event_tenant" => "'bench'",
         "event_body" => "convert_to(repeat('x', 330), 'UTF8')",
+        "webhook_event_id" => "('evt_pgbw' || :client_id || '_' || :n)",
+        "webhook_event_type" => "'charge.captured'",
+        "webhook_body" => "convert_to(repeat('x', 330), 'UTF8')",
         _ => return None,
     })
 }

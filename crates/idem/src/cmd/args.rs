@@ -128,6 +128,41 @@ pub(crate) struct WorkerArgs {
     pub(crate) tombstone_ttl: Duration,
     #[command(flatten)]
     pub(crate) reconciler: ReconcilerArgs,
+    #[command(flatten)]
+    pub(crate) webhooks: WebhookArgs,
+}
+
+/// The webhook deliverer's settings (it runs with the workers).
+#[derive(Args, Debug, Clone)]
+pub(crate) struct WebhookArgs {
+    #[command(flatten)]
+    pub(crate) policy: WebhookPolicyArgs,
+    /// The waits before each retry of a webhook that was not delivered,
+    /// comma-separated; after the last, the delivery is failed. The default
+    /// spans about three days.
+    #[arg(
+        long,
+        env = "IDEM_WEBHOOK_RETRY_SCHEDULE",
+        value_delimiter = ',',
+        value_parser = parse_duration,
+        default_value = "5s,5m,30m,2h,5h,10h,10h,14h,14h,14h"
+    )]
+    pub(crate) webhook_retry_schedule: Vec<Duration>,
+    /// How long one webhook attempt may take in all (connecting takes at most 5 s of it).
+    #[arg(long, env = "IDEM_WEBHOOK_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
+    pub(crate) webhook_timeout: Duration,
+}
+
+impl WebhookArgs {
+    pub(crate) fn config(&self) -> crate::webhooks::DelivererConfig {
+        let defaults = crate::webhooks::DelivererConfig::new(self.policy.policy());
+        crate::webhooks::DelivererConfig {
+            schedule: self.webhook_retry_schedule.clone(),
+            timeout: self.webhook_timeout,
+            connect_timeout: defaults.connect_timeout.min(self.webhook_timeout),
+            ..defaults
+        }
+    }
 }
 
 /// The queue consumer's and the outbox relay's settings.
@@ -206,6 +241,7 @@ impl WorkerArgs {
             sweep_interval: self.sweep_interval,
             tombstone_ttl: self.tombstone_ttl,
             reconciler: self.reconciler.config(),
+            webhooks: self.webhooks.config(),
         })
     }
 }

@@ -26,7 +26,7 @@ pub use ids::{AcquirerReference, ChargeId, EndpointId, MessageId};
 pub use key::{IdempotencyKey, KeyError};
 pub use merchant::{parse_merchant_name, Merchant, MerchantSecret, SecretHash};
 pub use response::StoredResponse;
-pub use webhook::{signature_header, WebhookEvent, WebhookSecret};
+pub use webhook::{signature_header, WebhookBody, WebhookEvent, WebhookSecret};
 
 /// The JSON of a domain value: a stored response's body, an event, a
 /// fingerprint's canonical form. serde_json fails only on a map with

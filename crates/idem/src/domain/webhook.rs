@@ -10,9 +10,13 @@
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
+use chrono::{SecondsFormat, Utc};
 use hmac::{Hmac, Mac};
 use rand::RngCore;
+use serde::Serialize;
 use sha2::Sha256;
+
+use super::{Charge, ChargeStatus, MessageId};
 
 /// What a merchant's endpoint can be told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -58,6 +62,69 @@ impl WebhookEvent {
                 let names: Vec<&str> = Self::ALL.iter().map(|e| e.as_str()).collect();
                 format!("unknown event {s:?}: use {}", names.join(", "))
             })
+    }
+}
+
+impl WebhookEvent {
+    /// The event a final status produces when the acquirer's answer (or the
+    /// reconciler's) decided it; a person's decision is [`Self::Resolved`].
+    pub fn of_final(status: ChargeStatus) -> Option<Self> {
+        match status {
+            ChargeStatus::Captured => Some(Self::Captured),
+            ChargeStatus::Declined => Some(Self::Declined),
+            ChargeStatus::Failed => Some(Self::Failed),
+            ChargeStatus::Processing => None,
+        }
+    }
+
+    /// The charge's state version the event carries: 1 while it awaits
+    /// review, 2 once final. A charge goes from `processing` to review (at
+    /// most once) and to one final state, so a receiver that keeps the highest
+    /// version it has seen for a charge drops an older state arriving late.
+    pub fn version(self) -> u8 {
+        match self {
+            Self::ReviewRequired => 1,
+            Self::Captured | Self::Declined | Self::Failed | Self::Resolved => 2,
+        }
+    }
+}
+
+/// One event's body, as every attempt of every endpoint receives it.
+#[derive(Debug, Serialize)]
+pub struct WebhookBody<'a> {
+    /// The event's id, also each attempt's `webhook-id`.
+    pub id: &'a str,
+    #[serde(rename = "type")]
+    pub event_type: &'static str,
+    /// When the outcome was decided (RFC 3339, UTC).
+    pub occurred_at: String,
+    /// The merchant's name.
+    pub merchant: &'a str,
+    /// See [`WebhookEvent::version`].
+    pub version: u8,
+    /// The charge as `GET /v1/charges/{id}` shows it at that moment.
+    pub charge: &'a Charge,
+}
+
+impl<'a> WebhookBody<'a> {
+    pub fn new(
+        id: &'a MessageId,
+        event: WebhookEvent,
+        merchant: &'a str,
+        charge: &'a Charge,
+    ) -> Self {
+        Self {
+            id: id.as_str(),
+            event_type: event.as_str(),
+            occurred_at: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
+            merchant,
+            version: event.version(),
+            charge,
+        }
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        super::to_json(self)
     }
 }
 

@@ -92,14 +92,14 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
             is its word (a timeout, a dropped connection, or any status but `201`, `402` and `422`, such as \
             `409` while a POST of the reference is in flight, `429` or a `5xx`), and the charge stays \
             `processing`; retry with the same key, which cannot charge twice. Or `service-unavailable`: \
-            the database cannot be reached, or gave no answer within 5 s (a partition). Or \
+            the database cannot be reached, or gave no answer within 8 s (a partition). Or \
             `store-unwritable`: the database cannot take writes now (a full disk, read-only). Or \
             `overloaded`: this instance has as many requests in flight as it works at once, and \
             refused this one before reading it. Nothing stored.",
             body = Problem, content_type = PROBLEM_JSON,
             headers(("Retry-After" = inline(RetryAfter), description = "Seconds to wait before retrying."))),
         (status = GATEWAY_TIMEOUT, description = "`timeout`: a backstop no working path reaches: no \
-            answer within the acquirer timeout plus 15 s (every database step is a `503` within 5 s). \
+            answer within the acquirer timeout plus 24 s (every database step is a `503` within 8 s). \
             The attempt carries on; retry with the same key.", body = Problem,
             content_type = PROBLEM_JSON),
     ),
@@ -210,12 +210,12 @@ pub async fn create(
         (status = INTERNAL_SERVER_ERROR, description = INTERNAL_DESCRIPTION, body = Problem,
             content_type = PROBLEM_JSON),
         (status = SERVICE_UNAVAILABLE, description = "`service-unavailable`: the database cannot be \
-            reached, or gave no answer within 5 s. Or `overloaded`: this instance has as many requests \
+            reached, or gave no answer within 8 s. Or `overloaded`: this instance has as many requests \
             in flight as it works at once.",
             body = Problem, content_type = PROBLEM_JSON,
             headers(("Retry-After" = inline(RetryAfter), description = "Seconds to wait before retrying."))),
         (status = GATEWAY_TIMEOUT, description = "`timeout`: a backstop no working path reaches: no \
-            answer within the acquirer timeout plus 15 s.", body = Problem, content_type = PROBLEM_JSON),
+            answer within the acquirer timeout plus 24 s.", body = Problem, content_type = PROBLEM_JSON),
     ),
 )]
 pub async fn get(

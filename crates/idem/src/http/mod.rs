@@ -47,7 +47,7 @@ pub use server::{run as run_server, Limits, Tls, HEADER_READ_TIMEOUT, MAX_IN_FLI
 
 use crate::idempotency::Engine;
 use crate::problem::{Problem, ProblemKind, PROBLEM_JSON};
-use crate::store::STORE_DEADLINE;
+use crate::store::STORE_BOUND;
 
 /// The largest request body accepted: a charge request is well under 1 KiB,
 /// so 16 KiB leaves room for any description and refuses junk early.
@@ -148,11 +148,11 @@ pub fn ops_router(state: AppState) -> Router {
 /// How long a request may take before it is answered `504`, for an acquirer
 /// timeout: a backstop that no working path reaches. Each step of a charge has
 /// its own bound (the acquirer call its timeout, each store operation
-/// [`STORE_DEADLINE`], past which it is a `503`), and a charge makes at most
+/// [`STORE_BOUND`], past which it is a `503`), and a charge makes at most
 /// three store operations around the call (the claim, a take-over, the
 /// finalize or release; a read of the merchant or the record after).
 pub fn request_timeout(acquirer_timeout: Duration) -> Duration {
-    acquirer_timeout + 3 * STORE_DEADLINE
+    acquirer_timeout + 3 * STORE_BOUND
 }
 
 /// Serves on an already-bound listener until `shutdown` fires, then finishes

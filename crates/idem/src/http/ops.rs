@@ -91,6 +91,12 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         metrics::gauge!(m::OUTBOX_PENDING).set(pending as f64);
         metrics::gauge!(m::OUTBOX_OLDEST).set(oldest);
     }
+    if let Ok(Ok((pending, oldest))) =
+        tokio::time::timeout(READY_TIMEOUT, store.webhook_backlog()).await
+    {
+        metrics::gauge!(m::WEBHOOK_PENDING).set(pending as f64);
+        metrics::gauge!(m::WEBHOOK_OLDEST_PENDING).set(oldest);
+    }
     let pool = store.pool_stats();
     let idle = pool.idle as f64;
     metrics::gauge!(m::POOL_CONNECTIONS, "state" => "idle").set(idle);

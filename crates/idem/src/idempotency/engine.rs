@@ -21,12 +21,12 @@ use crate::acquirer::{AcquirerClient, AcquirerError, Contradiction, Settled, Unk
 use crate::crash::{self, CrashPoint};
 use crate::domain::{
     Charge, ChargeEvent, ChargeId, ChargeRequest, ChargeStatus, EventType, Fingerprint,
-    IdempotencyKey, Merchant, MessageId, StoredResponse,
+    IdempotencyKey, Merchant, MessageId, StoredResponse, WebhookBody, WebhookEvent,
 };
 use crate::problem::{Problem, ProblemKind};
 use crate::store::{
-    AuditEntry, Claim, KeyRecord, KeyState, NewClaim, NewEvent, Orphan, Reschedule, Settlement,
-    Store, StoreError,
+    AuditEntry, Claim, KeyRecord, KeyState, NewClaim, NewEvent, NewWebhook, Orphan, Reschedule,
+    Settlement, Store, StoreError,
 };
 
 /// What a client is told to wait after an unknown outcome, unless the
@@ -293,7 +293,11 @@ impl Engine {
                 // Marked while the lease still holds the record: if marking
                 // fails, no pass asks the acquirer again before the lease ends.
                 self.store
-                    .mark_for_review(&record.charge.id, NO_OUTCOME_AT_DEADLINE)
+                    .mark_for_review(
+                        &record.charge.id,
+                        NO_OUTCOME_AT_DEADLINE,
+                        &new_webhook(WebhookEvent::ReviewRequired, merchant, &record.charge),
+                    )
                     .await?;
                 self.store
                     .release(merchant.id, key, record.attempt, &Reschedule::default())
@@ -432,6 +436,13 @@ impl Engine {
                 body: body.into(),
             }
         });
+        // A person's decision is `charge.resolved`; the acquirer's, its outcome.
+        let webhook_event = if audit.is_some() {
+            Some(WebhookEvent::Resolved)
+        } else {
+            WebhookEvent::of_final(status)
+        };
+        let webhook = webhook_event.map(|event| new_webhook(event, merchant, &settled));
         let asked = Instant::now();
         let stored = crash::around_finalize(self.store.finalize(
             merchant.id,
@@ -443,6 +454,7 @@ impl Engine {
                 decline_reason,
                 response: &response,
                 event: event.as_ref(),
+                webhook: webhook.as_ref(),
                 audit,
             },
             self.config.key_ttl,
@@ -531,7 +543,10 @@ impl Engine {
             "the acquirer's capture {} contradicts the charge: {differs}",
             contradiction.capture_id
         );
-        self.store.mark_for_review(&charge.id, &reason).await?;
+        let webhook = new_webhook(WebhookEvent::ReviewRequired, merchant, charge);
+        self.store
+            .mark_for_review(&charge.id, &reason, &webhook)
+            .await?;
         self.store
             .release(merchant.id, key, record.attempt, &Reschedule::default())
             .await?;
@@ -616,6 +631,18 @@ impl Outcome {
             Self::Unknown { .. } => "unknown",
             Self::UnderReview { .. } => "under_review",
         }
+    }
+}
+
+/// The webhook event `event` of `charge` (as it is after the decision), with
+/// an id of its own: every endpoint's every attempt carries it.
+pub(super) fn new_webhook(event: WebhookEvent, merchant: &Merchant, charge: &Charge) -> NewWebhook {
+    let event_id = MessageId::event();
+    let body = WebhookBody::new(&event_id, event, &merchant.name, charge).to_bytes();
+    NewWebhook {
+        event_id,
+        event_type: event.as_str(),
+        body: body.into(),
     }
 }
 

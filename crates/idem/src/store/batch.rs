@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, oneshot, Mutex};
 use super::model::{Claim, KeyRecord};
 use super::params::ClaimValues;
 use super::rows::ClaimBatchRow;
-use super::{past_deadline, StoreError, STORE_DEADLINE};
+use super::StoreError;
 
 /// The answer for one input of a batch.
 pub(super) enum Batched<T> {
@@ -117,13 +117,12 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
         if queue.send(job).is_err() {
             return Batched::Alone;
         }
-        match tokio::time::timeout(STORE_DEADLINE, answer).await {
-            Ok(answer) => answer.unwrap_or(Batched::Alone),
-            // The batch ahead never came back (the database answers nothing):
-            // a `503` at the deadline. The input, if a worker takes it later,
-            // is past its wait and is not run.
-            Err(_) => Batched::Done(Err(past_deadline())),
-        }
+        // No deadline of its own here: a batch is bounded where it runs (a
+        // PostgreSQL operation by the store's deadline, SQLite's by its busy
+        // timeout), and an input waits for one batch ahead at most before it
+        // is refused as late. Giving up while its batch runs would leave a
+        // claim that batch commits with no attempt to drive it.
+        answer.await.unwrap_or(Batched::Alone)
     }
 
     fn start(&self) -> mpsc::UnboundedSender<Job<I, O>> {

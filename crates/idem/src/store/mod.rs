@@ -41,26 +41,34 @@ use sqlite::SqliteStore;
 pub use error::StoreError;
 pub use merchant_cache::MerchantCache;
 pub use model::{
-    Audit, AuditEntry, AuditRecord, ChargeDetail, ChargeFilter, ChargeRecord, ChargeSummary, Claim,
-    EndpointChange, EndpointInfo, KeyDetail, KeyRecord, KeyState, KeyStatus, MerchantError,
-    NewClaim, NewEndpoint, NewEvent, NewResult, Orphan, OutboxMessage, PoolStats, ProcessingStats,
-    Reschedule, ResultAnswer, Rotation, SecretInfo, SecretMatch, Settlement, StuckCharge, Tenant,
+    AttemptOutcome, Audit, AuditEntry, AuditRecord, ChargeDetail, ChargeFilter, ChargeRecord,
+    ChargeSummary, Claim, DeliveryInfo, DueDelivery, EndpointChange, EndpointInfo, KeyDetail,
+    KeyRecord, KeyState, KeyStatus, MerchantError, NewClaim, NewEndpoint, NewEvent, NewResult,
+    NewWebhook, Orphan, OutboxMessage, PoolStats, ProcessingStats, Reschedule, ResultAnswer,
+    Rotation, SecretInfo, SecretMatch, Settlement, StuckCharge, Tenant,
 };
 pub use outbox::OutboxBatch;
 pub use params::{claim_param_names, finalize_param_names};
 pub use postgres::{CLAIM_SQL, FINALIZE_SQL};
 
-/// The longest one store operation takes, from the call to its answer,
-/// whatever the database and the network between do: waiting for a batch, for
-/// a connection, and the statements. A database that answers nothing at all
-/// (a partition that drops packets and sends no reset, a host frozen mid-way)
-/// makes the operation [`StoreError::Unavailable`] at this deadline, and the
-/// request answers `503` with `Retry-After`. As after any lost connection, a
-/// write it sent may or may not have committed: a claim that did is in
-/// flight (a retry gets `409` until its lease ends, then takes it over), a
-/// finalize that did is replayed. PostgreSQL's own `statement_timeout` (2 s)
-/// ends a slow statement before this; this is for the answer that never comes.
+/// The longest one PostgreSQL operation takes, from taking a connection to
+/// the answer, whatever the database and the network between do. A database
+/// that answers nothing at all (a partition that drops packets and sends no
+/// reset, a host frozen mid-way) makes the operation
+/// [`StoreError::Unavailable`] at this deadline, and the request answers `503`
+/// with `Retry-After`. As after any lost connection, a write it sent may or
+/// may not have committed: a claim that did is in flight (a retry gets `409`
+/// until its lease ends, then takes it over), a finalize that did is
+/// replayed. PostgreSQL's own `statement_timeout` (2 s) ends a slow statement
+/// before this; this is for the answer that never comes.
 pub const STORE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// The longest a request waits on one store operation: a batched one waits
+/// for the batch ahead of it (refused as late past [`ACQUIRE_TIMEOUT`]), then
+/// its own batch runs within [`STORE_DEADLINE`].
+pub const STORE_BOUND: Duration = Duration::from_secs(8);
+const _: () =
+    assert!(ACQUIRE_TIMEOUT.as_secs() + STORE_DEADLINE.as_secs() <= STORE_BOUND.as_secs());
 
 /// How long a request waits for a pooled connection before answering 503:
 /// long enough to ride out a burst, short enough that a client retries on a
@@ -357,6 +365,7 @@ impl Store {
             capture_id: settlement.capture_id,
             decline_reason: settlement.decline_reason,
             event: settlement.event.map(Into::into),
+            webhook: settlement.webhook.map(Into::into),
             audit: settlement.audit,
         };
         match self {
@@ -418,11 +427,18 @@ impl Store {
     }
 
     /// Stops the reconciler trying this charge; it stays `processing`, because
-    /// only the acquirer's word may make it captured or failed.
-    pub async fn mark_for_review(&self, id: &ChargeId, reason: &str) -> Result<(), StoreError> {
+    /// only the acquirer's word may make it captured or failed. With the
+    /// mark, in its transaction, `webhook`'s deliveries (once: a charge
+    /// already marked is left as it is).
+    pub async fn mark_for_review(
+        &self,
+        id: &ChargeId,
+        reason: &str,
+        webhook: &NewWebhook,
+    ) -> Result<(), StoreError> {
         match self {
-            Self::Postgres(s) => s.mark_for_review(id, reason).await,
-            Self::Sqlite(s) => s.mark_for_review(id, reason).await,
+            Self::Postgres(s) => s.mark_for_review(id, reason, webhook).await,
+            Self::Sqlite(s) => s.mark_for_review(id, reason, webhook).await,
         }
     }
 
@@ -492,6 +508,64 @@ impl Store {
         match self {
             Self::Postgres(s) => s.change_webhook_endpoint(id, change, audit).await,
             Self::Sqlite(s) => s.change_webhook_endpoint(id, change, audit).await,
+        }
+    }
+
+    /// Leases up to `limit` due webhook deliveries for `lease`, at most
+    /// `per_endpoint` in flight per endpoint across every deliverer; each
+    /// counts as an attempt.
+    pub async fn take_webhook_deliveries(
+        &self,
+        limit: i64,
+        lease: Duration,
+        per_endpoint: i64,
+    ) -> Result<Vec<DueDelivery>, StoreError> {
+        match self {
+            Self::Postgres(s) => s.take_webhook_deliveries(limit, lease, per_endpoint).await,
+            Self::Sqlite(s) => s.take_webhook_deliveries(limit, lease, per_endpoint).await,
+        }
+    }
+
+    /// Settles one attempt; `false` when it was not the delivery's current
+    /// attempt any more (its lease ran out and another deliverer took it).
+    pub async fn finish_webhook_delivery(
+        &self,
+        id: i64,
+        attempt: i32,
+        outcome: &AttemptOutcome,
+    ) -> Result<bool, StoreError> {
+        match self {
+            Self::Postgres(s) => s.finish_webhook_delivery(id, attempt, outcome).await,
+            Self::Sqlite(s) => s.finish_webhook_delivery(id, attempt, outcome).await,
+        }
+    }
+
+    /// Sends the event's delivered or failed deliveries again, from the
+    /// schedule's start; how many. Audited.
+    pub async fn redeliver_webhook(
+        &self,
+        event_id: &str,
+        audit: &Audit<'_>,
+    ) -> Result<u64, StoreError> {
+        match self {
+            Self::Postgres(s) => s.redeliver_webhook(event_id, audit).await,
+            Self::Sqlite(s) => s.redeliver_webhook(event_id, audit).await,
+        }
+    }
+
+    /// The latest `limit` deliveries, newest first.
+    pub async fn webhook_deliveries(&self, limit: i64) -> Result<Vec<DeliveryInfo>, StoreError> {
+        match self {
+            Self::Postgres(s) => s.webhook_deliveries(limit).await,
+            Self::Sqlite(s) => s.webhook_deliveries(limit).await,
+        }
+    }
+
+    /// Deliveries not yet delivered nor given up, and the oldest's age in seconds.
+    pub async fn webhook_backlog(&self) -> Result<(i64, f64), StoreError> {
+        match self {
+            Self::Postgres(s) => s.webhook_backlog().await,
+            Self::Sqlite(s) => s.webhook_backlog().await,
         }
     }
 

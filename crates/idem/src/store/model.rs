@@ -93,6 +93,8 @@ pub struct Settlement<'a> {
     pub response: &'a StoredResponse,
     /// The charge event the outcome produces, if any.
     pub event: Option<&'a NewEvent<'a>>,
+    /// The webhook event it produces for the merchant's endpoints.
+    pub webhook: Option<&'a NewWebhook>,
     /// An operator's decision (`idem charges resolve`): recorded in the audit
     /// trail in the finalize's own transaction, and only if it finalized.
     pub audit: Option<&'a AuditEntry<'a>>,
@@ -159,6 +161,16 @@ pub struct NewEvent<'a> {
     pub message_id: MessageId,
     pub event_type: &'a str,
     pub tenant: &'a str,
+    pub body: Bytes,
+}
+
+/// A webhook event to write with the decision that produces it: one
+/// delivery for each of the merchant's enabled endpoints that hears it.
+pub struct NewWebhook {
+    /// `evt_...`: the `webhook-id` of every attempt.
+    pub event_id: MessageId,
+    /// `charge.captured`, ...
+    pub event_type: &'static str,
     pub body: Bytes,
 }
 
@@ -414,6 +426,77 @@ impl EndpointChange<'_> {
             Self::Disable => "webhook.disable",
             Self::Enable => "webhook.enable",
             Self::RotateSecret { .. } => "webhook.rotate-secret",
+        }
+    }
+}
+
+/// A webhook delivery a deliverer took: held by it for the lease, and
+/// settled by [`crate::store::Store::finish_webhook_delivery`] under `attempt`.
+#[derive(Debug, Clone)]
+pub struct DueDelivery {
+    pub id: i64,
+    /// The attempt this is (1 for the first): the fencing token of its finish.
+    pub attempt: i32,
+    pub event_id: String,
+    pub event_type: String,
+    pub body: Bytes,
+    pub endpoint_id: String,
+    pub url: String,
+    pub secret: String,
+    /// During a rotation's grace, the secret before, which signs too.
+    pub previous_secret: Option<String>,
+}
+
+/// What an attempt came to.
+#[derive(Debug, Clone)]
+pub enum AttemptOutcome {
+    /// The endpoint answered 2xx with this status: done.
+    Delivered { status: u16 },
+    /// Any other answer (its status, if there was one), to be tried again
+    /// after `after`.
+    Retry {
+        status: Option<u16>,
+        error: String,
+        after: Duration,
+    },
+    /// The last attempt of the schedule failed: given up, shown, and sent
+    /// again only by an operator (`idem webhooks redeliver`).
+    Failed { status: Option<u16>, error: String },
+}
+
+/// One delivery as an operator sees it (`idem webhooks deliveries`, the console).
+#[derive(Debug, Clone)]
+pub struct DeliveryInfo {
+    pub event_id: String,
+    pub endpoint_id: String,
+    pub event_type: String,
+    /// `pending`, `delivered` or `failed`.
+    pub state: String,
+    pub attempts: i32,
+    pub last_status: Option<i16>,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub next_attempt_at: DateTime<Utc>,
+}
+
+impl AttemptOutcome {
+    /// The outcome as a finish binds it: the new state, the status, the
+    /// error, and the wait before the next attempt in ms.
+    pub(super) fn columns(&self) -> (&'static str, Option<i16>, Option<&str>, Option<i64>) {
+        let status = |s: &Option<u16>| s.and_then(|s| i16::try_from(s).ok());
+        match self {
+            Self::Delivered { status: s } => ("delivered", i16::try_from(*s).ok(), None, None),
+            Self::Retry {
+                status: s,
+                error,
+                after,
+            } => (
+                "pending",
+                status(s),
+                Some(error),
+                Some(super::millis(*after)),
+            ),
+            Self::Failed { status: s, error } => ("failed", status(s), Some(error), None),
         }
     }
 }

@@ -6,7 +6,7 @@
 
 use sqlx::{Arguments, Encode, Type};
 
-use super::model::{AuditEntry, NewClaim, NewEvent};
+use super::model::{AuditEntry, NewClaim, NewEvent, NewWebhook};
 use crate::domain::{AcquirerReference, ChargeId, EVENTS_EXCHANGE};
 
 /// One parameter's value, in the few types these statements bind.
@@ -170,6 +170,7 @@ pub struct FinalizeValues<'a> {
     pub(super) capture_id: Option<&'a str>,
     pub(super) decline_reason: Option<&'a str>,
     pub(super) event: Option<EventValues<'a>>,
+    pub(super) webhook: Option<WebhookValues<'a>>,
     /// Not a parameter of the statement: recorded beside it (see [`Settlement`]).
     pub(super) audit: Option<&'a AuditEntry<'a>>,
 }
@@ -182,6 +183,25 @@ pub struct EventValues<'a> {
     pub(super) event_type: &'a str,
     pub(super) tenant: &'a str,
     pub(super) body: &'a [u8],
+}
+
+/// The webhook event a finalize writes a delivery of, for each of the
+/// merchant's enabled endpoints that hears it.
+#[derive(Debug, Clone, Copy)]
+pub struct WebhookValues<'a> {
+    pub(super) event_id: &'a str,
+    pub(super) event_type: &'a str,
+    pub(super) body: &'a [u8],
+}
+
+impl<'a> From<&'a NewWebhook> for WebhookValues<'a> {
+    fn from(w: &'a NewWebhook) -> Self {
+        Self {
+            event_id: w.event_id.as_str(),
+            event_type: w.event_type,
+            body: w.body.as_ref(),
+        }
+    }
 }
 
 impl<'a> From<&'a NewEvent<'a>> for EventValues<'a> {
@@ -211,6 +231,8 @@ pub struct FinalizeRow {
     decline_reason: Option<String>,
     /// Message id, type, tenant, body.
     event: Option<(String, String, String, Vec<u8>)>,
+    /// Event id, type, body.
+    webhook: Option<(String, String, Vec<u8>)>,
 }
 
 impl FinalizeRow {
@@ -232,6 +254,13 @@ impl FinalizeRow {
                     e.event_type.to_owned(),
                     e.tenant.to_owned(),
                     e.body.to_vec(),
+                )
+            }),
+            webhook: v.webhook.map(|w| {
+                (
+                    w.event_id.to_owned(),
+                    w.event_type.to_owned(),
+                    w.body.to_vec(),
                 )
             }),
         }
@@ -258,16 +287,22 @@ impl FinalizeRow {
                     tenant,
                     body,
                 }),
+            webhook: self.webhook.as_ref().map(|(id, kind, body)| WebhookValues {
+                event_id: id,
+                event_type: kind,
+                body,
+            }),
             audit: None,
         }
     }
 }
 
 impl FinalizeValues<'_> {
-    /// `$1..$15`: the record (fenced by `attempt`) and its stored response,
-    /// the charge's settlement, then the charge event (`event_id` null: none).
-    pub fn params(&self) -> Params<'_, 15> {
-        let event = self.event;
+    /// `$1..$18`: the record (fenced by `attempt`) and its stored response,
+    /// the charge's settlement, the charge event (`event_id` null: none), then
+    /// the webhook event (`webhook_event_id` null: none).
+    pub fn params(&self) -> Params<'_, 18> {
+        let (event, webhook) = (self.event, self.webhook);
         [
             ("merchant_id", Param::Int(self.merchant_id)),
             ("key", Param::Text(self.key)),
@@ -287,6 +322,15 @@ impl FinalizeValues<'_> {
             ("event_type", Param::OptText(event.map(|e| e.event_type))),
             ("event_tenant", Param::OptText(event.map(|e| e.tenant))),
             ("event_body", Param::OptBytes(event.map(|e| e.body))),
+            (
+                "webhook_event_id",
+                Param::OptText(webhook.map(|w| w.event_id)),
+            ),
+            (
+                "webhook_event_type",
+                Param::OptText(webhook.map(|w| w.event_type)),
+            ),
+            ("webhook_body", Param::OptBytes(webhook.map(|w| w.body))),
         ]
     }
 }
@@ -297,6 +341,6 @@ pub fn claim_param_names() -> [&'static str; 11] {
 }
 
 /// The names of a finalize's parameters, `$1` first.
-pub fn finalize_param_names() -> [&'static str; 15] {
+pub fn finalize_param_names() -> [&'static str; 18] {
     FinalizeValues::default().params().map(|(name, _)| name)
 }

@@ -118,6 +118,7 @@ async fn prepare(store: &Store, merchant_id: i64, before: &[Before]) -> HashMap<
             decline_reason: None,
             response: &response,
             event: None,
+            webhook: None,
             audit: None,
         };
         assert!(store

@@ -71,6 +71,7 @@ async fn a_stale_holder_cannot_finalize_after_a_take_over() {
         decline_reason: None,
         response: r,
         event: None,
+        webhook: None,
         audit: None,
     };
     let stale_answer: &'static StoredResponse = Box::leak(Box::new(response("stale")));
@@ -154,6 +155,7 @@ async fn a_claim_racing_the_sweeper_on_an_expired_key_never_fails() {
                     decline_reason: None,
                     response: &response,
                     event: None,
+                    webhook: None,
                     audit: None,
                 };
                 // Expired the moment it is stored: the next round reuses the key.

@@ -87,11 +87,13 @@ const CLAIM_BATCH_SQL: &str = concatcp!(
 const FINALIZE_BATCH_SQL: &str = "with i as (
         select * from unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::smallint[],
                              $6::bytea[], $7::bigint[], $8::text[], $9::text[], $10::text[],
-                             $11::text[], $12::text[], $13::text[], $14::text[], $15::bytea[])
+                             $11::text[], $12::text[], $13::text[], $14::text[], $15::bytea[],
+                             $16::text[], $17::text[], $18::bytea[])
             with ordinality as i(merchant_id, idempotency_key, charge_id, attempt,
                                  response_status, response_body, key_ttl_ms, charge_status,
                                  capture_id, decline_reason, event_id, event_exchange,
-                                 event_type, event_tenant, event_body, n)
+                                 event_type, event_tenant, event_body, webhook_event_id,
+                                 webhook_event_type, webhook_body, n)
     ), k as (
         update idempotency_keys k
            set state = 'completed', locked_until = null,
@@ -107,6 +109,13 @@ const FINALIZE_BATCH_SQL: &str = "with i as (
                i.event_type, i.event_body
           from i join k on k.charge_id = i.charge_id
          where i.event_id is not null and (select events_enabled from settings)
+    ), w as (
+        insert into webhook_deliveries (event_id, endpoint_id, event_type, body)
+        select i.webhook_event_id, we.id, i.webhook_event_type, i.webhook_body
+          from i join k on k.charge_id = i.charge_id
+          join webhook_endpoints we on we.merchant_id = i.merchant_id
+         where i.webhook_event_id is not null and we.disabled_at is null
+           and (we.events is null or i.webhook_event_type = any(we.events))
     )
     update charges c
        set status = i.charge_status, acquirer_capture_id = i.capture_id,
@@ -212,7 +221,7 @@ pub(super) async fn finalizes(pool: &PgPool, rows: Vec<FinalizeRow>) -> Vec<Batc
     }
     let values: Vec<_> = rows.iter().map(FinalizeRow::values).collect();
     let params: Vec<_> = values.iter().map(|v| v.params()).collect();
-    match fetch::<(i64,), 15>(pool, FINALIZE_BATCH_SQL, &params).await {
+    match fetch::<(i64,), 18>(pool, FINALIZE_BATCH_SQL, &params).await {
         Ok(settled) => {
             let settled: HashSet<i64> = settled.into_iter().map(|(n,)| n).collect();
             (1..=rows.len())

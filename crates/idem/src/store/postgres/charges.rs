@@ -4,8 +4,8 @@
 use super::PgStore;
 use crate::domain::{AcquirerReference, Charge, ChargeId};
 use crate::store::model::{
-    ChargeDetail, ChargeFilter, ChargeRecord, ChargeSummary, KeyDetail, ProcessingStats,
-    StuckCharge,
+    ChargeDetail, ChargeFilter, ChargeRecord, ChargeSummary, KeyDetail, NewWebhook,
+    ProcessingStats, StuckCharge,
 };
 use crate::store::rows::ChargeRow;
 use crate::store::StoreError;
@@ -135,14 +135,25 @@ impl PgStore {
         &self,
         id: &ChargeId,
         reason: &str,
+        webhook: &NewWebhook,
     ) -> Result<(), StoreError> {
         self.on_conn(async |db| {
             sqlx::query(
-                "update charges set review_since = now(), review_reason = $2
-                  where id = $1 and status = 'processing' and review_since is null",
+                "with m as (
+                     update charges set review_since = now(), review_reason = $2
+                      where id = $1 and status = 'processing' and review_since is null
+                     returning merchant_id
+                 )
+                 insert into webhook_deliveries (event_id, endpoint_id, event_type, body)
+                 select $3, we.id, $4, $5 from m
+                   join webhook_endpoints we on we.merchant_id = m.merchant_id
+                  where we.disabled_at is null and (we.events is null or $4 = any(we.events))",
             )
             .bind(id.as_str())
             .bind(reason)
+            .bind(webhook.event_id.as_str())
+            .bind(webhook.event_type)
+            .bind(webhook.body.as_ref())
             .execute(db)
             .await
         })

@@ -98,9 +98,10 @@ const RECLAIM_SQL: &str = concatcp!(
     " from c cross join k"
 );
 
-/// Store the outcome, settle the charge and write its event to the outbox
-/// (when the deployment has events on: the `settings` table), in one
-/// statement (one transaction), fenced by `attempt`. Parameters as
+/// Store the outcome, settle the charge, write its event to the outbox
+/// (when the deployment has events on: the `settings` table) and a webhook
+/// delivery for each of the merchant's enabled endpoints that hears its
+/// webhook event, in one statement (one transaction), fenced by `attempt`. Parameters as
 /// [`FinalizeValues::params`] names them (the event's type is also its
 /// routing key). Public for `idem bench --vs-pgbench`.
 pub const FINALIZE_SQL: &str = "with k as (
@@ -115,6 +116,12 @@ pub const FINALIZE_SQL: &str = "with k as (
                 insert into outbox (kind, message_id, exchange, routing_key, tenant, event_type, body)
                 select 'event', $11, $12, $13, $14, $13, $15 from k
                  where $11::text is not null and (select events_enabled from settings)
+            ), w as (
+                insert into webhook_deliveries (event_id, endpoint_id, event_type, body)
+                select $16, we.id, $17, $18 from k
+                  join webhook_endpoints we on we.merchant_id = $1
+                 where $16::text is not null and we.disabled_at is null
+                   and (we.events is null or $17::text = any(we.events))
             )
             update charges c
                set status = $8, acquirer_capture_id = $9, decline_reason = $10, updated_at = now()

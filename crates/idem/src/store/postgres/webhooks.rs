@@ -1,11 +1,17 @@
-//! The `webhook_endpoints` table on PostgreSQL: a merchant's endpoints, added,
-//! listed and changed, each change with its audit record in one transaction.
+//! The `webhook_endpoints` and `webhook_deliveries` tables on PostgreSQL: a
+//! merchant's endpoints, added, listed and changed, each change with its
+//! audit record in one transaction; and the deliveries, which a deliverer
+//! leases (`for update skip locked`, so several share the work without
+//! taking one twice), and settles under the attempt it took them at.
+
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
 use super::{audit, PgStore};
 use crate::store::model::{
-    Audit, AuditEntry, EndpointChange, EndpointInfo, MerchantError, NewEndpoint,
+    AttemptOutcome, Audit, AuditEntry, DeliveryInfo, DueDelivery, EndpointChange, EndpointInfo,
+    MerchantError, NewEndpoint,
 };
 use crate::store::{millis, StoreError};
 
@@ -16,6 +22,86 @@ const LIST_SQL: &str = "select e.id, m.name, e.url, e.events, e.created_at, e.di
            case when e.previous_secret_until > now() then e.previous_secret_until end
       from webhook_endpoints e join merchants m on m.id = e.merchant_id
      order by m.name, e.created_at, e.id";
+
+/// Leases up to `$1` due deliveries for `$2` ms, at most `$3` in flight per
+/// endpoint (counting those other deliverers hold), oldest due first: one
+/// hanging endpoint holds a few of a deliverer's places, never all of them.
+const TAKE_SQL: &str = "with leased as (
+        select endpoint_id, count(*) as n from webhook_deliveries
+         where state = 'pending' and locked_until > now()
+         group by endpoint_id
+    ), candidates as (
+        select id from (
+            select d.id, d.next_attempt_at, coalesce(l.n, 0)
+                   + row_number() over (partition by d.endpoint_id order by d.next_attempt_at, d.id)
+                   as place
+              from webhook_deliveries d
+              join webhook_endpoints e on e.id = d.endpoint_id
+              left join leased l on l.endpoint_id = d.endpoint_id
+             where d.state = 'pending' and d.next_attempt_at <= now()
+               and (d.locked_until is null or d.locked_until <= now())
+               and e.disabled_at is null
+        ) c
+         where c.place <= $3
+         order by c.next_attempt_at, c.id
+         limit $1
+    ), due as (
+        select d.id from webhook_deliveries d
+         where d.id in (select id from candidates)
+           and d.state = 'pending' and (d.locked_until is null or d.locked_until <= now())
+           for update skip locked
+    ), taken as (
+        update webhook_deliveries d
+           set locked_until = now() + $2 * interval '1 millisecond', attempts = d.attempts + 1
+          from due where d.id = due.id
+        returning d.id, d.attempts, d.event_id, d.event_type, d.body, d.endpoint_id
+    )
+    select t.id, t.attempts, t.event_id, t.event_type, t.body, t.endpoint_id, e.url, e.secret,
+           case when e.previous_secret_until > now() then e.previous_secret end
+      from taken t join webhook_endpoints e on e.id = t.endpoint_id";
+
+/// Settles one attempt, fenced by it: `$1` id, `$2` attempt, `$3` the new
+/// state, `$4` status, `$5` error, `$6` the wait before the next attempt in
+/// ms (null: none).
+const FINISH_SQL: &str = "update webhook_deliveries
+       set state = $3, locked_until = null, last_status = $4, last_error = $5,
+           next_attempt_at = case when $6::bigint is null then next_attempt_at
+               else now() + $6 * interval '1 millisecond' end,
+           finished_at = case when $3 = 'pending' then null else now() end
+     where id = $1 and attempts = $2 and state = 'pending'";
+
+const REDELIVER_SQL: &str = "update webhook_deliveries
+       set state = 'pending', attempts = 0, next_attempt_at = now(), locked_until = null,
+           finished_at = null
+     where event_id = $1 and state <> 'pending'";
+
+const DELIVERIES_SQL: &str = "select event_id, endpoint_id, event_type, state, attempts,
+           last_status, last_error, created_at, next_attempt_at
+      from webhook_deliveries order by id desc limit $1";
+
+type DueRow = (
+    i64,
+    i32,
+    String,
+    String,
+    Vec<u8>,
+    String,
+    String,
+    String,
+    Option<String>,
+);
+
+type DeliveryRow = (
+    String,
+    String,
+    String,
+    String,
+    i32,
+    Option<i16>,
+    Option<String>,
+    DateTime<Utc>,
+    DateTime<Utc>,
+);
 
 type ListRow = (
     String,
@@ -134,5 +220,141 @@ impl PgStore {
             Ok(true)
         })
         .await
+    }
+
+    pub(in crate::store) async fn take_webhook_deliveries(
+        &self,
+        limit: i64,
+        lease: Duration,
+        per_endpoint: i64,
+    ) -> Result<Vec<DueDelivery>, StoreError> {
+        let rows: Vec<DueRow> = self
+            .on_conn(async |db| {
+                sqlx::query_as(TAKE_SQL)
+                    .bind(limit)
+                    .bind(millis(lease))
+                    .bind(per_endpoint)
+                    .fetch_all(db)
+                    .await
+            })
+            .await?;
+        Ok(rows.into_iter().map(due).collect())
+    }
+
+    pub(in crate::store) async fn finish_webhook_delivery(
+        &self,
+        id: i64,
+        attempt: i32,
+        outcome: &AttemptOutcome,
+    ) -> Result<bool, StoreError> {
+        let (state, status, error, after) = outcome.columns();
+        let done = self
+            .on_conn(async |db| {
+                sqlx::query(FINISH_SQL)
+                    .bind(id)
+                    .bind(attempt)
+                    .bind(state)
+                    .bind(status)
+                    .bind(error)
+                    .bind(after)
+                    .execute(db)
+                    .await
+            })
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    pub(in crate::store) async fn redeliver_webhook(
+        &self,
+        event_id: &str,
+        audit: &Audit<'_>,
+    ) -> Result<u64, StoreError> {
+        self.in_tx(async |db| {
+            let n = sqlx::query(REDELIVER_SQL)
+                .bind(event_id)
+                .execute(&mut *db)
+                .await?
+                .rows_affected();
+            if n > 0 {
+                let detail = format!("{n} deliveries sent again");
+                let entry = AuditEntry {
+                    audit: *audit,
+                    action: "webhook.redeliver",
+                    subject: event_id,
+                    detail: &detail,
+                };
+                audit::record(&mut *db, &entry).await?;
+            }
+            Ok(n)
+        })
+        .await
+    }
+
+    pub(in crate::store) async fn webhook_deliveries(
+        &self,
+        limit: i64,
+    ) -> Result<Vec<DeliveryInfo>, StoreError> {
+        let rows: Vec<DeliveryRow> = self
+            .on_conn(async |db| {
+                sqlx::query_as(DELIVERIES_SQL)
+                    .bind(limit)
+                    .fetch_all(db)
+                    .await
+            })
+            .await?;
+        Ok(rows.into_iter().map(delivery_info).collect())
+    }
+
+    pub(in crate::store) async fn webhook_backlog(&self) -> Result<(i64, f64), StoreError> {
+        self.on_conn(async |db| {
+            sqlx::query_as(
+                "select count(*),
+                        coalesce(extract(epoch from now() - min(created_at)), 0)::float8
+                   from webhook_deliveries where state = 'pending'",
+            )
+            .fetch_one(db)
+            .await
+        })
+        .await
+    }
+}
+
+fn due(r: DueRow) -> DueDelivery {
+    let (id, attempt, event_id, event_type, body, endpoint_id, url, secret, previous_secret) = r;
+    DueDelivery {
+        id,
+        attempt,
+        event_id,
+        event_type,
+        body: body.into(),
+        endpoint_id,
+        url,
+        secret,
+        previous_secret,
+    }
+}
+
+fn delivery_info(r: DeliveryRow) -> DeliveryInfo {
+    let (
+        event_id,
+        endpoint_id,
+        event_type,
+        state,
+        attempts,
+        last_status,
+        last_error,
+        created_at,
+        next_attempt_at,
+    ) = r;
+    DeliveryInfo {
+        event_id,
+        endpoint_id,
+        event_type,
+        state,
+        attempts,
+        last_status,
+        last_error,
+        created_at,
+        next_attempt_at,
     }
 }

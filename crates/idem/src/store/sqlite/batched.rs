@@ -164,6 +164,24 @@ static FINALIZE_EVENTS_SQL: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// The settled charges' webhook deliveries (`$2`: their ids): one for each
+/// of the merchant's enabled endpoints that hears the event.
+static FINALIZE_WEBHOOKS_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "with {i}
+         insert into webhook_deliveries
+             (event_id, endpoint_id, event_type, body, next_attempt_at, created_at)
+         select i.webhook_event_id, we.id, i.webhook_event_type, i.webhook_body, {NOW}, {NOW}
+           from i join webhook_endpoints we on we.merchant_id = i.merchant_id
+          where i.webhook_event_id is not null
+            and i.charge_id in (select value from json_each($2))
+            and {HEARS}
+          order by i.n",
+        i = rows_cte(FinalizeValues::default().params()),
+        HEARS = super::keys::ENDPOINT_HEARS,
+    )
+});
+
 /// The settled charges (`$2`: their ids).
 static FINALIZE_CHARGES_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
@@ -233,7 +251,11 @@ pub(super) async fn finalizes(writer: &Writer, rows: Vec<FinalizeRow>) -> Vec<Ba
             let ids = serde_json::to_string(&settled).map_err(|e| {
                 StoreError::Corrupt(format!("the settled charges' ids as JSON: {e}"))
             })?;
-            for sql in [&FINALIZE_EVENTS_SQL, &FINALIZE_CHARGES_SQL] {
+            for sql in [
+                &FINALIZE_EVENTS_SQL,
+                &FINALIZE_WEBHOOKS_SQL,
+                &FINALIZE_CHARGES_SQL,
+            ] {
                 sqlx::query(sql.as_str())
                     .bind(&json)
                     .bind(&ids)

@@ -6,8 +6,8 @@ use const_format::concatcp;
 use super::{SqliteStore, NOW};
 use crate::domain::{AcquirerReference, Charge, ChargeId};
 use crate::store::model::{
-    ChargeDetail, ChargeFilter, ChargeRecord, ChargeSummary, KeyDetail, ProcessingStats,
-    StuckCharge,
+    ChargeDetail, ChargeFilter, ChargeRecord, ChargeSummary, KeyDetail, NewWebhook,
+    ProcessingStats, StuckCharge,
 };
 use crate::store::rows::ChargeRow;
 use crate::store::StoreError;
@@ -30,6 +30,21 @@ const MARK_FOR_REVIEW_SQL: &str = concatcp!(
     NOW,
     ", review_reason = $2
       where id = $1 and status = 'processing' and review_since is null"
+);
+
+/// The `charge.review_required` deliveries of a charge just marked (`$1`):
+/// `$2` event id, `$3` type, `$4` body.
+const REVIEW_WEBHOOK_SQL: &str = concatcp!(
+    "with i as (select $3 as webhook_event_type)
+     insert into webhook_deliveries
+         (event_id, endpoint_id, event_type, body, next_attempt_at, created_at)
+     select $2, we.id, i.webhook_event_type, $4, ",
+    NOW,
+    ", ",
+    NOW,
+    " from i, charges c join webhook_endpoints we on we.merchant_id = c.merchant_id
+      where c.id = $1 and ",
+    super::keys::ENDPOINT_HEARS
 );
 
 const PROCESSING_STATS_SQL: &str = concatcp!(
@@ -149,13 +164,23 @@ impl SqliteStore {
         &self,
         id: &ChargeId,
         reason: &str,
+        webhook: &NewWebhook,
     ) -> Result<(), StoreError> {
         self.write(async |tx| {
-            sqlx::query(MARK_FOR_REVIEW_SQL)
+            let marked = sqlx::query(MARK_FOR_REVIEW_SQL)
                 .bind(id.as_str())
                 .bind(reason)
                 .execute(&mut *tx)
                 .await?;
+            if marked.rows_affected() == 1 {
+                sqlx::query(REVIEW_WEBHOOK_SQL)
+                    .bind(id.as_str())
+                    .bind(webhook.event_id.as_str())
+                    .bind(webhook.event_type)
+                    .bind(webhook.body.as_ref())
+                    .execute(&mut *tx)
+                    .await?;
+            }
             Ok(())
         })
         .await

@@ -147,6 +147,27 @@ const FINALIZE_EVENT_SQL: &str = concatcp!(
     " where $11 is not null and (select events_enabled from settings)"
 );
 
+/// Whether the endpoint `we` is enabled and hears the event whose type is
+/// `i.webhook_event_type` (its `events` a JSON array, null for every event).
+pub(super) const ENDPOINT_HEARS: &str = "we.disabled_at is null
+    and (we.events is null
+         or exists (select 1 from json_each(we.events) where value = i.webhook_event_type))";
+
+/// A delivery of the webhook event (`$16..$18`) for each of the merchant's
+/// enabled endpoints that hears it.
+const FINALIZE_WEBHOOK_SQL: &str = concatcp!(
+    "with i as (select $16 as webhook_event_id, $17 as webhook_event_type, $18 as webhook_body)
+     insert into webhook_deliveries
+         (event_id, endpoint_id, event_type, body, next_attempt_at, created_at)
+     select i.webhook_event_id, we.id, i.webhook_event_type, i.webhook_body, ",
+    NOW,
+    ", ",
+    NOW,
+    " from i join webhook_endpoints we on we.merchant_id = $1
+      where i.webhook_event_id is not null and ",
+    ENDPOINT_HEARS
+);
+
 const FINALIZE_CHARGE_SQL: &str = concatcp!(
     "update charges
         set status = $8, acquirer_capture_id = $9, decline_reason = $10, updated_at = ",
@@ -502,19 +523,20 @@ pub(super) async fn finalize_in(
     values: &FinalizeValues<'_>,
 ) -> Result<bool, StoreError> {
     let params = values.params();
-    let args = || arguments::<SqliteArguments<'_>, 15>(&params);
+    let args = || arguments::<SqliteArguments<'_>, 18>(&params);
     let fenced = sqlx::query_with(FINALIZE_KEY_SQL, args()?)
         .execute(&mut *tx)
         .await?;
     if fenced.rows_affected() == 0 {
         return Ok(false);
     }
-    sqlx::query_with(FINALIZE_EVENT_SQL, args()?)
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query_with(FINALIZE_CHARGE_SQL, args()?)
-        .execute(&mut *tx)
-        .await?;
+    for sql in [
+        FINALIZE_EVENT_SQL,
+        FINALIZE_WEBHOOK_SQL,
+        FINALIZE_CHARGE_SQL,
+    ] {
+        sqlx::query_with(sql, args()?).execute(&mut *tx).await?;
+    }
     if let Some(entry) = values.audit {
         super::audit::record(tx, entry).await?;
     }

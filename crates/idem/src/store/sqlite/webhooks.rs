@@ -1,12 +1,18 @@
-//! The `webhook_endpoints` table on SQLite: as in `postgres/webhooks.rs`,
-//! each change with its audit record in one write. `events` is a JSON array.
+//! The `webhook_endpoints` and `webhook_deliveries` tables on SQLite: as in
+//! `postgres/webhooks.rs`, each change with its audit record in one write,
+//! and deliveries leased in one write (the file's one writer at a time, so
+//! no two deliverers take the same row). `events` is a JSON array.
+
+use std::collections::HashMap;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use const_format::concatcp;
 
 use super::{audit, SqliteStore, NOW};
 use crate::store::model::{
-    Audit, AuditEntry, EndpointChange, EndpointInfo, MerchantError, NewEndpoint,
+    AttemptOutcome, Audit, AuditEntry, DeliveryInfo, DueDelivery, EndpointChange, EndpointInfo,
+    MerchantError, NewEndpoint,
 };
 use crate::store::{millis, StoreError};
 
@@ -43,6 +49,95 @@ const ROTATE_SQL: &str = concatcp!(
     " + $3 end,
             secret = $2
       where id = $1"
+);
+
+/// As on PostgreSQL: leases up to `$1` due deliveries for `$2` ms, at most
+/// `$3` in flight per endpoint, oldest due first.
+const TAKE_SQL: &str = concatcp!(
+    "with leased as (
+        select endpoint_id, count(*) as n from webhook_deliveries
+         where state = 'pending' and locked_until > ",
+    NOW,
+    " group by endpoint_id
+    ), candidates as (
+        select id from (
+            select d.id, d.next_attempt_at, coalesce(l.n, 0)
+                   + row_number() over (partition by d.endpoint_id order by d.next_attempt_at, d.id)
+                   as place
+              from webhook_deliveries d
+              join webhook_endpoints e on e.id = d.endpoint_id
+              left join leased l on l.endpoint_id = d.endpoint_id
+             where d.state = 'pending' and d.next_attempt_at <= ",
+    NOW,
+    " and (d.locked_until is null or d.locked_until <= ",
+    NOW,
+    ") and e.disabled_at is null
+        ) c
+         where c.place <= $3
+         order by c.next_attempt_at, c.id
+         limit $1
+    )
+    update webhook_deliveries
+       set locked_until = ",
+    NOW,
+    " + $2, attempts = attempts + 1
+     where id in (select id from candidates)
+    returning id, attempts, event_id, event_type, body, endpoint_id"
+);
+
+/// The taken deliveries' endpoints (`$1`: their ids, as JSON).
+const ENDPOINTS_OF_SQL: &str = concatcp!(
+    "select id, url, secret, case when previous_secret_until > ",
+    NOW,
+    " then previous_secret end
+       from webhook_endpoints where id in (select value from json_each($1))"
+);
+
+const FINISH_SQL: &str = concatcp!(
+    "update webhook_deliveries
+        set state = $3, locked_until = null, last_status = $4, last_error = $5,
+            next_attempt_at = case when $6 is null then next_attempt_at else ",
+    NOW,
+    " + $6 end,
+            finished_at = case when $3 = 'pending' then null else ",
+    NOW,
+    " end
+      where id = $1 and attempts = $2 and state = 'pending'"
+);
+
+const REDELIVER_SQL: &str = concatcp!(
+    "update webhook_deliveries
+        set state = 'pending', attempts = 0, next_attempt_at = ",
+    NOW,
+    ", locked_until = null, finished_at = null
+      where event_id = $1 and state <> 'pending'"
+);
+
+const DELIVERIES_SQL: &str = "select event_id, endpoint_id, event_type, state, attempts,
+           last_status, last_error,
+           strftime('%Y-%m-%dT%H:%M:%fZ', created_at / 1000.0, 'unixepoch'),
+           strftime('%Y-%m-%dT%H:%M:%fZ', next_attempt_at / 1000.0, 'unixepoch')
+      from webhook_deliveries order by id desc limit $1";
+
+const BACKLOG_SQL: &str = concatcp!(
+    "select count(*), coalesce((",
+    NOW,
+    " - min(created_at)) / 1000.0, 0.0)
+       from webhook_deliveries where state = 'pending'"
+);
+
+type TakenRow = (i64, i32, String, String, Vec<u8>, String);
+
+type DeliveryRow = (
+    String,
+    String,
+    String,
+    String,
+    i32,
+    Option<i16>,
+    Option<String>,
+    DateTime<Utc>,
+    DateTime<Utc>,
 );
 
 type ListRow = (
@@ -156,5 +251,144 @@ impl SqliteStore {
             Ok(true)
         })
         .await
+    }
+
+    pub(in crate::store) async fn take_webhook_deliveries(
+        &self,
+        limit: i64,
+        lease: Duration,
+        per_endpoint: i64,
+    ) -> Result<Vec<DueDelivery>, StoreError> {
+        self.write(async |db| {
+            let taken: Vec<TakenRow> = sqlx::query_as(TAKE_SQL)
+                .bind(limit)
+                .bind(millis(lease))
+                .bind(per_endpoint)
+                .fetch_all(&mut *db)
+                .await?;
+            if taken.is_empty() {
+                return Ok(Vec::new());
+            }
+            let ids: Vec<&str> = taken.iter().map(|t| t.5.as_str()).collect();
+            let ids = String::from_utf8_lossy(&crate::domain::to_json(&ids)).into_owned();
+            let endpoints: Vec<(String, String, String, Option<String>)> =
+                sqlx::query_as(ENDPOINTS_OF_SQL)
+                    .bind(ids)
+                    .fetch_all(&mut *db)
+                    .await?;
+            let endpoints: HashMap<String, (String, String, Option<String>)> = endpoints
+                .into_iter()
+                .map(|(id, url, secret, previous)| (id, (url, secret, previous)))
+                .collect();
+            taken
+                .into_iter()
+                .map(|(id, attempt, event_id, event_type, body, endpoint_id)| {
+                    let (url, secret, previous_secret) =
+                        endpoints.get(&endpoint_id).cloned().ok_or_else(|| {
+                            StoreError::Corrupt(format!("delivery {id}: no endpoint {endpoint_id}"))
+                        })?;
+                    Ok(DueDelivery {
+                        id,
+                        attempt,
+                        event_id,
+                        event_type,
+                        body: body.into(),
+                        endpoint_id,
+                        url,
+                        secret,
+                        previous_secret,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    pub(in crate::store) async fn finish_webhook_delivery(
+        &self,
+        id: i64,
+        attempt: i32,
+        outcome: &AttemptOutcome,
+    ) -> Result<bool, StoreError> {
+        let (state, status, error, after) = outcome.columns();
+        self.write(async |db| {
+            let done = sqlx::query(FINISH_SQL)
+                .bind(id)
+                .bind(attempt)
+                .bind(state)
+                .bind(status)
+                .bind(error)
+                .bind(after)
+                .execute(&mut *db)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        })
+        .await
+    }
+
+    pub(in crate::store) async fn redeliver_webhook(
+        &self,
+        event_id: &str,
+        audit: &Audit<'_>,
+    ) -> Result<u64, StoreError> {
+        self.write(async |db| {
+            let n = sqlx::query(REDELIVER_SQL)
+                .bind(event_id)
+                .execute(&mut *db)
+                .await?
+                .rows_affected();
+            if n > 0 {
+                let detail = format!("{n} deliveries sent again");
+                let entry = AuditEntry {
+                    audit: *audit,
+                    action: "webhook.redeliver",
+                    subject: event_id,
+                    detail: &detail,
+                };
+                audit::record(&mut *db, &entry).await?;
+            }
+            Ok(n)
+        })
+        .await
+    }
+
+    pub(in crate::store) async fn webhook_deliveries(
+        &self,
+        limit: i64,
+    ) -> Result<Vec<DeliveryInfo>, StoreError> {
+        let rows: Vec<DeliveryRow> = sqlx::query_as(DELIVERIES_SQL)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(
+                    event_id,
+                    endpoint_id,
+                    event_type,
+                    state,
+                    attempts,
+                    last_status,
+                    last_error,
+                    created_at,
+                    next_attempt_at,
+                )| DeliveryInfo {
+                    event_id,
+                    endpoint_id,
+                    event_type,
+                    state,
+                    attempts,
+                    last_status,
+                    last_error,
+                    created_at,
+                    next_attempt_at,
+                },
+            )
+            .collect())
+    }
+
+    pub(in crate::store) async fn webhook_backlog(&self) -> Result<(i64, f64), StoreError> {
+        Ok(sqlx::query_as(BACKLOG_SQL).fetch_one(&self.pool).await?)
     }
 }
