@@ -71,6 +71,25 @@ pub(crate) enum Command {
         #[command(flatten)]
         db: DbArgs,
     },
+    /// The latest deliveries, newest first: event, endpoint, type, state,
+    /// attempts, the last answer or error, and when the next attempt is due.
+    Deliveries {
+        /// How many.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Send an event's deliveries again (a failed one, or one the merchant
+    /// lost), from the schedule's start, under the same webhook-id.
+    Redeliver {
+        /// The event's id (`evt_...`, the webhook-id).
+        event_id: String,
+        #[command(flatten)]
+        actor: ActorArgs,
+        #[command(flatten)]
+        db: DbArgs,
+    },
 }
 
 fn parse_event(s: &str) -> Result<WebhookEvent, String> {
@@ -108,7 +127,56 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<()> {
             change(&id, EndpointChange::Disable, &actor, &db).await
         }
         Command::Enable { id, actor, db } => change(&id, EndpointChange::Enable, &actor, &db).await,
+        Command::Deliveries { limit, db } => deliveries(limit, &db).await,
+        Command::Redeliver {
+            event_id,
+            actor,
+            db,
+        } => redeliver(&event_id, &actor, &db).await,
     }
+}
+
+async fn deliveries(limit: i64, db: &DbArgs) -> anyhow::Result<()> {
+    let store = connect(db).await?;
+    println!("event_id\tendpoint\ttype\tstate\tattempts\tlast\tnext_attempt_at\tcreated_at");
+    for d in store.webhook_deliveries(limit).await? {
+        let last = match (d.last_status, &d.last_error) {
+            (_, Some(error)) => error.replace(['\t', '\n'], " "),
+            (Some(status), None) => status.to_string(),
+            (None, None) => String::new(),
+        };
+        let next = if d.state == "pending" {
+            d.next_attempt_at.to_rfc3339()
+        } else {
+            String::new()
+        };
+        println!(
+            "{}\t{}\t{}\t{}\t{}\t{last}\t{next}\t{}",
+            d.event_id,
+            d.endpoint_id,
+            d.event_type,
+            d.state,
+            d.attempts,
+            d.created_at.to_rfc3339()
+        );
+    }
+    Ok(())
+}
+
+async fn redeliver(event_id: &str, actor: &ActorArgs, db: &DbArgs) -> anyhow::Result<()> {
+    let actor = actor.actor()?;
+    let store = connect(db).await?;
+    let audit = Audit {
+        actor: &actor,
+        reason: None,
+    };
+    let n = store.redeliver_webhook(event_id, &audit).await?;
+    anyhow::ensure!(
+        n > 0,
+        "no delivered or failed delivery of event {event_id:?} (one still pending is being sent)"
+    );
+    eprintln!("{event_id}: {n} deliveries to send again");
+    Ok(())
 }
 
 async fn connect(db: &DbArgs) -> anyhow::Result<Store> {

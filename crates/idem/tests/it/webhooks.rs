@@ -177,13 +177,16 @@ async fn add_endpoint(db: &TestDb, merchant: &str, url: &str, extra: &[&str]) ->
     (id, stdout.trim().to_owned())
 }
 
-/// `idem serve` delivering to loopback, retrying every 200 ms (eight times),
-/// with short leases and a quick reconciler.
-async fn serve(db: &TestDb, sim: &TestSim, extra: &[&str]) -> ServeProcess {
+/// Eight retries, 200 ms apart.
+const QUICK: &str = "200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms";
+
+/// `idem serve` delivering to loopback, retrying on `schedule`, with short
+/// leases and a quick reconciler.
+async fn serve(db: &TestDb, sim: &TestSim, schedule: &str, extra: &[&str]) -> ServeProcess {
     let mut args = vec![
         "--webhook-allow-private",
         "--webhook-retry-schedule",
-        "200ms,200ms,200ms,200ms,200ms,200ms,200ms,200ms",
+        schedule,
         "--acquirer-timeout",
         "1s",
         "--lease",
@@ -220,7 +223,7 @@ async fn each_outcome_is_delivered_signed_once_and_retried_until_a_2xx() {
         &["--events", "charge.captured"],
     )
     .await;
-    let server = serve(&db, &sim, &[]).await;
+    let server = serve(&db, &sim, QUICK, &[]).await;
     let c = Client::new(&server.url, &secret);
 
     let captured = c.charge(&new_key(), &body(1, 100)).await;
@@ -469,4 +472,265 @@ async fn endpoints_go_only_where_webhooks_may_and_never_show_their_secrets() {
             "webhook.remove"
         ]
     );
+}
+
+/// The state, attempts and last error of each delivery of `endpoint`.
+async fn deliveries_of(db: &TestDb, endpoint: &str) -> Vec<(String, i32, Option<String>)> {
+    sqlx::query_as(
+        "select state, attempts, last_error from webhook_deliveries
+          where endpoint_id = $1 order by id",
+    )
+    .bind(endpoint)
+    .fetch_all(&db.pool)
+    .await
+    .expect("deliveries")
+}
+
+/// Endpoints that hang, drip their answer or redirect: each attempt is
+/// bounded, none is taken for delivered, each is retried, and another
+/// merchant's delivery arrives meanwhile.
+#[tokio::test]
+async fn hanging_dripping_and_redirecting_receivers_are_bounded_retried_and_hold_nobody_else_up() {
+    let db = TestDb::new().await;
+    let sim = TestSim::start(Faults::default()).await;
+    let receiver = Receiver::start().await;
+    let loja = db.merchant("loja").await;
+    let outra = db.merchant("outra").await;
+    let mut hostile = Vec::new();
+    for path in ["/hang", "/drip", "/redirect"] {
+        hostile.push(add_endpoint(&db, "loja", &receiver.url(path), &[]).await.0);
+    }
+    add_endpoint(&db, "outra", &receiver.url("/ok"), &[]).await;
+    let server = serve(
+        &db,
+        &sim,
+        "300ms,300ms,300ms,300ms,300ms,300ms,300ms,300ms,300ms,300ms",
+        &["--webhook-timeout", "1s"],
+    )
+    .await;
+
+    // Several of loja's events, so its endpoints hold as many places as they may.
+    for order in 1..=6 {
+        let a = Client::new(&server.url, &loja)
+            .charge(&new_key(), &body(order, 100))
+            .await;
+        assert_eq!(a.status, 201, "{:?}", a.body);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent = Instant::now();
+    let a = Client::new(&server.url, &outra)
+        .charge(&new_key(), &body(1, 100))
+        .await;
+    assert_eq!(a.status, 201, "{:?}", a.body);
+    receiver
+        .wait_for("outra's event", |got| {
+            got.iter()
+                .any(|r| r.path == "/ok" && r.body["merchant"] == "outra")
+        })
+        .await;
+    assert!(
+        sent.elapsed() < Duration::from_secs(5),
+        "outra waited {:?} behind loja's endpoints",
+        sent.elapsed()
+    );
+
+    // Each of loja's attempts ended within its bound, and was retried.
+    let started = Instant::now();
+    loop {
+        let mut retried = true;
+        for endpoint in &hostile {
+            let rows = deliveries_of(&db, endpoint).await;
+            retried &= rows.iter().any(|(_, attempts, _)| *attempts >= 2);
+        }
+        if retried {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "never retried");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for endpoint in &hostile {
+        for (state, _, error) in deliveries_of(&db, endpoint).await {
+            assert_ne!(state, "delivered", "{endpoint}: {error:?}");
+        }
+    }
+    let got = receiver.received();
+    assert!(
+        !got.iter()
+            .any(|r| r.path == "/ok" && r.body["merchant"] == "loja"),
+        "a redirect is not followed"
+    );
+    let errors: Vec<Option<String>> = sqlx::query_as::<_, (Option<String>,)>(
+        "select last_error from webhook_deliveries where endpoint_id = $1 and attempts > 0",
+    )
+    .bind(&hostile[2])
+    .fetch_all(&db.pool)
+    .await
+    .expect("errors")
+    .into_iter()
+    .map(|(e,)| e)
+    .collect();
+    assert!(
+        errors.iter().flatten().any(|e| e.contains("302")),
+        "the redirect's status is what counts: {errors:?}"
+    );
+}
+
+/// A delivery that failed to the end of its schedule is sent again by an
+/// operator, under the same `webhook-id`; a rotated secret signs beside the
+/// new one during its grace, and only the new one signs after.
+#[tokio::test]
+async fn a_failed_delivery_is_sent_again_and_a_rotated_secret_signs_only_during_its_grace() {
+    let db = TestDb::new().await;
+    let sim = TestSim::start(Faults::default()).await;
+    let receiver = Receiver::start().await;
+    let secret = db.merchant("loja").await;
+    let (flaky, _) = add_endpoint(&db, "loja", &receiver.url("/flaky/3"), &[]).await;
+    // One retry: the first two attempts meet `500`s, and the delivery fails.
+    let server = serve(&db, &sim, "100ms", &[]).await;
+    let c = Client::new(&server.url, &secret);
+
+    let a = c.charge(&new_key(), &body(1, 100)).await;
+    assert_eq!(a.status, 201, "{:?}", a.body);
+    let started = Instant::now();
+    while deliveries_of(&db, &flaky).await[0].0 != "failed" {
+        assert!(started.elapsed() < Duration::from_secs(20), "never failed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (_, listed, _) = run_idem(&db, &["webhooks", "deliveries"]).await;
+    assert!(listed.contains("\tfailed\t2\t"), "{listed}");
+    let event_id = receiver.received()[0].webhook_id.clone();
+    let (status, _, stderr) =
+        run_idem(&db, &["webhooks", "redeliver", &event_id, "--actor", "ana"]).await;
+    assert!(status.success(), "{stderr}");
+    let got = receiver
+        .wait_for("the redelivery's 200", |got| got.len() == 4)
+        .await;
+    assert!(got.iter().all(|r| r.webhook_id == event_id), "{got:?}");
+    let started = Instant::now();
+    while deliveries_of(&db, &flaky).await[0].0 != "delivered" {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never delivered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, _, _) = run_idem(
+        &db,
+        &["webhooks", "redeliver", "evt_nope", "--actor", "ana"],
+    )
+    .await;
+    assert!(!status.success(), "no such event");
+    run_idem(&db, &["webhooks", "remove", &flaky, "--actor", "ana"]).await;
+
+    // Rotation.
+    let (ok_id, first) = add_endpoint(&db, "loja", &receiver.url("/ok"), &[]).await;
+    let rotate = |grace: &'static str| {
+        let (db, ok_id) = (&db, ok_id.clone());
+        async move {
+            let (status, stdout, stderr) = run_idem(
+                db,
+                &[
+                    "webhooks",
+                    "rotate-secret",
+                    &ok_id,
+                    "--grace",
+                    grace,
+                    "--actor",
+                    "ana",
+                ],
+            )
+            .await;
+            assert!(status.success(), "{stderr}");
+            stdout.trim().to_owned()
+        }
+    };
+    let second = rotate("1h").await;
+    let a = c.charge(&new_key(), &body(2, 100)).await;
+    assert_eq!(a.status, 201, "{:?}", a.body);
+    receiver
+        .wait_for("the charge during the grace", |got| {
+            got.iter().filter(|r| r.path == "/ok").count() == 1
+        })
+        .await;
+    let third = rotate("0s").await;
+    let a = c.charge(&new_key(), &body(3, 100)).await;
+    assert_eq!(a.status, 201, "{:?}", a.body);
+    receiver
+        .wait_for("the charge after the grace", |got| {
+            got.iter().filter(|r| r.path == "/ok").count() == 2
+        })
+        .await;
+    let at_ok = |secret: &str| -> Vec<bool> {
+        receiver
+            .verified_by(secret)
+            .into_iter()
+            .filter(|(path, _)| path == "/ok")
+            .map(|(_, valid)| valid)
+            .collect()
+    };
+    assert_eq!(
+        at_ok(&first),
+        [true, false],
+        "the first secret, during its grace only"
+    );
+    assert_eq!(
+        at_ok(&second),
+        [true, false],
+        "the second, rotated out without a grace"
+    );
+    assert_eq!(at_ok(&third), [false, true], "the third, once it was made");
+}
+
+/// An instance killed in the middle of the finalize, between the commit and
+/// any POST: another instance delivers the event.
+#[cfg(feature = "crash-points")]
+#[tokio::test]
+async fn an_instance_killed_between_the_commit_and_the_post_loses_no_webhook() {
+    let db = TestDb::new().await;
+    let sim = TestSim::start(Faults::default()).await;
+    let receiver = Receiver::start().await;
+    let secret = db.merchant("loja").await;
+    add_endpoint(&db, "loja", &receiver.url("/ok"), &[]).await;
+    let mut doomed = ServeProcess::start_env(
+        &db,
+        &sim,
+        &[
+            "--no-workers",
+            "--webhook-allow-private",
+            "--acquirer-timeout",
+            "1s",
+            "--lease",
+            "2s",
+        ],
+        &[("IDEM_CRASH_AT", "mid-finalize")],
+    )
+    .await;
+    let sent = Client::new(&doomed.url, &secret)
+        .raw()
+        .post(format!("{}/v1/charges", doomed.url))
+        .bearer_auth(&secret)
+        .header("Idempotency-Key", new_key())
+        .header("content-type", "application/json")
+        .body(body(1, 100))
+        .send()
+        .await;
+    assert!(
+        sent.is_err(),
+        "the instance died before answering: {sent:?}"
+    );
+    let exit = tokio::task::spawn_blocking(move || doomed.wait_exit())
+        .await
+        .expect("join");
+    assert!(!exit.success());
+    assert!(
+        receiver.received().is_empty(),
+        "nothing was sent by the dead instance"
+    );
+
+    let _survivor = serve(&db, &sim, QUICK, &[]).await;
+    let got = receiver
+        .wait_for("the event, from the other instance", |got| !got.is_empty())
+        .await;
+    assert_eq!(got[0].body["type"], "charge.captured");
+    assert_eq!(sim.ledger().await.captures.len(), 1);
 }
