@@ -2,8 +2,9 @@
 //! page, no JavaScript, no asset from anywhere but itself. It shows the charges
 //! awaiting review (with "retry" and "resolve", the very operations of `idem
 //! charges`, audited under the token's name), the oldest `processing` charges,
-//! the outbox backlog, the merchants and their secrets' expiry, and the last
-//! day's outcomes as a chart.
+//! the outbox backlog, the merchants and their secrets' expiry, the webhook
+//! endpoints with their latest deliveries (with "send again", as `idem
+//! webhooks redeliver`), and the last day's outcomes as a chart.
 //!
 //! Signing in: a token (`--admin-token`, or one made by `idem admin token`)
 //! posted once to `/login` becomes an `HttpOnly`, `SameSite=Strict` cookie;
@@ -29,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::domain::SecretHash;
 use crate::idempotency::{Engine, Outcome, Resolution};
-use crate::store::{Audit, ChargeFilter, ChargeSummary, Tenant};
+use crate::store::{Audit, ChargeFilter, ChargeSummary, DeliveryInfo, EndpointInfo, Tenant};
 
 /// The cookie that carries the console token.
 const COOKIE_NAME: &str = "idem_admin";
@@ -69,6 +70,7 @@ pub async fn serve_console(
         .route("/logout", post(logout))
         .route("/charges/{id}/retry", post(retry))
         .route("/charges/{id}/resolve", post(resolve))
+        .route("/webhooks/{event_id}/redeliver", post(redeliver))
         .route("/console.css", get(css))
         .with_state(console);
     super::run_server(listener, app, super::HEADER_READ_TIMEOUT, None, shutdown).await;
@@ -252,6 +254,30 @@ async fn resolve(
     )
 }
 
+async fn redeliver(
+    State(console): State<Console>,
+    Operator(actor): Operator,
+    Path(event_id): Path<String>,
+) -> Response {
+    let audit = Audit {
+        actor: &actor,
+        reason: None,
+    };
+    match console
+        .engine
+        .store()
+        .redeliver_webhook(&event_id, &audit)
+        .await
+    {
+        Ok(0) => back_with(
+            "failed",
+            &format!("{event_id}: nothing to send again (still being sent?)"),
+        ),
+        Ok(n) => back_with("done", &format!("{event_id}: {n} deliveries to send again")),
+        Err(e) => back_with("failed", &e.to_string()),
+    }
+}
+
 /// Back to the page, saying what an action came to.
 fn acted(id: &str, result: Result<Outcome, crate::idempotency::OperatorError>) -> Response {
     match result {
@@ -305,10 +331,12 @@ async fn page(
             store.outbox_backlog().await?,
             store.tenants().await?,
             store.outcome_counts(CHART_WINDOW).await?,
+            store.webhook_endpoints().await?,
+            store.webhook_deliveries(LIST_LIMIT).await?,
         ))
     }
     .await;
-    let (review, processing, backlog, tenants, counts) = match loaded {
+    let (review, processing, backlog, tenants, counts, endpoints, deliveries) = match loaded {
         Ok(l) => l,
         Err(e) => return unavailable(&e),
     };
@@ -330,6 +358,7 @@ async fn page(
                 (format!("{:.0}", backlog.1)) " s." }
         }
         (merchants_section(&tenants))
+        (webhooks_section(&endpoints, &deliveries))
         (chart_section(&counts))
     };
     Html(layout("idem console", body).into_string()).into_response()
@@ -451,6 +480,53 @@ fn merchants_section(tenants: &[Tenant]) -> Markup {
                                                 Some(at) => { "expired " (at.format("%Y-%m-%d %H:%M UTC")) },
                                             }
                                         }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The endpoints, and the latest deliveries with what each last met; a
+/// delivery that is over (delivered or failed) can be sent again.
+fn webhooks_section(endpoints: &[EndpointInfo], deliveries: &[DeliveryInfo]) -> Markup {
+    html! {
+        section #webhooks {
+            h2 { "Webhooks" }
+            table.endpoints {
+                thead { tr { th { "endpoint" } th { "merchant" } th { "url" } th { "events" } th { "state" } } }
+                tbody {
+                    @for e in endpoints {
+                        tr data-endpoint=(e.id) {
+                            td { (e.id) }
+                            td { (e.merchant) }
+                            td { (e.url) }
+                            td { (e.events.as_ref().map_or_else(|| "all".to_owned(), |e| e.join(", "))) }
+                            td { @match e.disabled_at { Some(at) => { "disabled since " (at.format("%Y-%m-%d %H:%M UTC")) }, None => "enabled" } }
+                        }
+                    }
+                }
+            }
+            h3 { "Latest deliveries" }
+            table.deliveries {
+                thead { tr { th { "event" } th { "endpoint" } th { "type" } th { "state" } th { "attempts" } th { "last answer" } th {} } }
+                tbody {
+                    @for d in deliveries {
+                        tr data-event=(d.event_id) data-state=(d.state) {
+                            td { (d.event_id) }
+                            td { (d.endpoint_id) }
+                            td { (d.event_type) }
+                            td { (d.state) @if d.state == "pending" { " (next " (d.next_attempt_at.format("%H:%M:%S UTC")) ")" } }
+                            td { (d.attempts) }
+                            td { (d.last_error.clone().or_else(|| d.last_status.map(|s| s.to_string())).unwrap_or_default()) }
+                            td {
+                                @if d.state != "pending" {
+                                    form method="post" action=(format!("/webhooks/{}/redeliver", d.event_id)) {
+                                        button.redeliver type="submit" { "Send again" }
                                     }
                                 }
                             }

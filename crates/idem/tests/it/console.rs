@@ -106,6 +106,22 @@ async fn a_person_resolves_a_charge_in_the_console_and_the_api_replays_it_resolv
     )
     .await;
     let client = Client::new(&server.url, &secret);
+    // An endpoint nothing delivers to here (--no-workers): its deliveries
+    // wait, and the console shows them.
+    let (status, _, stderr) = run_idem(
+        &db,
+        &[
+            "webhooks",
+            "add",
+            "loja",
+            "http://127.0.0.1:9/hook",
+            "--webhook-allow-private",
+            "--actor",
+            "ana",
+        ],
+    )
+    .await;
+    assert!(status.success(), "{stderr}");
 
     // A charge awaiting review: the capture failed before the acquirer saw
     // it, and the reconciler's last look found nothing.
@@ -128,6 +144,16 @@ async fn a_person_resolves_a_charge_in_the_console_and_the_api_replays_it_resolv
         .fetch_one(&db.pool)
         .await
         .unwrap();
+    // The review's webhook, written with the mark, given up as if its
+    // schedule had run out.
+    let (review_event,): (String,) = sqlx::query_as(
+        "select event_id from webhook_deliveries where event_type = 'charge.review_required'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("charge.review_required written with the mark");
+    db.exec("update webhook_deliveries set state = 'failed', attempts = 11")
+        .await;
 
     let driver = Driver::start().await;
     let browser = driver.browser().await;
@@ -238,7 +264,54 @@ async fn a_person_resolves_a_charge_in_the_console_and_the_api_replays_it_resolv
             .is_err(),
         "no longer awaiting review"
     );
+
+    // The failed webhook, sent again from the console.
+    browser
+        .find(Locator::Css(&format!(
+            "#webhooks tr[data-event='{review_event}'][data-state='failed'] button.redeliver"
+        )))
+        .await
+        .expect("a failed delivery offers to be sent again")
+        .click()
+        .await
+        .unwrap();
+    // The next page's notice (the last page's is still there until it loads).
+    let done = browser
+        .wait()
+        .for_element(Locator::XPath(&format!(
+            "//p[contains(@class, 'good') and contains(., '{review_event}')]"
+        )))
+        .await
+        .unwrap();
+    let said = done.text().await.unwrap();
+    assert!(said.contains("1 deliveries to send again"), "{said}");
+    assert!(browser
+        .find(Locator::Css(&format!(
+            "#webhooks tr[data-event='{review_event}'][data-state='pending']"
+        )))
+        .await
+        .is_ok());
     browser.close().await.unwrap();
+    let events: Vec<(String,)> =
+        sqlx::query_as("select event_type from webhook_deliveries order by id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        events,
+        [
+            ("charge.review_required".to_owned(),),
+            ("charge.resolved".to_owned(),)
+        ],
+        "the resolution's webhook, written with it"
+    );
+    let trail = db.store.audit_trail(Some(&review_event), 10).await.unwrap();
+    assert!(
+        trail
+            .iter()
+            .any(|a| a.action == "webhook.redeliver" && a.actor == "console (--admin-token)"),
+        "{trail:?}"
+    );
 
     // The API replays the charge as resolved; no money moved at idem's hand.
     let late = client.charge(&key, &body).await;
