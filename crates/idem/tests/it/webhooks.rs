@@ -734,3 +734,43 @@ async fn an_instance_killed_between_the_commit_and_the_post_loses_no_webhook() {
     assert_eq!(got[0].body["type"], "charge.captured");
     assert_eq!(sim.ledger().await.captures.len(), 1);
 }
+
+/// Two instances deliver side by side: every event reaches the endpoint, and
+/// none twice (each attempt is leased by one deliverer).
+#[tokio::test]
+async fn two_deliverers_share_the_work_and_send_no_attempt_twice() {
+    let db = TestDb::new().await;
+    let sim = TestSim::start(Faults::default()).await;
+    let receiver = Receiver::start().await;
+    let secret = db.merchant("loja").await;
+    add_endpoint(&db, "loja", &receiver.url("/ok"), &[]).await;
+    let (a, b) = (
+        serve(&db, &sim, QUICK, &[]).await,
+        serve(&db, &sim, QUICK, &[]).await,
+    );
+    let charges = 20;
+    let mut sent = Vec::new();
+    for order in 1..=charges {
+        let server = if order % 2 == 0 { &a } else { &b };
+        sent.push(tokio::spawn({
+            let c = Client::new(&server.url, &secret);
+            async move { c.charge(&new_key(), &body(order, 100)).await.status }
+        }));
+    }
+    for s in sent {
+        assert_eq!(s.await.expect("join"), 201);
+    }
+    receiver
+        .wait_for("every event", |got| got.len() >= 20)
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let got = receiver.received();
+    let mut ids: Vec<&str> = got.iter().map(|r| r.webhook_id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(
+        (got.len(), ids.len()),
+        (20, 20),
+        "each event once: {got:#?}"
+    );
+}
