@@ -465,7 +465,7 @@ pub enum AttemptOutcome {
 }
 
 /// One delivery as an operator sees it (`idem webhooks deliveries`, the console).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, sqlx::FromRow)]
 pub struct DeliveryInfo {
     pub event_id: String,
     pub endpoint_id: String,

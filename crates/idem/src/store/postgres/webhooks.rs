@@ -91,18 +91,6 @@ type DueRow = (
     Option<String>,
 );
 
-type DeliveryRow = (
-    String,
-    String,
-    String,
-    String,
-    i32,
-    Option<i16>,
-    Option<String>,
-    DateTime<Utc>,
-    DateTime<Utc>,
-);
-
 type ListRow = (
     String,
     String,
@@ -294,15 +282,13 @@ impl PgStore {
         &self,
         limit: i64,
     ) -> Result<Vec<DeliveryInfo>, StoreError> {
-        let rows: Vec<DeliveryRow> = self
-            .on_conn(async |db| {
-                sqlx::query_as(DELIVERIES_SQL)
-                    .bind(limit)
-                    .fetch_all(db)
-                    .await
-            })
-            .await?;
-        Ok(rows.into_iter().map(delivery_info).collect())
+        self.on_conn(async |db| {
+            sqlx::query_as(DELIVERIES_SQL)
+                .bind(limit)
+                .fetch_all(db)
+                .await
+        })
+        .await
     }
 
     pub(in crate::store) async fn webhook_backlog(&self) -> Result<(i64, f64), StoreError> {
@@ -331,30 +317,5 @@ fn due(r: DueRow) -> DueDelivery {
         url,
         secret,
         previous_secret,
-    }
-}
-
-fn delivery_info(r: DeliveryRow) -> DeliveryInfo {
-    let (
-        event_id,
-        endpoint_id,
-        event_type,
-        state,
-        attempts,
-        last_status,
-        last_error,
-        created_at,
-        next_attempt_at,
-    ) = r;
-    DeliveryInfo {
-        event_id,
-        endpoint_id,
-        event_type,
-        state,
-        attempts,
-        last_status,
-        last_error,
-        created_at,
-        next_attempt_at,
     }
 }

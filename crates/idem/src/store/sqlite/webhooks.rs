@@ -125,8 +125,9 @@ const REDELIVER_SQL: &str = concatcp!(
 
 const DELIVERIES_SQL: &str = "select event_id, endpoint_id, event_type, state, attempts,
            last_status, last_error,
-           strftime('%Y-%m-%dT%H:%M:%fZ', created_at / 1000.0, 'unixepoch'),
+           strftime('%Y-%m-%dT%H:%M:%fZ', created_at / 1000.0, 'unixepoch') as created_at,
            strftime('%Y-%m-%dT%H:%M:%fZ', next_attempt_at / 1000.0, 'unixepoch')
+             as next_attempt_at
       from webhook_deliveries order by id desc limit $1";
 
 const BACKLOG_SQL: &str = concatcp!(
@@ -137,18 +138,6 @@ const BACKLOG_SQL: &str = concatcp!(
 );
 
 type TakenRow = (i64, i32, String, String, Vec<u8>, String);
-
-type DeliveryRow = (
-    String,
-    String,
-    String,
-    String,
-    i32,
-    Option<i16>,
-    Option<String>,
-    DateTime<Utc>,
-    DateTime<Utc>,
-);
 
 type ListRow = (
     String,
@@ -372,36 +361,10 @@ impl SqliteStore {
         &self,
         limit: i64,
     ) -> Result<Vec<DeliveryInfo>, StoreError> {
-        let rows: Vec<DeliveryRow> = sqlx::query_as(DELIVERIES_SQL)
+        Ok(sqlx::query_as(DELIVERIES_SQL)
             .bind(limit)
             .fetch_all(&self.pool)
-            .await?;
-        Ok(rows
-            .into_iter()
-            .map(
-                |(
-                    event_id,
-                    endpoint_id,
-                    event_type,
-                    state,
-                    attempts,
-                    last_status,
-                    last_error,
-                    created_at,
-                    next_attempt_at,
-                )| DeliveryInfo {
-                    event_id,
-                    endpoint_id,
-                    event_type,
-                    state,
-                    attempts,
-                    last_status,
-                    last_error,
-                    created_at,
-                    next_attempt_at,
-                },
-            )
-            .collect())
+            .await?)
     }
 
     pub(in crate::store) async fn webhook_backlog(&self) -> Result<(i64, f64), StoreError> {
