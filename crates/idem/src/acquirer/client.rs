@@ -278,22 +278,21 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     Some(wait.min(MAX_ACQUIRER_RETRY_AFTER))
 }
 
-fn describe(e: &reqwest::Error) -> String {
+/// A transport error in words, for logs: a timeout, or the error with its
+/// causes (a refused connection and why, "connection closed before message
+/// completed", ...). The webhook deliverer describes its own errors with it.
+pub(crate) fn describe(e: &reqwest::Error) -> String {
     if e.is_timeout() {
-        "timed out".to_owned()
-    } else if e.is_connect() {
-        "could not connect".to_owned()
-    } else {
-        // Includes the cause chain (e.g. "connection closed before message completed").
-        let mut text = e.to_string();
-        let mut source = std::error::Error::source(e);
-        while let Some(s) = source {
-            text.push_str(": ");
-            text.push_str(&s.to_string());
-            source = s.source();
-        }
-        text
+        return "timed out".to_owned();
     }
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }
 
 #[cfg(test)]

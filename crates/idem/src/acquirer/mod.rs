@@ -11,4 +11,5 @@
 mod client;
 pub mod protocol;
 
+pub(crate) use client::describe as describe_transport_error;
 pub use client::{AcquirerClient, AcquirerError, Contradiction, Settled, Unknown};

@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::target::{self, AddressPolicy};
+use crate::acquirer::describe_transport_error;
 use crate::domain::{signature_header, WebhookSecret};
 use crate::store::{AttemptOutcome, DueDelivery, Store};
 
@@ -233,7 +234,7 @@ impl Deliverer {
             .await;
         let mut response = match sent {
             Ok(response) => response,
-            Err(e) => return fail(None, describe(&e)),
+            Err(e) => return fail(None, describe_transport_error(&e)),
         };
         let status = response.status();
         // The answer's body, up to the cap, within the attempt's own bound.
@@ -247,7 +248,7 @@ impl Deliverer {
                     }
                 }
                 Ok(None) => break None,
-                Err(e) => break Some(describe(&e)),
+                Err(e) => break Some(describe_transport_error(&e)),
             }
         };
         match (status.is_success(), body_error) {
@@ -261,21 +262,6 @@ impl Deliverer {
             ),
         }
     }
-}
-
-/// A transport error in words: a timeout, a refused connection, or the chain.
-fn describe(e: &reqwest::Error) -> String {
-    if e.is_timeout() {
-        return "timed out".to_owned();
-    }
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 #[cfg(test)]
