@@ -2,6 +2,7 @@
 //! port 0, `idem serve` child processes, and a small HTTP client.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -375,7 +376,12 @@ impl IdemProcess {
 
     /// Starts `idem ARGS` against the database at `db_url`.
     pub fn spawn_on(db_url: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
-        let child = Command::new(env!("CARGO_BIN_EXE_idem"))
+        Self::spawn_bin(Path::new(env!("CARGO_BIN_EXE_idem")), db_url, args, env)
+    }
+
+    /// Starts the `idem` binary at `bin` (another release's, say) with `ARGS`.
+    pub fn spawn_bin(bin: &Path, db_url: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let child = Command::new(bin)
             .args(args)
             .env("DATABASE_URL", db_url)
             .envs(env.iter().copied())
@@ -469,11 +475,23 @@ impl ServeProcess {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
+        let bin = Path::new(env!("CARGO_BIN_EXE_idem"));
+        Self::start_bin(bin, db_url, acquirer_url, extra, env).await
+    }
+
+    /// [`ServeProcess::start_on`] with the `idem` binary at `bin`.
+    pub async fn start_bin(
+        bin: &Path,
+        db_url: &str,
+        acquirer_url: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
         let mut args = vec!["serve", "--listen", &listen, "--acquirer-url", acquirer_url];
         args.extend_from_slice(extra);
-        let process = IdemProcess::spawn_on(db_url, &args, env);
+        let process = IdemProcess::spawn_bin(bin, db_url, &args, env);
         let url = format!("http://{listen}");
         let started = Instant::now();
         let http = reqwest::Client::new();
@@ -698,7 +716,17 @@ pub async fn run_idem_on(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> (std::process::ExitStatus, String, String) {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+    run_bin(Path::new(env!("CARGO_BIN_EXE_idem")), db_url, args, env).await
+}
+
+/// [`run_idem_on`] with the `idem` binary at `bin`.
+pub async fn run_bin(
+    bin: &Path,
+    db_url: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (std::process::ExitStatus, String, String) {
+    let out = tokio::process::Command::new(bin)
         .args(args)
         .env("DATABASE_URL", db_url)
         .env("IDEM_LOG", "warn")
@@ -977,4 +1005,19 @@ impl Drop for SmallDisk {
         let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The `idem` binary of the release before this one, which scripts/test
+/// builds with scripts/ensure-previous-idem and names in
+/// `IDEM_TEST_PREVIOUS_IDEM`.
+pub fn previous_idem() -> PathBuf {
+    let path = std::env::var("IDEM_TEST_PREVIOUS_IDEM").unwrap_or_else(|_| {
+        panic!(
+            "IDEM_TEST_PREVIOUS_IDEM must name the previous release's idem \
+             (scripts/test sets it: IDEM_TEST_PREVIOUS_IDEM=$(scripts/ensure-previous-idem))"
+        )
+    });
+    let path = PathBuf::from(path);
+    assert!(path.is_file(), "no idem at {}", path.display());
+    path
 }

@@ -26,6 +26,7 @@ mod queue;
 mod race;
 mod recovery;
 mod retention;
+mod rolling;
 mod store;
 mod tenant;
 mod tls;

@@ -11,9 +11,10 @@
 //! deployment) until the table's first analyze. Written as plain joins, the
 //! claim's plan from an empty table hashed all of `idempotency_keys` for every
 //! batch (30 M rows read for 20,000 charges in one bench run). So every read
-//! here is one the planner cannot make a scan of the table: a `lateral`
-//! lookup by primary key per row (`limit 1`), or, for the finalize, a join
-//! restricted to records in flight (the partial index holds only those).
+//! here is one the planner cannot make a scan of the table: for the claim, a
+//! `lateral` lookup by primary key per row (`limit 1`); for the finalize, the
+//! one-row function `idem_finalize` called per row (migration 0011 says why
+//! a join restricted to records in flight, which this was, is no better).
 
 use std::collections::HashSet;
 
@@ -79,50 +80,24 @@ const CLAIM_BATCH_SQL: &str = concatcp!(
      where not exists (select 1 from claimed where claimed.charge_id = i.charge_id)"
 );
 
-/// Finalizes, as [`super::keys::FINALIZE_SQL`] does for one, each fenced by
-/// its own `attempt`; returns the place (from 1) of each row that settled.
-/// The records are found among those in flight: by the primary key on a
-/// large table, and through the partial index of in-flight records (a few
-/// per client) on a small one, so no plan PostgreSQL may keep reads the table.
-const FINALIZE_BATCH_SQL: &str = "with i as (
-        select * from unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::smallint[],
-                             $6::bytea[], $7::bigint[], $8::text[], $9::text[], $10::text[],
-                             $11::text[], $12::text[], $13::text[], $14::text[], $15::bytea[],
-                             $16::text[], $17::text[], $18::bytea[])
-            with ordinality as i(merchant_id, idempotency_key, charge_id, attempt,
-                                 response_status, response_body, key_ttl_ms, charge_status,
-                                 capture_id, decline_reason, event_id, event_exchange,
-                                 event_type, event_tenant, event_body, webhook_event_id,
-                                 webhook_event_type, webhook_body, n)
-    ), k as (
-        update idempotency_keys k
-           set state = 'completed', locked_until = null,
-               response_status = i.response_status, response_body = i.response_body,
-               expires_at = now() + i.key_ttl_ms * interval '1 millisecond'
-          from i
-         where k.merchant_id = i.merchant_id and k.idempotency_key = i.idempotency_key
-           and k.charge_id = i.charge_id and k.attempt = i.attempt and k.state = 'in_flight'
-        returning k.charge_id
-    ), e as (
-        insert into outbox (kind, message_id, exchange, routing_key, tenant, event_type, body)
-        select 'event', i.event_id, i.event_exchange, i.event_type, i.event_tenant,
-               i.event_type, i.event_body
-          from i join k on k.charge_id = i.charge_id
-         where i.event_id is not null and (select events_enabled from settings)
-    ), w as (
-        insert into webhook_deliveries (event_id, endpoint_id, event_type, body)
-        select i.webhook_event_id, we.id, i.webhook_event_type, i.webhook_body
-          from i join k on k.charge_id = i.charge_id
-          join webhook_endpoints we on we.merchant_id = i.merchant_id
-         where i.webhook_event_id is not null and we.disabled_at is null
-           and (we.events is null or i.webhook_event_type = any(we.events))
-    )
-    update charges c
-       set status = i.charge_status, acquirer_capture_id = i.capture_id,
-           decline_reason = i.decline_reason, updated_at = now()
-      from i join k on k.charge_id = i.charge_id
-     where c.id = i.charge_id
-    returning i.n";
+/// Finalizes, as [`super::keys::FINALIZE_SQL`] does for one: the same
+/// function, once per row in the rows' order, each fenced by its own
+/// `attempt`; answers each row's place (from 1) and whether it settled.
+const FINALIZE_BATCH_SQL: &str = "select i.n, idem_finalize(i.merchant_id, i.idempotency_key,
+            i.charge_id, i.attempt, i.response_status, i.response_body, i.key_ttl_ms,
+            i.charge_status, i.capture_id, i.decline_reason, i.event_id, i.event_exchange,
+            i.event_type, i.event_tenant, i.event_body, i.webhook_event_id,
+            i.webhook_event_type, i.webhook_body)
+      from unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::smallint[],
+                  $6::bytea[], $7::bigint[], $8::text[], $9::text[], $10::text[],
+                  $11::text[], $12::text[], $13::text[], $14::text[], $15::bytea[],
+                  $16::text[], $17::text[], $18::bytea[])
+           with ordinality as i(merchant_id, idempotency_key, charge_id, attempt,
+                                response_status, response_body, key_ttl_ms, charge_status,
+                                capture_id, decline_reason, event_id, event_exchange,
+                                event_type, event_tenant, event_body, webhook_event_id,
+                                webhook_event_type, webhook_body, n)
+     order by i.n";
 
 /// Binds the rows' parameters column by column, as arrays: `$k` is the array
 /// of every row's `k`-th parameter.
@@ -221,9 +196,12 @@ pub(super) async fn finalizes(pool: &PgPool, rows: Vec<FinalizeRow>) -> Vec<Batc
     }
     let values: Vec<_> = rows.iter().map(FinalizeRow::values).collect();
     let params: Vec<_> = values.iter().map(|v| v.params()).collect();
-    match fetch::<(i64,), 18>(pool, FINALIZE_BATCH_SQL, &params).await {
+    match fetch::<(i64, bool), 18>(pool, FINALIZE_BATCH_SQL, &params).await {
         Ok(settled) => {
-            let settled: HashSet<i64> = settled.into_iter().map(|(n,)| n).collect();
+            let settled: HashSet<i64> = settled
+                .into_iter()
+                .filter_map(|(n, settled)| settled.then_some(n))
+                .collect();
             (1..=rows.len())
                 .map(|n| Batched::Done(Ok(i64::try_from(n).is_ok_and(|n| settled.contains(&n)))))
                 .collect()

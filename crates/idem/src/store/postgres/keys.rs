@@ -101,33 +101,13 @@ const RECLAIM_SQL: &str = concatcp!(
 /// Store the outcome, settle the charge, write its event to the outbox
 /// (when the deployment has events on: the `settings` table) and a webhook
 /// delivery for each of the merchant's enabled endpoints that hears its
-/// webhook event, in one statement (one transaction), fenced by `attempt`. Parameters as
-/// [`FinalizeValues::params`] names them (the event's type is also its
-/// routing key). Public for `idem bench --vs-pgbench`.
-pub const FINALIZE_SQL: &str = "with k as (
-                update idempotency_keys
-                   set state = 'completed', locked_until = null,
-                       response_status = $5, response_body = $6,
-                       expires_at = now() + $7 * interval '1 millisecond'
-                 where merchant_id = $1 and idempotency_key = $2 and charge_id = $3
-                   and attempt = $4 and state = 'in_flight'
-                returning charge_id
-            ), e as (
-                insert into outbox (kind, message_id, exchange, routing_key, tenant, event_type, body)
-                select 'event', $11, $12, $13, $14, $13, $15 from k
-                 where $11::text is not null and (select events_enabled from settings)
-            ), w as (
-                insert into webhook_deliveries (event_id, endpoint_id, event_type, body)
-                select $16, we.id, $17, $18 from k
-                  join webhook_endpoints we on we.merchant_id = $1
-                 where $16::text is not null and we.disabled_at is null
-                   and (we.events is null or $17::text = any(we.events))
-            )
-            update charges c
-               set status = $8, acquirer_capture_id = $9, decline_reason = $10, updated_at = now()
-              from k
-             where c.id = k.charge_id
-            returning c.id";
+/// webhook event, in one transaction, fenced by `attempt`: the function
+/// `idem_finalize` (migration 0011, which says why it is a function), whose
+/// answer is whether the attempt still held the record. Parameters as
+/// [`FinalizeValues::params`] names them. Public for `idem bench --vs-pgbench`.
+pub const FINALIZE_SQL: &str = "select idem_finalize($1::bigint, $2::text, $3::text, $4::bigint, \
+     $5::smallint, $6::bytea, $7::bigint, $8::text, $9::text, $10::text, $11::text, $12::text, \
+     $13::text, $14::text, $15::bytea, $16::text, $17::text, $18::bytea)";
 
 /// `$1` merchant, `$2` key.
 const KEY_RECORD_SQL: &str = concatcp!(
@@ -375,13 +355,13 @@ impl PgStore {
         let args: PgArguments = arguments(&values.params())?;
         // An operator's decision: the outcome and its audit record together.
         self.in_tx(async |db| {
-            let settled: Option<(String,)> = sqlx::query_as_with(FINALIZE_SQL, args)
-                .fetch_optional(&mut *db)
+            let (settled,): (bool,) = sqlx::query_as_with(FINALIZE_SQL, args)
+                .fetch_one(&mut *db)
                 .await?;
-            if settled.is_some() {
+            if settled {
                 super::audit::record(db, entry).await?;
             }
-            Ok(settled.is_some())
+            Ok(settled)
         })
         .await
     }
@@ -530,11 +510,9 @@ pub(super) async fn finalize_on(
     values: &FinalizeValues<'_>,
 ) -> Result<bool, StoreError> {
     let args: PgArguments = arguments(&values.params())?;
-    let settled: Option<(String,)> = super::on_pool(pool, async |db| {
-        sqlx::query_as_with(FINALIZE_SQL, args)
-            .fetch_optional(db)
-            .await
+    let (settled,): (bool,) = super::on_pool(pool, async |db| {
+        sqlx::query_as_with(FINALIZE_SQL, args).fetch_one(db).await
     })
     .await?;
-    Ok(settled.is_some())
+    Ok(settled)
 }

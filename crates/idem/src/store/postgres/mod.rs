@@ -59,6 +59,9 @@ const TCP_KEEPALIVES: [(&str, &str); 3] = [
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// The batch workers' connections ([`batch_connections`]); none when
+    /// there are too few to keep any apart, and the workers share `pool`.
+    batch_pool: Option<PgPool>,
     /// Claims and finalizes go to the database in batches ([`batched`]).
     claims: Batcher<ClaimRow, Claim>,
     finalizes: Batcher<FinalizeRow, bool>,
@@ -79,13 +82,26 @@ impl PgStore {
             .application_name("idem")
             .options([("statement_timeout", statement_timeout.as_str())])
             .options(TCP_KEEPALIVES);
-        let pool = PgPool::new(options, max_connections, ACQUIRE_TIMEOUT)?;
+        let batch_connections = batch_connections(max_connections);
+        let pool = PgPool::new(
+            options.clone(),
+            max_connections - batch_connections,
+            ACQUIRE_TIMEOUT,
+        )?;
+        let batch_pool = match batch_connections {
+            0 => None,
+            n => {
+                let generic = options.options([("plan_cache_mode", "force_generic_plan")]);
+                Some(pool.sibling(generic, n, ACQUIRE_TIMEOUT)?)
+            }
+        };
+        let batches_on = batch_pool.clone().unwrap_or_else(|| pool.clone());
         let claims = Batcher::new(
             "claim",
             BATCHES_AT_ONCE,
             BATCH_CAP,
             ACQUIRE_TIMEOUT,
-            pool.clone(),
+            batches_on.clone(),
             async |pool: PgPool, rows| batched::claims(&pool, rows).await,
         );
         let finalizes = Batcher::new(
@@ -93,7 +109,7 @@ impl PgStore {
             BATCHES_AT_ONCE,
             BATCH_CAP,
             ACQUIRE_TIMEOUT,
-            pool.clone(),
+            batches_on.clone(),
             async |pool: PgPool, rows| batched::finalizes(&pool, rows).await,
         );
         let results = Batcher::new(
@@ -101,11 +117,12 @@ impl PgStore {
             BATCHES_AT_ONCE,
             BATCH_CAP,
             ACQUIRE_TIMEOUT,
-            pool.clone(),
+            batches_on.clone(),
             async |pool: PgPool, rows| outbox::results(&pool, rows).await,
         );
         Ok(Self {
             pool,
+            batch_pool,
             claims,
             finalizes,
             results,
@@ -195,13 +212,34 @@ impl PgStore {
     }
 
     pub(super) fn pool_stats(&self) -> PoolStats {
-        let (size, idle) = self.pool.stats();
+        let (mut size, mut idle) = self.pool.stats();
+        if let Some(batch_pool) = &self.batch_pool {
+            let (batch_size, batch_idle) = batch_pool.stats();
+            size += batch_size;
+            idle += batch_idle;
+        }
         PoolStats { size, idle }
     }
 
     pub(super) async fn close(&self) {
         self.pool.close().await;
+        if let Some(batch_pool) = &self.batch_pool {
+            batch_pool.close().await;
+        }
     }
+}
+
+/// Connections of `max_connections` kept for the batch workers: one per kind
+/// of batch (claims, finalizes, queue results) when there are enough, and
+/// never more than half; none when there is only one. On them PostgreSQL
+/// plans each statement once and keeps that plan (`plan_cache_mode =
+/// force_generic_plan`): the batch statements are written so that any plan
+/// of theirs reads by primary key ([`batched`]), and planning the claim's
+/// afresh for every batch, as PostgreSQL chose to (it sees each batch's
+/// size), cost 9 % of the database's CPU per new charge (docs/benchmarks.md).
+/// The other statements keep PostgreSQL's own choice.
+fn batch_connections(max_connections: u32) -> u32 {
+    (max_connections / 2).min(3)
 }
 
 /// The readiness probe's write: one row, rewritten in place.

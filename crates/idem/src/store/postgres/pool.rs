@@ -65,6 +65,36 @@ impl PgPool {
         max_connections: u32,
         acquire_timeout: Duration,
     ) -> Result<Self, sqlx::Error> {
+        Self::with_health(
+            options,
+            max_connections,
+            acquire_timeout,
+            WriteHealth::default(),
+        )
+    }
+
+    /// Another pool to the same database, of connections opened with
+    /// `options`, whose operations tell the write health this one reads.
+    pub(super) fn sibling(
+        &self,
+        options: PgConnectOptions,
+        max_connections: u32,
+        acquire_timeout: Duration,
+    ) -> Result<Self, sqlx::Error> {
+        Self::with_health(
+            options,
+            max_connections,
+            acquire_timeout,
+            self.health.clone(),
+        )
+    }
+
+    fn with_health(
+        options: PgConnectOptions,
+        max_connections: u32,
+        acquire_timeout: Duration,
+        health: WriteHealth,
+    ) -> Result<Self, sqlx::Error> {
         let pool = Pool::builder(Connector { options })
             .max_size(max_connections as usize)
             .wait_timeout(Some(acquire_timeout))
@@ -72,10 +102,7 @@ impl PgPool {
             .runtime(Runtime::Tokio1)
             .build()
             .map_err(|e| sqlx::Error::Configuration(e.into()))?;
-        Ok(Self {
-            pool,
-            health: WriteHealth::default(),
-        })
+        Ok(Self { pool, health })
     }
 
     /// One connection, held until [`PgConn::release`] (or closed when dropped).
