@@ -17,19 +17,16 @@
 -- equality on the whole primary key costs less than any scan, even of an
 -- empty table. The plans are made once per connection and kept.
 --
--- Arguments as FinalizeValues::params names them. Answers whether this
+-- Arguments: the first ten of FinalizeValues::params. Answers whether this
 -- attempt still held the record (fenced by `attempt`) and its outcome is now
--- stored, with the charge settled, its event written to the outbox (when the
--- deployment has events on) and a webhook delivery for each of the
--- merchant's enabled endpoints that hears the webhook event. An older binary
--- beside this one never calls it: the migration only adds.
+-- stored, with the charge settled. The statement that calls it writes, for
+-- the rows that settled, the charge event and the webhook deliveries, once
+-- for the whole batch (keys.rs: FINALIZE_SQL). An older binary beside this
+-- one never calls it: the migration only adds.
 create function idem_finalize(
     p_merchant_id bigint, p_key text, p_charge_id text, p_attempt bigint,
     p_response_status smallint, p_response_body bytea, p_key_ttl_ms bigint,
-    p_charge_status text, p_capture_id text, p_decline_reason text,
-    p_event_id text, p_event_exchange text, p_event_type text, p_event_tenant text,
-    p_event_body bytea,
-    p_webhook_event_id text, p_webhook_event_type text, p_webhook_body bytea
+    p_charge_status text, p_capture_id text, p_decline_reason text
 ) returns boolean
 language plpgsql as $$
 begin
@@ -42,18 +39,6 @@ begin
        and state <> 'completed';
     if not found then
         return false;
-    end if;
-    if p_event_id is not null and (select events_enabled from settings) then
-        insert into outbox (kind, message_id, exchange, routing_key, tenant, event_type, body)
-        values ('event', p_event_id, p_event_exchange, p_event_type, p_event_tenant,
-                p_event_type, p_event_body);
-    end if;
-    if p_webhook_event_id is not null then
-        insert into webhook_deliveries (event_id, endpoint_id, event_type, body)
-        select p_webhook_event_id, we.id, p_webhook_event_type, p_webhook_body
-          from webhook_endpoints we
-         where we.merchant_id = p_merchant_id and we.disabled_at is null
-           and (we.events is null or p_webhook_event_type = any(we.events));
     end if;
     update charges
        set status = p_charge_status, acquirer_capture_id = p_capture_id,

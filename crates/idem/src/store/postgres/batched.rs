@@ -20,7 +20,7 @@ use std::collections::HashSet;
 
 use const_format::concatcp;
 
-use super::keys::RECORD_COLUMNS;
+use super::keys::{FINALIZE_AFTER_ROWS, RECORD_COLUMNS};
 use super::pool::PgPool;
 use crate::store::batch::{self, Batched};
 use crate::store::model::Claim;
@@ -80,24 +80,23 @@ const CLAIM_BATCH_SQL: &str = concatcp!(
      where not exists (select 1 from claimed where claimed.charge_id = i.charge_id)"
 );
 
-/// Finalizes, as [`super::keys::FINALIZE_SQL`] does for one: the same
-/// function, once per row in the rows' order, each fenced by its own
-/// `attempt`; answers each row's place (from 1) and whether it settled.
-const FINALIZE_BATCH_SQL: &str = "select i.n, idem_finalize(i.merchant_id, i.idempotency_key,
-            i.charge_id, i.attempt, i.response_status, i.response_body, i.key_ttl_ms,
-            i.charge_status, i.capture_id, i.decline_reason, i.event_id, i.event_exchange,
-            i.event_type, i.event_tenant, i.event_body, i.webhook_event_id,
-            i.webhook_event_type, i.webhook_body)
-      from unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::smallint[],
-                  $6::bytea[], $7::bigint[], $8::text[], $9::text[], $10::text[],
-                  $11::text[], $12::text[], $13::text[], $14::text[], $15::bytea[],
-                  $16::text[], $17::text[], $18::bytea[])
-           with ordinality as i(merchant_id, idempotency_key, charge_id, attempt,
-                                response_status, response_body, key_ttl_ms, charge_status,
-                                capture_id, decline_reason, event_id, event_exchange,
-                                event_type, event_tenant, event_body, webhook_event_id,
-                                webhook_event_type, webhook_body, n)
-     order by i.n";
+/// Finalizes, as [`super::keys::FINALIZE_SQL`] does for one: the rows
+/// from arrays, then the same statement ([`FINALIZE_AFTER_ROWS`]), each row
+/// fenced by its own `attempt`.
+const FINALIZE_BATCH_SQL: &str = concatcp!(
+    "with i as (
+        select * from unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::smallint[],
+                             $6::bytea[], $7::bigint[], $8::text[], $9::text[], $10::text[],
+                             $11::text[], $12::text[], $13::text[], $14::text[], $15::bytea[],
+                             $16::text[], $17::text[], $18::bytea[])
+            with ordinality as i(merchant_id, idempotency_key, charge_id, attempt,
+                                 response_status, response_body, key_ttl_ms, charge_status,
+                                 capture_id, decline_reason, event_id, event_exchange,
+                                 event_type, event_tenant, event_body, webhook_event_id,
+                                 webhook_event_type, webhook_body, n)
+    ",
+    FINALIZE_AFTER_ROWS
+);
 
 /// Binds the rows' parameters column by column, as arrays: `$k` is the array
 /// of every row's `k`-th parameter.
