@@ -3,14 +3,15 @@
 --
 -- Why a function. A finalize written as one statement over a batch's rows
 -- (`update ... from unnest(...)`) is a join the planner is free to plan, and
--- it planned it badly twice over:
+-- either way it was written, the planner found a bad plan:
 -- - through the in-flight partial index: a settled record's entry stays in
 --   that index until a vacuum, and a bitmap scan reads every one of them
 --   without marking any dead, so each batch read all the records settled
 --   since the last vacuum (37.9 M index entries for 23,746 charges in a 15 s
 --   bench run; on a large table a vacuum comes after 20 % of it changed);
--- - as a hash join over a scan of the table, chosen while the table is small
---   (a fresh deployment) and kept by the connection's plan cache as it grows.
+-- - written so that it cannot use that index, as a hash join over a scan of
+--   the table, chosen while the table is small (a fresh deployment) and kept
+--   by the connection's plan cache as the table grows.
 -- Here each row runs one-row statements whose only way to the record is its
 -- primary key: the state test says `<> 'completed'` (the same test under the
 -- check constraint), which no partial index's predicate can serve, and an
@@ -21,7 +22,7 @@
 -- attempt still held the record (fenced by `attempt`) and its outcome is now
 -- stored, with the charge settled. The statement that calls it writes, for
 -- the rows that settled, the charge event and the webhook deliveries, once
--- for the whole batch (keys.rs: FINALIZE_SQL). An older binary beside this
+-- for the whole batch (keys.rs: FINALIZE_AFTER_ROWS). An older binary beside this
 -- one never calls it: the migration only adds.
 create function idem_finalize(
     p_merchant_id bigint, p_key text, p_charge_id text, p_attempt bigint,

@@ -107,8 +107,8 @@ const RECLAIM_SQL: &str = concatcp!(
 /// `settings` table) and a webhook delivery for each of the merchant's enabled
 /// endpoints that hears the webhook event. One statement, one transaction;
 /// answers each row's place and whether it settled. (Deciding the event and
-/// the deliveries once per statement rather than per row in the function
-/// was 8-10 % of new charges/s: docs/benchmarks.md.)
+/// the deliveries here, once per statement, rather than per row in the
+/// function gave 2-4 % more new charges/s: docs/benchmarks.md.)
 pub(super) const FINALIZE_AFTER_ROWS: &str = "), s as (
         select i.*, idem_finalize(i.merchant_id, i.idempotency_key, i.charge_id, i.attempt,
                                   i.response_status, i.response_body, i.key_ttl_ms,
