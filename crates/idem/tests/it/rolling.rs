@@ -6,7 +6,8 @@
 //! intent.
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::future::Future;
+use std::time::{Duration, Instant};
 
 use idem::store::Backend;
 use tokio::task::JoinSet;
@@ -57,9 +58,11 @@ async fn the_previous_release_and_this_one_serve_one_database_across_the_migrati
             (key, body, first)
         });
     }
-    while in_flight(&db).await < IN_FLIGHT {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until(
+        || async { in_flight(&db).await == IN_FLIGHT },
+        "charges in flight",
+    )
+    .await;
     let (status, _, err) = run_idem_on(&db.url, &["migrate"], &[]).await;
     assert!(
         status.success(),
@@ -173,6 +176,15 @@ async fn in_flight(db: &TestDb) -> i64 {
     n
 }
 
+/// Waits until `done`, for at most 20 s.
+async fn until<F: Future<Output = bool>>(done: impl Fn() -> F, what: &str) {
+    let started = Instant::now();
+    while !done().await {
+        assert!(started.elapsed() < Duration::from_secs(20), "never: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Starts a charge on `holder`, kills it with the claim at the acquirer, and
 /// retries on `other` until final: its answer.
 async fn orphan_and_settle(
@@ -188,9 +200,11 @@ async fn orphan_and_settle(
         let (c, key, body) = (on_holder.clone(), key.clone(), body.clone());
         async move { c.charge(&key, &body).await }
     });
-    while in_flight(db).await == before {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until(
+        || async { in_flight(db).await > before },
+        "a claim in flight",
+    )
+    .await;
     holder.kill_9();
     doomed.abort();
     let settled = other.charge_until_final(&key, &body).await;
