@@ -156,7 +156,8 @@ async fn run_bench(config: &BenchConfig) -> anyhow::Result<BenchResult> {
             tokio::spawn(sim::serve(sim_listener, faults, None, started.stop.clone()));
             let timeout = humantime::format_duration(hold + Duration::from_secs(5)).to_string();
             let lease = humantime::format_duration(hold + Duration::from_secs(30)).to_string();
-            let pool = config.concurrency.to_string();
+            // A connection per client, and never fewer than serve takes (2).
+            let pool = config.concurrency.max(2).to_string();
             let flags = [
                 "--acquirer-timeout",
                 &timeout,

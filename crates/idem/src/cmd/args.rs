@@ -18,8 +18,10 @@ pub(crate) struct DbArgs {
     /// `sqlite://idem.db` in the working directory.
     #[arg(long, env = "DATABASE_URL")]
     pub(crate) database_url: Option<String>,
-    /// Connections in this process's pool.
-    #[arg(long, env = "IDEM_DB_MAX_CONNECTIONS", default_value_t = 16)]
+    /// Connections in this process's pool, at least 2 (on PostgreSQL, up to
+    /// 3 of them, never more than half, carry the batches).
+    #[arg(long, env = "IDEM_DB_MAX_CONNECTIONS", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(2..))]
     pub(crate) db_max_connections: u32,
 }
 

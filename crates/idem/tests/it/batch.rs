@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem::domain::{ChargeRequest, ChargeStatus, Fingerprint, IdempotencyKey, StoredResponse};
-use idem::store::{Claim, KeyRecord, KeyState, Settlement, Store};
+use idem::store::{Backend, Claim, KeyRecord, KeyState, Settlement, Store};
 use proptest::prelude::*;
+use sqlx::Connection;
 
 use crate::helpers::*;
 
@@ -227,4 +228,115 @@ fn a_batch_of_claims_answers_each_as_the_same_claims_one_by_one() {
         prop_assert_eq!(&batched, &alone, "batched vs one by one, for {:?}", case);
         prop_assert!(batched.0.iter().all(|s| !matches!(s, Seen::Failed(_))), "{:?}", batched.0);
     });
+}
+
+/// Waits until no store's connection is open to `conn`'s database: each one
+/// that closed has reported its counters to `pg_stat_user_tables` by then.
+async fn stores_gone(conn: &mut sqlx::PgConnection) {
+    for _ in 0..200 {
+        let (open,): (i64,) = sqlx::query_as(
+            "select count(*) from pg_stat_activity
+              where datname = current_database() and application_name = 'idem'",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .expect("pg_stat_activity");
+        if open == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("a store's connections stayed open for 10 s after it closed");
+}
+
+/// Sequential scans of the two tables every charge writes, as reported.
+async fn table_scans(conn: &mut sqlx::PgConnection) -> i64 {
+    let (scans,): (i64,) = sqlx::query_as(
+        "select coalesce(sum(seq_scan), 0)::bigint from pg_stat_user_tables
+          where relname in ('idempotency_keys', 'charges')",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .expect("pg_stat_user_tables");
+    scans
+}
+
+/// The batch statements' plans are made once per connection and kept, so a
+/// plan made on a fresh deployment's empty tables is the plan they run when
+/// the tables are large: a scan of a table there would read all of it for
+/// every batch. On a database that starts empty, batches of claims and
+/// finalizes read `idempotency_keys` and `charges` by index only.
+#[tokio::test]
+async fn batches_read_by_primary_key_with_plans_made_on_empty_tables() {
+    if !runs_on(
+        Backend::Postgres,
+        "plans and their kept plans are PostgreSQL's",
+    ) {
+        return;
+    }
+    let db = TestDb::new().await;
+    db.merchant("plans").await;
+    let merchant_id = db.merchant_id("plans").await;
+    // The migration scanned the tables it indexed; its connection reports that
+    // when it closes.
+    db.store.close().await;
+    let mut watcher = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+    stores_gone(&mut watcher).await;
+    let before = table_scans(&mut watcher).await;
+
+    let store = Store::connect(&db.url, 5).await.expect("connect");
+    let ttl = Duration::from_secs(600);
+    for round in 0..4_usize {
+        let keys: Vec<_> = (0..32).map(|k| key(round * 100 + k)).collect();
+        let requests: Vec<_> = (0..32).map(|k| request(round * 100 + k, false)).collect();
+        let claims: Vec<_> = keys
+            .iter()
+            .zip(&requests)
+            .map(|(key, request)| new_claim(merchant_id, key, request, LEASE, ttl))
+            .collect();
+        let records: Vec<_> = store
+            .claim_batch(&claims)
+            .await
+            .into_iter()
+            .map(|claim| match claim.expect("claim") {
+                Claim::Won(record) => record,
+                other => panic!("a fresh key is won: {other:?}"),
+            })
+            .collect();
+        let response = StoredResponse {
+            status: 201,
+            body: Bytes::from_static(b"done"),
+        };
+        let settlement = Settlement {
+            status: ChargeStatus::Captured,
+            capture_id: Some("cap"),
+            decline_reason: None,
+            response: &response,
+            event: None,
+            webhook: None,
+            audit: None,
+        };
+        // All at once: they wait for the finalize worker together, and go
+        // as batches.
+        let settled = futures_util::future::join_all(
+            keys.iter()
+                .zip(&records)
+                .map(|(key, record)| store.finalize(merchant_id, key, record, &settlement, ttl)),
+        )
+        .await;
+        assert!(settled.into_iter().all(|s| s.expect("finalize")));
+    }
+    store.close().await;
+    stores_gone(&mut watcher).await;
+    let (completed,): (i64,) =
+        sqlx::query_as("select count(*) from idempotency_keys where state = 'completed'")
+            .fetch_one(&mut watcher)
+            .await
+            .expect("count");
+    assert_eq!(completed, 128);
+    assert_eq!(
+        table_scans(&mut watcher).await - before,
+        0,
+        "a batch statement scanned idempotency_keys or charges"
+    );
 }

@@ -98,23 +98,17 @@ const RECLAIM_SQL: &str = concatcp!(
     " from c cross join k"
 );
 
-/// The finalize after its rows `i` (columns as [`FinalizeValues::params`]
-/// names them, and `n`, the row's place from 1): each row settled by the
-/// function `idem_finalize` (migration 0011, which says why a function), which
-/// stores the outcome and settles the charge, fenced by `attempt`, reaching
-/// both by primary key; then, for the rows that settled, once for all of them,
-/// the charge event in the outbox (when the deployment has events on: the
-/// `settings` table) and a webhook delivery for each of the merchant's enabled
-/// endpoints that hears the webhook event. One statement, one transaction;
-/// answers each row's place and whether it settled. (Deciding the event and
-/// the deliveries here, once per statement, rather than per row in the
-/// function gave 2-4 % more new charges/s: docs/benchmarks.md.)
-pub(super) const FINALIZE_AFTER_ROWS: &str = "), s as (
-        select i.*, idem_finalize(i.merchant_id, i.idempotency_key, i.charge_id, i.attempt,
-                                  i.response_status, i.response_body, i.key_ttl_ms,
-                                  i.charge_status, i.capture_id, i.decline_reason) as settled
-          from i
-    ), e as (
+/// The finalize's last step, after its rows `s` (columns as
+/// [`FinalizeValues::params`] names them, `n`, the row's place from 1, and
+/// `settled`: whether this attempt still held the record, and its outcome is
+/// now stored and the charge settled): for the rows that settled, once for
+/// all of them, the charge event in the outbox (when the deployment has
+/// events on: the `settings` table) and a webhook delivery for each of the
+/// merchant's enabled endpoints that hears the webhook event. Answers each
+/// row's place and whether it settled. (Deciding the event and the deliveries
+/// once per statement rather than per row gave 2-4 % more new charges/s:
+/// docs/benchmarks.md.)
+pub(super) const FINALIZE_SETTLED_WRITES: &str = "), e as (
         insert into outbox (kind, message_id, exchange, routing_key, tenant, event_type, body)
         select 'event', s.event_id, s.event_exchange, s.event_type, s.event_tenant,
                s.event_type, s.event_body
@@ -129,9 +123,16 @@ pub(super) const FINALIZE_AFTER_ROWS: &str = "), s as (
     )
     select n, settled from s order by n";
 
-/// The finalize of one row ([`FINALIZE_AFTER_ROWS`]). Parameters as
-/// [`FinalizeValues::params`] names them (the event's type is also its
-/// routing key). Public for `idem bench --vs-pgbench`.
+/// The finalize of one row: the function `idem_finalize` (migration 0011)
+/// stores the outcome and settles the charge, fenced by `attempt`, reaching
+/// both by primary key whatever plan the connection keeps (the migration
+/// says why a function; a batch no longer calls it per row, as its header
+/// still says: [`super::batched`] runs one update over the rows, on
+/// connections whose planner cannot choose a scan); then
+/// [`FINALIZE_SETTLED_WRITES`]. One statement, one
+/// transaction. Parameters as [`FinalizeValues::params`] names them (the
+/// event's type is also its routing key). Public for `idem bench
+/// --vs-pgbench`.
 pub const FINALIZE_SQL: &str = concatcp!(
     "with i as (
         select $1::bigint as merchant_id, $2::text as idempotency_key, $3::text as charge_id,
@@ -141,8 +142,13 @@ pub const FINALIZE_SQL: &str = concatcp!(
                $12::text as event_exchange, $13::text as event_type, $14::text as event_tenant,
                $15::bytea as event_body, $16::text as webhook_event_id,
                $17::text as webhook_event_type, $18::bytea as webhook_body, 1::bigint as n
+    ), s as (
+        select i.*, idem_finalize(i.merchant_id, i.idempotency_key, i.charge_id, i.attempt,
+                                  i.response_status, i.response_body, i.key_ttl_ms,
+                                  i.charge_status, i.capture_id, i.decline_reason) as settled
+          from i
     ",
-    FINALIZE_AFTER_ROWS
+    FINALIZE_SETTLED_WRITES
 );
 
 /// `$1` merchant, `$2` key.

@@ -59,9 +59,8 @@ const TCP_KEEPALIVES: [(&str, &str); 3] = [
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
-    /// The batch workers' connections ([`batch_connections`]); none when
-    /// there are too few to keep any apart, and the workers share `pool`.
-    batch_pool: Option<PgPool>,
+    /// The batch workers' connections ([`batch_connections`]).
+    batch_pool: PgPool,
     /// Claims and finalizes go to the database in batches ([`batched`]).
     claims: Batcher<ClaimRow, Claim>,
     finalizes: Batcher<FinalizeRow, bool>,
@@ -82,26 +81,25 @@ impl PgStore {
             .application_name("idem")
             .options([("statement_timeout", statement_timeout.as_str())])
             .options(TCP_KEEPALIVES);
+        // The command line refuses fewer than two (`--db-max-connections`).
+        let max_connections = max_connections.max(2);
         let batch_connections = batch_connections(max_connections);
         let pool = PgPool::new(
             options.clone(),
             max_connections - batch_connections,
             ACQUIRE_TIMEOUT,
         )?;
-        let batch_pool = match batch_connections {
-            0 => None,
-            n => {
-                let generic = options.options([("plan_cache_mode", "force_generic_plan")]);
-                Some(pool.sibling(generic, n, ACQUIRE_TIMEOUT)?)
-            }
-        };
-        let batches_on = batch_pool.clone().unwrap_or_else(|| pool.clone());
+        let batch_pool = pool.sibling(
+            options.options(BATCH_PLANNER),
+            batch_connections,
+            ACQUIRE_TIMEOUT,
+        )?;
         let claims = Batcher::new(
             "claim",
             BATCHES_AT_ONCE,
             BATCH_CAP,
             ACQUIRE_TIMEOUT,
-            batches_on.clone(),
+            batch_pool.clone(),
             async |pool: PgPool, rows| batched::claims(&pool, rows).await,
         );
         let finalizes = Batcher::new(
@@ -109,7 +107,7 @@ impl PgStore {
             BATCHES_AT_ONCE,
             BATCH_CAP,
             ACQUIRE_TIMEOUT,
-            batches_on.clone(),
+            batch_pool.clone(),
             async |pool: PgPool, rows| batched::finalizes(&pool, rows).await,
         );
         let results = Batcher::new(
@@ -117,7 +115,7 @@ impl PgStore {
             BATCHES_AT_ONCE,
             BATCH_CAP,
             ACQUIRE_TIMEOUT,
-            batches_on.clone(),
+            batch_pool.clone(),
             async |pool: PgPool, rows| outbox::results(&pool, rows).await,
         );
         Ok(Self {
@@ -212,35 +210,51 @@ impl PgStore {
     }
 
     pub(super) fn pool_stats(&self) -> PoolStats {
-        let (mut size, mut idle) = self.pool.stats();
-        if let Some(batch_pool) = &self.batch_pool {
-            let (batch_size, batch_idle) = batch_pool.stats();
-            size += batch_size;
-            idle += batch_idle;
+        let (size, idle) = self.pool.stats();
+        let (batch_size, batch_idle) = self.batch_pool.stats();
+        PoolStats {
+            size: size + batch_size,
+            idle: idle + batch_idle,
         }
-        PoolStats { size, idle }
     }
 
     pub(super) async fn close(&self) {
         self.pool.close().await;
-        if let Some(batch_pool) = &self.batch_pool {
-            batch_pool.close().await;
-        }
+        self.batch_pool.close().await;
     }
 }
 
-/// Connections of `max_connections` kept for the batch workers: one per kind
-/// of batch (claims, finalizes, queue results) when there are enough, and
-/// never more than half; none when there is only one. On them PostgreSQL
-/// plans each statement once and keeps that plan (`plan_cache_mode =
-/// force_generic_plan`): the batch statements are written so that any plan
-/// of theirs reads by primary key ([`batched`]), and planning the claim's
-/// afresh for every batch, as PostgreSQL chose to (it sees each batch's
-/// size), cost 9 % of the database's CPU per new charge (docs/benchmarks.md).
-/// The other statements keep PostgreSQL's own choice.
+/// Connections of `max_connections` (at least 2) kept for the batch
+/// workers: one per kind of batch (claims, finalizes, queue results) when
+/// there are enough, and never more than half. Their planner is set by
+/// [`BATCH_PLANNER`].
 fn batch_connections(max_connections: u32) -> u32 {
-    (max_connections / 2).min(3)
+    (max_connections / 2).clamp(1, 3)
 }
+
+/// How PostgreSQL plans on the batch workers' connections, which run only
+/// the batch statements ([`batched`], [`outbox`]'s results), written so that
+/// every row they read has a primary key to be read by:
+/// - each statement is planned once and its plan kept (`plan_cache_mode`):
+///   left to choose, PostgreSQL planned the claim's afresh for every batch
+///   (it sees each batch's size), 9 % of its CPU per new charge;
+/// - that plan reads by index and joins by nested loop (no sequential or
+///   bitmap scan where an index serves, no hash or merge join): a plan made
+///   while a table was empty, and kept, would otherwise scan it whole for
+///   every batch as it grows, and a bitmap scan of the in-flight index reads
+///   every dead entry in it (migration 0011);
+/// - without JIT compilation: a path PostgreSQL is told to avoid is costed
+///   at 10^10, over `jit_above_cost`, and compiling took 0.66 s per batch.
+///
+/// The other connections keep PostgreSQL's own choices (docs/benchmarks.md).
+const BATCH_PLANNER: [(&str, &str); 6] = [
+    ("plan_cache_mode", "force_generic_plan"),
+    ("enable_seqscan", "off"),
+    ("enable_bitmapscan", "off"),
+    ("enable_hashjoin", "off"),
+    ("enable_mergejoin", "off"),
+    ("jit", "off"),
+];
 
 /// The readiness probe's write: one row, rewritten in place.
 const PROBE_SQL: &str = "insert into write_probe (id, probed_at) values (1, now())
