@@ -340,3 +340,54 @@ async fn batches_read_by_primary_key_with_plans_made_on_empty_tables() {
         "a batch statement scanned idempotency_keys or charges"
     );
 }
+
+/// On SQLite, a row whose parent changes under it is found through an index
+/// on its reference, or by reading the whole child table: when a parent is
+/// inserted after its children (the key record's deferred reference to its
+/// charge: every claim) or deleted (a webhook endpoint's deliveries). Every
+/// reference leads an index, except those to `merchants`, which are inserted
+/// before anything refers to them and never deleted.
+#[tokio::test]
+async fn every_reference_sqlite_settles_has_an_index() {
+    if !runs_on(
+        Backend::Sqlite,
+        "SQLite's reference checks read from the parent's side",
+    ) {
+        return;
+    }
+    let db = TestDb::new().await;
+    let tables: Vec<(String,)> = sqlx::query_as(
+        "select name from sqlite_master
+          where type = 'table' and name not like 'sqlite_%' and name not like '_sqlx%'",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("tables");
+    let mut unindexed = Vec::new();
+    for (table,) in tables {
+        let references: Vec<(String, String)> =
+            sqlx::query_as("select \"from\", \"table\" from pragma_foreign_key_list($1)")
+                .bind(&table)
+                .fetch_all(&db.pool)
+                .await
+                .expect("foreign keys");
+        for (column, parent) in references {
+            let (leading,): (i64,) = sqlx::query_as(
+                "select count(*) from pragma_index_list($1) l
+                  where (select name from pragma_index_info(l.name) where seqno = 0) = $2",
+            )
+            .bind(&table)
+            .bind(&column)
+            .fetch_one(&db.pool)
+            .await
+            .expect("indexes");
+            if leading == 0 && parent != "merchants" {
+                unindexed.push(format!("{table}.{column} -> {parent}"));
+            }
+        }
+    }
+    assert!(
+        unindexed.is_empty(),
+        "references without an index: {unindexed:?}"
+    );
+}
