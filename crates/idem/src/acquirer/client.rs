@@ -1,6 +1,6 @@
 //! idem's HTTP client for the acquirer.
 //!
-//! The acquirer's word is exactly three answers (`../shared/spec/acquirer.md`):
+//! The acquirer's word is exactly three answers (`docs/contract/acquirer.md`):
 //! `201` with a captured body for this reference, `402` with a declined body
 //! for this reference, and `422` (the reference is known with other data).
 //! A `201` whose echo names another order, amount or currency than asked is

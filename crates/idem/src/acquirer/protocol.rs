@@ -1,4 +1,4 @@
-//! The acquirer's wire format (`../shared/spec/acquirer.md`).
+//! The acquirer's wire format (`docs/contract/acquirer.md`).
 
 use serde::{Deserialize, Serialize};
 

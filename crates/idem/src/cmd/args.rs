@@ -9,7 +9,7 @@ use clap::Args;
 use crate::app;
 use crate::workers::ReconcilerConfig;
 
-/// RabbitMQ on this machine, as `spec/queue.md` starts it.
+/// RabbitMQ on this machine, as `docs/contract/queue.md` starts it.
 pub(crate) const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
 #[derive(Args, Debug, Clone)]

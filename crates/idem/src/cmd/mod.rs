@@ -1,4 +1,4 @@
-//! The `idem` command line (`../shared/spec/api.md`, "Running"): the top-level
+//! The `idem` command line (`docs/contract/api.md`, "Running"): the top-level
 //! parser, the dispatch to one module per subcommand, the runtime, the logs and
 //! the signals. Every flag also reads an environment variable. This is the
 //! edge: errors here are `anyhow`, printed once, exit code 1. Starting and

@@ -7,8 +7,8 @@ use serde::Serialize;
 use super::{Charge, ChargeStatus, MessageId};
 
 /// The topic exchange every charge event is published on, with its type as the
-/// routing key (spec/queue.md). The outbox writes it with each event, so the
-/// engine that produces events names no exchange.
+/// routing key (docs/contract/queue.md). The outbox writes it with each event,
+/// so the engine that produces events names no exchange.
 pub const EVENTS_EXCHANGE: &str = "idem.events";
 
 /// The types of charge event, also their routing keys on [`EVENTS_EXCHANGE`].

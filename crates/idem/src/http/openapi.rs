@@ -21,7 +21,7 @@ use crate::domain::{Charge, ChargeRequest};
 use crate::problem::Problem;
 
 /// What the document says of the service as a whole: the promise, the key's
-/// retention (api.md, "Retention") and where the error kinds are described.
+/// retention (`docs/contract/api.md`, "Retention") and where the error kinds are described.
 const DESCRIPTION: &str = "\
 A payment charge service that charges exactly once, however often the client retries.
 

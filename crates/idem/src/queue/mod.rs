@@ -1,4 +1,4 @@
-//! Charges from a queue (RabbitMQ), by the contract in `spec/queue.md`.
+//! Charges from a queue (RabbitMQ), by the contract in `docs/contract/queue.md`.
 //!
 //! Delivery is at-least-once, so a command may arrive twice, or again after a
 //! consumer died half-way. The effect is still once, because each command goes

@@ -1,5 +1,6 @@
-//! The acquirer simulator (`idem acquirer-sim`): the protocol of acquirer.md,
-//! deduplicating by reference, with fault injection and a ledger.
+//! The acquirer simulator (`idem acquirer-sim`): the protocol of
+//! `docs/contract/acquirer.md`, deduplicating by reference, with fault
+//! injection and a ledger.
 //!
 //! The ledger is the ground truth for "charged exactly once": it lists every
 //! capture the simulator made and counts them per `(merchant, order_id)`.

@@ -1,4 +1,4 @@
-//! Every row of api.md's outcome table, against the real simulator.
+//! Every row of `docs/contract/api.md`'s outcome table, against the real simulator.
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
-//! Charges from RabbitMQ (spec/queue.md): at-least-once in, one capture per
-//! intent, a result per delivery, and one event per outcome through the outbox.
+//! Charges from RabbitMQ (docs/contract/queue.md): at-least-once in, one capture
+//! per intent, a result per delivery, and one event per outcome through the outbox.
 //! Real broker (a virtual host per test), real `idem consume` processes.
 
 use std::collections::{HashMap, HashSet};

@@ -1,5 +1,5 @@
 //! `idem tenant`, the real binary: a merchant's name is a slug, since it is
-//! also a routing key on the broker (spec/api.md); secrets are rotated and
+//! also a routing key on the broker (docs/contract/api.md); secrets are rotated and
 //! merchants disabled without a restart, on every instance within seconds;
 //! every change is in the append-only audit trail.
 
