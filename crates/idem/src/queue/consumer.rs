@@ -38,10 +38,10 @@
 //!
 //! The attempts are counted by idem, in the header [`ATTEMPTS_HEADER`]: the
 //! command is published again with the count (confirmed), then the delivery is
-//! acked. A plain requeue would not do: `idem.charges` is declared as a
-//! classic queue, and only quorum queues count deliveries (`x-delivery-count`,
-//! RabbitMQ's "poison message handling"). Should the queue ever be a quorum
-//! one, its count is added in.
+//! acked. A plain requeue would not do alone: `idem.charges` is a quorum
+//! queue, which counts a message's failed deliveries (`x-delivery-count`,
+//! RabbitMQ's "poison message handling"), but a republished copy starts
+//! again at zero; the broker's count of this copy is added in.
 
 use std::sync::Arc;
 use std::time::Duration;
