@@ -15,6 +15,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::decision::{found, Found};
 use super::{InFlightMemo, ReplayCache};
 use crate::acquirer::protocol::CaptureRequest;
 use crate::acquirer::{AcquirerClient, AcquirerError, Contradiction, Settled, Unknown};
@@ -207,26 +208,16 @@ impl Engine {
             Claim::Lost(record) => record,
             Claim::Expired(charge_id) => return Ok(Outcome::Expired { charge_id }),
         };
-        if record.fingerprint != fingerprint {
-            return Ok(Outcome::Mismatch {
+        match found(
+            &record.fingerprint,
+            &record.state,
+            record.under_review,
+            &fingerprint,
+        ) {
+            Found::Mismatch => Ok(Outcome::Mismatch {
                 fields: record.charge.request().differing_fields(request),
-            });
-        }
-        if record.under_review {
-            return Ok(self.settled_or_waiting(merchant.id, key, record, asked));
-        }
-        if let KeyState::InFlight { lease_remaining } = &record.state {
-            self.in_flight.hold(
-                merchant.id,
-                key,
-                record.fingerprint,
-                record.charge.request(),
-                record.charge.id.clone(),
-                *lease_remaining,
-            );
-        }
-        match &record.state {
-            KeyState::InFlight { lease_remaining } if lease_remaining.is_zero() => {
+            }),
+            Found::TakeOver => {
                 match self
                     .store
                     .take_over(merchant.id, key, record.attempt, self.config.lease)
@@ -240,7 +231,20 @@ impl Engine {
                     None => self.current(merchant, key).await,
                 }
             }
-            _ => Ok(self.settled_or_waiting(merchant.id, key, record, asked)),
+            Found::InFlight { lease_remaining } => {
+                self.in_flight.hold(
+                    merchant.id,
+                    key,
+                    record.fingerprint,
+                    record.charge.request(),
+                    record.charge.id.clone(),
+                    lease_remaining,
+                );
+                Ok(self.settled_or_waiting(merchant.id, key, record, asked))
+            }
+            Found::Replay | Found::UnderReview => {
+                Ok(self.settled_or_waiting(merchant.id, key, record, asked))
+            }
         }
     }
 

@@ -7,12 +7,15 @@
 //! - [`Engine`] runs the article's order: claim (insert first, commit), call the
 //!   acquirer outside any transaction, finalize under a fencing token; the loser
 //!   of a claim replays, refuses (422), waits (409) or takes over an expired lease.
+//! - `decision.rs`: what the loser of a claim does with the record it found,
+//!   as a pure function.
 //! - [`InFlightMemo`] answers repeated duplicates of an in-flight key from memory.
 //! - [`ReplayCache`] answers replays of a completed key from memory, until the
 //!   key's expiry on the database's clock.
 //! - `operator.rs`: an operator's retry and resolve of one charge, through the
 //!   same take-over and finalize.
 
+mod decision;
 mod engine;
 mod memo;
 mod operator;
