@@ -85,6 +85,19 @@ fn request(k: usize, other_body: bool) -> ChargeRequest {
         .expect("request")
 }
 
+/// A capture storing `response`, with no event, webhook or audit entry.
+fn captured(response: &StoredResponse) -> Settlement<'_> {
+    Settlement {
+        status: ChargeStatus::Captured,
+        capture_id: Some("cap"),
+        decline_reason: None,
+        response,
+        event: None,
+        webhook: None,
+        audit: None,
+    }
+}
+
 /// Puts each key in its state before the batch, with the first body; returns
 /// the charge each holds.
 async fn prepare(store: &Store, merchant_id: i64, before: &[Before]) -> HashMap<String, Owner> {
@@ -113,15 +126,7 @@ async fn prepare(store: &Store, merchant_id: i64, before: &[Before]) -> HashMap<
             status: 201,
             body: Bytes::from(format!("done-{k}")),
         };
-        let settlement = Settlement {
-            status: ChargeStatus::Captured,
-            capture_id: Some("cap"),
-            decline_reason: None,
-            response: &response,
-            event: None,
-            webhook: None,
-            audit: None,
-        };
+        let settlement = captured(&response);
         assert!(store
             .finalize(merchant_id, &key, &record, &settlement, ttl)
             .await
@@ -307,15 +312,7 @@ async fn batches_read_by_primary_key_with_plans_made_on_empty_tables() {
             status: 201,
             body: Bytes::from_static(b"done"),
         };
-        let settlement = Settlement {
-            status: ChargeStatus::Captured,
-            capture_id: Some("cap"),
-            decline_reason: None,
-            response: &response,
-            event: None,
-            webhook: None,
-            audit: None,
-        };
+        let settlement = captured(&response);
         // All at once: they wait for the finalize worker together, and go
         // as batches.
         let settled = futures_util::future::join_all(
