@@ -95,7 +95,10 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
             the database cannot be reached, or gave no answer within 8 s (a partition). Or \
             `store-unwritable`: the database cannot take writes now (a full disk, read-only). Or \
             `overloaded`: this instance has as many requests in flight as it works at once, and \
-            refused this one before reading it. Nothing stored.",
+            refused this one before reading it. Or `charge-under-review`: the charge awaits a \
+            person's decision (the acquirer's capture contradicted it, or it had no outcome by the \
+            settle deadline); `charge_id` names it, no retry calls the acquirer for it, and once an \
+            operator resolves it the key replays that decision (`Retry-After: 60`). Nothing stored.",
             body = Problem, content_type = PROBLEM_JSON,
             headers(("Retry-After" = inline(RetryAfter), description = "Seconds to wait before retrying."))),
         (status = GATEWAY_TIMEOUT, description = "`timeout`: a backstop no working path reaches: no \
