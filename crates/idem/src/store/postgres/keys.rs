@@ -125,14 +125,15 @@ pub(super) const FINALIZE_SETTLED_WRITES: &str = "), e as (
 
 /// The finalize of one row: the function `idem_finalize` (migration 0011)
 /// stores the outcome and settles the charge, fenced by `attempt`, reaching
-/// both by primary key whatever plan the connection keeps (the migration
-/// says why a function; a batch no longer calls it per row, as its header
-/// still says: [`super::batched`] runs one update over the rows, on
-/// connections whose planner cannot choose a scan); then
-/// [`FINALIZE_SETTLED_WRITES`]. One statement, one
-/// transaction. Parameters as [`FinalizeValues::params`] names them (the
-/// event's type is also its routing key). Public for `idem bench
-/// --vs-pgbench`.
+/// both by primary key whatever plan the connection keeps; then
+/// [`FINALIZE_SETTLED_WRITES`]. One statement, one transaction. Parameters
+/// as [`FinalizeValues::params`] names them (the event's type is also its
+/// routing key). Public for `idem bench --vs-pgbench`.
+///
+/// The migration says why a function, and that a batch calls it per row: no
+/// longer ([`super::batched`] runs one update over a batch's rows, on
+/// connections whose planner cannot choose a scan), but a migration's text
+/// is checksummed and stays as it shipped.
 pub const FINALIZE_SQL: &str = concatcp!(
     "with i as (
         select $1::bigint as merchant_id, $2::text as idempotency_key, $3::text as charge_id,
