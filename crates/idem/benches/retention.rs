@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use idem::domain::{ChargeRequest, ChargeStatus, MerchantSecret};
-use idem::domain::{Fingerprint, IdempotencyKey, StoredResponse};
-use idem::store::{Claim, NewClaim, Settlement, Store};
 use idem::workers::Sweeper;
+use idem_core::domain::{ChargeRequest, ChargeStatus, MerchantSecret};
+use idem_core::domain::{Fingerprint, IdempotencyKey, StoredResponse};
+use idem_core::store::{Claim, NewClaim, Settlement, Store};
 use sqlx::Connection;
 
 /// Concurrent writers of new charges during the sweep: a moderate load for a
@@ -56,7 +56,7 @@ async fn run(url: &str, keys: i64) -> anyhow::Result<()> {
         .create_merchant(
             "bench",
             &MerchantSecret::generate().hash(),
-            &idem::store::Audit {
+            &idem_core::store::Audit {
                 actor: "bench",
                 reason: None,
             },

@@ -23,13 +23,13 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::acquirer::AcquirerClient;
 use crate::http::{self, AppState};
-use crate::idempotency::{Engine, EngineConfig};
 use crate::queue::{Consumer, ConsumerConfig, Relay, RelayConfig};
-use crate::store::Store;
 use crate::webhooks::{Deliverer, DelivererConfig};
 use crate::workers::{Reconciler, ReconcilerConfig, Sweeper};
+use idem_core::acquirer::AcquirerClient;
+use idem_core::idempotency::{Engine, EngineConfig};
+use idem_core::store::Store;
 
 /// How long the broker may take to confirm one batch of the outbox.
 const RELAY_CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);

@@ -4,8 +4,8 @@ use anyhow::Context;
 use clap::Subcommand;
 
 use super::args::{ActorArgs, DbArgs};
-use crate::domain::MerchantSecret;
-use crate::store::{Audit, Store};
+use idem_core::domain::MerchantSecret;
+use idem_core::store::{Audit, Store};
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum Command {

@@ -10,7 +10,7 @@ use crate::app;
 use crate::workers::ReconcilerConfig;
 
 /// RabbitMQ on this machine, as `docs/contract/queue.md` starts it.
-pub(crate) const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
 #[derive(Args, Debug, Clone)]
 pub(crate) struct DbArgs {
@@ -182,7 +182,7 @@ pub(crate) struct QueueArgs {
 }
 
 /// `500ms`, `30s`, `24h`, `1h 30m`.
-pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 500ms, 30s, 24h)"))
 }
 
@@ -198,10 +198,10 @@ fn database_url_or_default(given: Option<&str>) -> String {
         Some(url) => url.to_owned(),
         None => {
             tracing::info!(
-                database_url = crate::store::DEFAULT_DATABASE_URL,
+                database_url = idem_core::store::DEFAULT_DATABASE_URL,
                 "no --database-url or DATABASE_URL: using the embedded SQLite store"
             );
-            crate::store::DEFAULT_DATABASE_URL.to_owned()
+            idem_core::store::DEFAULT_DATABASE_URL.to_owned()
         }
     }
 }

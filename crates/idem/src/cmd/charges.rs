@@ -8,9 +8,9 @@ use clap::{Subcommand, ValueEnum};
 
 use super::args::{ActorArgs, DbArgs, EngineArgs};
 use crate::app;
-use crate::domain::ChargeStatus;
-use crate::idempotency::{Outcome, Resolution};
-use crate::store::{Audit, ChargeFilter, Store};
+use idem_core::domain::ChargeStatus;
+use idem_core::idempotency::{Outcome, Resolution};
+use idem_core::store::{Audit, ChargeFilter, Store};
 
 /// Audit records `show` prints with a charge, newest first.
 const HISTORY_LIMIT: i64 = 100;

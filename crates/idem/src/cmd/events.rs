@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::Subcommand;
 
 use super::args::DbArgs;
-use crate::store::Store;
+use idem_core::store::Store;
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum Command {

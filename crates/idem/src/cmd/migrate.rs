@@ -5,7 +5,7 @@ use anyhow::Context;
 use sqlx::migrate::MigrateDatabase;
 
 use super::args::DbArgs;
-use crate::store::{Backend, Store};
+use idem_core::store::{Backend, Store};
 
 pub(crate) async fn run(db: &DbArgs) -> anyhow::Result<()> {
     let url = db.url();

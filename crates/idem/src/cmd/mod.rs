@@ -11,14 +11,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::LOG_ENV;
 
-mod acquirer_sim;
 mod admin;
 mod args;
-mod bench;
 mod charge;
 mod charges;
 mod consume;
-mod demo;
 mod events;
 mod migrate;
 mod openapi;
@@ -28,6 +25,7 @@ mod tenant;
 mod webhooks;
 
 use args::DbArgs;
+pub use args::{parse_duration, DEFAULT_AMQP_URL};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -38,13 +36,14 @@ use args::DbArgs;
 pub struct Cli {
     /// Log format on stderr.
     #[arg(long, global = true, env = "IDEM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub(crate) log_format: LogFormat,
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub(crate) command: Command,
 }
 
+/// Log format on stderr: for people, or one JSON object per line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum LogFormat {
+pub enum LogFormat {
     Text,
     Json,
 }
@@ -65,16 +64,10 @@ pub(crate) enum Command {
     },
     /// Run the charge API.
     Serve(serve::Args),
-    /// Run the acquirer simulator.
-    AcquirerSim(acquirer_sim::Args),
     /// Run the reconciler alone (it also runs inside `serve`).
     Reconcile(reconcile::Args),
     /// Consume charge commands from RabbitMQ, and relay the outbox.
     Consume(consume::Args),
-    /// Play the article's story under three strategies and compare them.
-    Demo(demo::Args),
-    /// Load a deployment (one it starts, or --url) and print throughput and latency.
-    Bench(bench::Args),
     /// Send one charge with a client that retries right; prints the final answer.
     Charge(charge::Args),
     /// Inspect charges.
@@ -98,22 +91,67 @@ pub(crate) enum Command {
 
 /// Runs a parsed command line to its exit code.
 pub fn main(cli: Cli) -> ExitCode {
-    let default_filter = match cli.command {
-        Command::Demo(_) => crate::harness::LOG_FILTER,
-        _ => DEFAULT_LOG_FILTER,
-    };
-    init_tracing(cli.log_format, default_filter);
+    run_to_exit("idem", cli.log_format, DEFAULT_LOG_FILTER, run(cli.command))
+}
+
+/// The `idem` binary's subcommands, for a binary that offers them beside its
+/// own (`idem-lab`, which starts `idem serve` processes from itself). Opaque:
+/// the arguments of each stay this module's.
+#[derive(Debug)]
+pub struct Commands(Command);
+
+impl Commands {
+    /// Runs the command (until SIGINT or SIGTERM, for the long-running ones).
+    pub async fn run(self) -> anyhow::Result<()> {
+        run(self.0).await
+    }
+}
+
+impl clap::FromArgMatches for Commands {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        Command::from_arg_matches(matches).map(Self)
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        self.0.update_from_arg_matches(matches)
+    }
+}
+
+impl Subcommand for Commands {
+    fn augment_subcommands(cmd: clap::Command) -> clap::Command {
+        Command::augment_subcommands(cmd)
+    }
+
+    fn augment_subcommands_for_update(cmd: clap::Command) -> clap::Command {
+        Command::augment_subcommands_for_update(cmd)
+    }
+
+    fn has_subcommand(name: &str) -> bool {
+        Command::has_subcommand(name)
+    }
+}
+
+/// Logs set up with `default_filter` (unless `IDEM_LOG` says otherwise), a
+/// runtime, `work` run on it, and its error printed once after `program`'s
+/// name: the exit code a command line returns.
+pub fn run_to_exit(
+    program: &str,
+    log_format: LogFormat,
+    default_filter: &str,
+    work: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> ExitCode {
+    init_tracing(log_format, default_filter);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("idem: cannot start the runtime: {e}");
+            eprintln!("{program}: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli.command)) {
+    match runtime.block_on(work) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("idem: {e:#}");
+            eprintln!("{program}: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -125,12 +163,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Tenant { command } => tenant::run(command).await,
         Command::Webhooks { command } => webhooks::run(command).await,
         Command::Serve(args) => serve::run(args, shutdown_signal()).await,
-        Command::AcquirerSim(args) => acquirer_sim::run(args, shutdown_signal()).await,
         Command::Reconcile(args) => reconcile::run(args, shutdown_signal()).await,
         Command::Consume(args) => consume::run(args, shutdown_signal()).await,
-        Command::Demo(args) => demo::run(args, shutdown_signal()).await,
         Command::Charge(args) => charge::run(args).await,
-        Command::Bench(args) => bench::run(args).await,
         Command::Charges { command } => charges::run(command).await,
         Command::Events { command } => events::run(command).await,
         Command::Admin { command } => admin::run(command).await,
@@ -139,7 +174,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
 }
 
 /// A token cancelled on SIGINT or SIGTERM.
-fn shutdown_signal() -> CancellationToken {
+pub fn shutdown_signal() -> CancellationToken {
     let token = CancellationToken::new();
     let cancel = token.clone();
     tokio::spawn(async move {
@@ -171,7 +206,7 @@ fn shutdown_signal() -> CancellationToken {
 
 /// The log filter when `IDEM_LOG` is not set: a service's start-up, its
 /// access lines and its warnings.
-const DEFAULT_LOG_FILTER: &str = "info";
+pub const DEFAULT_LOG_FILTER: &str = "info";
 
 /// Logs on stderr, filtered by `IDEM_LOG` when it is set (it always wins),
 /// else by `default_filter`.

@@ -8,8 +8,8 @@ use anyhow::Context;
 use clap::Subcommand;
 
 use super::args::{parse_duration, ActorArgs, DbArgs};
-use crate::domain::{parse_merchant_name, MerchantSecret};
-use crate::store::{Audit, Store, Tenant};
+use idem_core::domain::{parse_merchant_name, MerchantSecret};
+use idem_core::store::{Audit, Store, Tenant};
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum Command {

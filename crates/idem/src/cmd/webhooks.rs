@@ -8,9 +8,9 @@ use anyhow::Context;
 use clap::Subcommand;
 
 use super::args::{parse_duration, ActorArgs, DbArgs, WebhookPolicyArgs};
-use crate::domain::{EndpointId, WebhookEvent, WebhookSecret};
-use crate::store::{Audit, EndpointChange, NewEndpoint, Store};
 use crate::webhooks::target;
+use idem_core::domain::{EndpointId, WebhookEvent, WebhookSecret};
+use idem_core::store::{Audit, EndpointChange, NewEndpoint, Store};
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum Command {

@@ -40,10 +40,10 @@ use axum::http::request::Parts;
 use tokio::sync::Semaphore;
 
 use super::{ApiError, AppState};
-use crate::domain::{Merchant, SecretHash};
+use idem_core::domain::{Merchant, SecretHash};
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{MerchantCache, Store, StoreError};
+use idem_core::store::{MerchantCache, Store, StoreError};
 
 /// How long a refused secret is refused without asking the database: a client
 /// retrying a wrong secret in a loop costs one query per 2 s per instance,

@@ -17,10 +17,10 @@ use tracing::Instrument;
 use super::auth::Authenticated;
 use super::schemas::{ChargeProblem, Replayed, RetryAfter};
 use super::{ApiError, AppState, BODY_LIMIT};
-use crate::domain::{Charge, ChargeId, ChargeRequest};
-use crate::domain::{IdempotencyKey, KeyError};
-use crate::idempotency::Outcome;
-use crate::problem::{self, Problem, PROBLEM_JSON};
+use idem_core::domain::{Charge, ChargeId, ChargeRequest};
+use idem_core::domain::{IdempotencyKey, KeyError};
+use idem_core::idempotency::Outcome;
+use idem_core::problem::{self, Problem, PROBLEM_JSON};
 
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -138,7 +138,8 @@ pub async fn create(
         .await
         .map_err(|e| ApiError::Internal(format!("charge task failed: {e}")))??;
 
-    metrics::counter!(crate::metrics::CHARGE_OUTCOMES, "outcome" => outcome.label()).increment(1);
+    metrics::counter!(idem_core::metrics::CHARGE_OUTCOMES, "outcome" => outcome.label())
+        .increment(1);
     match outcome {
         Outcome::Completed {
             charge_id,

@@ -28,9 +28,9 @@ use maud::{html, Markup, DOCTYPE};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::SecretHash;
-use crate::idempotency::{Engine, Outcome, Resolution};
-use crate::store::{Audit, ChargeFilter, ChargeSummary, DeliveryInfo, EndpointInfo, Tenant};
+use idem_core::domain::SecretHash;
+use idem_core::idempotency::{Engine, Outcome, Resolution};
+use idem_core::store::{Audit, ChargeFilter, ChargeSummary, DeliveryInfo, EndpointInfo, Tenant};
 
 /// The cookie that carries the console token.
 const COOKIE_NAME: &str = "idem_admin";
@@ -105,7 +105,7 @@ impl FromRequestParts<Console> for Operator {
 
 impl Console {
     /// Who `token` stands for: the flag's, or a named token's; `None` if neither.
-    async fn actor(&self, token: &str) -> Result<Option<String>, crate::store::StoreError> {
+    async fn actor(&self, token: &str) -> Result<Option<String>, idem_core::store::StoreError> {
         let hash = SecretHash::of(token.trim().as_bytes());
         if self.flag_token == Some(hash) {
             return Ok(Some(FLAG_TOKEN_ACTOR.to_owned()));
@@ -279,7 +279,7 @@ async fn redeliver(
 }
 
 /// Back to the page, saying what an action came to.
-fn acted(id: &str, result: Result<Outcome, crate::idempotency::OperatorError>) -> Response {
+fn acted(id: &str, result: Result<Outcome, idem_core::idempotency::OperatorError>) -> Response {
     match result {
         Ok(Outcome::Completed { response, .. }) => back_with(
             "done",
@@ -319,13 +319,13 @@ async fn page(
         ..ChargeFilter::default()
     };
     let processing = ChargeFilter {
-        status: Some(crate::domain::ChargeStatus::Processing),
+        status: Some(idem_core::domain::ChargeStatus::Processing),
         oldest_first: true,
         limit: 10,
         ..ChargeFilter::default()
     };
     let loaded = async {
-        Ok::<_, crate::store::StoreError>((
+        Ok::<_, idem_core::store::StoreError>((
             store.charges(&review).await?,
             store.charges(&processing).await?,
             store.outbox_backlog().await?,

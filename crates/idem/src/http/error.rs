@@ -6,11 +6,11 @@ use std::time::Duration;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use crate::domain::KeyError;
-use crate::domain::{ChargeId, FieldError};
-use crate::idempotency::EngineError;
-use crate::problem::{Problem, ProblemKind, PROBLEM_JSON};
-use crate::store::StoreError;
+use idem_core::domain::KeyError;
+use idem_core::domain::{ChargeId, FieldError};
+use idem_core::idempotency::EngineError;
+use idem_core::problem::{Problem, ProblemKind, PROBLEM_JSON};
+use idem_core::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -37,9 +37,9 @@ pub enum ApiError {
     #[error("the request body could not be read: {0}")]
     UnreadableBody(String),
     /// 422: the key was first used for another request.
-    #[error("{}", crate::problem::key_reused_detail(.0))]
+    #[error("{}", idem_core::problem::key_reused_detail(.0))]
     KeyReused(Vec<&'static str>),
-    #[error("{}", crate::problem::key_expired_detail(.0.as_str()))]
+    #[error("{}", idem_core::problem::key_expired_detail(.0.as_str()))]
     KeyExpired(ChargeId),
     /// 409: another attempt with this key is still working.
     #[error("a request with this Idempotency-Key is still being processed")]

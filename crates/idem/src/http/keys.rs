@@ -12,9 +12,9 @@ use super::auth::Authenticated;
 use super::error::ApiError;
 use super::schemas::RetryAfter;
 use super::AppState;
-use crate::domain::IdempotencyKey;
-use crate::problem::{self, Problem, PROBLEM_JSON};
-use crate::store::KeyStatus;
+use idem_core::domain::IdempotencyKey;
+use idem_core::problem::{self, Problem, PROBLEM_JSON};
+use idem_core::store::KeyStatus;
 
 /// What a key stands for now.
 #[derive(Debug, Serialize, ToSchema)]

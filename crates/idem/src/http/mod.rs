@@ -45,9 +45,9 @@ pub use error::ApiError;
 pub use openapi::document_json as openapi_json;
 pub use server::{run as run_server, Limits, Tls, HEADER_READ_TIMEOUT, MAX_IN_FLIGHT};
 
-use crate::idempotency::Engine;
-use crate::problem::{Problem, ProblemKind, PROBLEM_JSON};
-use crate::store::STORE_BOUND;
+use idem_core::idempotency::Engine;
+use idem_core::problem::{Problem, ProblemKind, PROBLEM_JSON};
+use idem_core::store::STORE_BOUND;
 
 /// The largest request body accepted: a charge request is well under 1 KiB,
 /// so 16 KiB leaves room for any description and refuses junk early.
@@ -64,7 +64,7 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(engine: Engine) -> Self {
-        crate::metrics::handle();
+        idem_core::metrics::handle();
         Self {
             engine,
             merchants: SecretCache::default(),
@@ -241,7 +241,7 @@ async fn count_requests(request: Request, next: axum::middleware::Next) -> Respo
         .unwrap_or_default();
     let method = request.method().to_string();
     let response = next.run(request).await;
-    metrics::counter!(crate::metrics::HTTP_REQUESTS, "route" => route, "method" => method,
+    metrics::counter!(idem_core::metrics::HTTP_REQUESTS, "route" => route, "method" => method,
         "status" => response.status().as_u16().to_string())
     .increment(1);
     response

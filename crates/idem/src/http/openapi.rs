@@ -17,8 +17,8 @@ use utoipa::{Modify, OpenApi};
 
 use super::schemas::REQUEST_ID;
 use super::{charges, keys, ops};
-use crate::domain::{Charge, ChargeRequest};
-use crate::problem::Problem;
+use idem_core::domain::{Charge, ChargeRequest};
+use idem_core::problem::Problem;
 
 /// What the document says of the service as a whole: the promise, the key's
 /// retention (`docs/contract/api.md`, "Retention") and where the error kinds are described.
@@ -193,9 +193,9 @@ mod tests {
     use regex::Regex;
 
     use super::*;
-    use crate::domain::IdempotencyKey;
-    use crate::domain::{AmountCents, ChargeId, Currency, Description, OrderId};
-    use crate::problem::ProblemKind;
+    use idem_core::domain::IdempotencyKey;
+    use idem_core::domain::{AmountCents, ChargeId, Currency, Description, OrderId};
+    use idem_core::problem::ProblemKind;
 
     fn doc() -> Value {
         serde_json::from_str(document_json()).expect("the document is JSON")

@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 
 use super::schemas::RetryAfter;
 use super::{ApiError, AppState};
-use crate::problem::{Problem, PROBLEM_JSON};
+use idem_core::problem::{Problem, PROBLEM_JSON};
 
 /// Readiness must answer quickly even when the database hangs, so a load
 /// balancer can take the instance out instead of queueing behind it.
@@ -79,7 +79,7 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiEr
         content_type = "text/plain; version=0.0.4")),
 )]
 pub async fn metrics(State(state): State<AppState>) -> Response {
-    use crate::metrics as m;
+    use idem_core::metrics as m;
     let store = state.engine.store();
     if let Ok(Ok(stats)) = tokio::time::timeout(READY_TIMEOUT, store.processing_stats()).await {
         metrics::gauge!(m::OLDEST_PROCESSING).set(stats.oldest_processing_seconds);

@@ -6,7 +6,7 @@
 use utoipa::openapi::{AllOfBuilder, ObjectBuilder, Ref, RefOr, Schema, Type};
 use utoipa::{PartialSchema, ToSchema};
 
-use crate::problem::Problem;
+use idem_core::problem::Problem;
 
 /// The header that carries a request's id, as the document spells it; the
 /// server matches it in any case, as HTTP does.

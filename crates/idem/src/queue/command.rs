@@ -11,9 +11,9 @@
 use lapin::types::AMQPValue;
 use lapin::BasicProperties;
 
-use crate::domain::ChargeRequest;
-use crate::domain::IdempotencyKey;
-use crate::problem;
+use idem_core::domain::ChargeRequest;
+use idem_core::domain::IdempotencyKey;
+use idem_core::problem;
 
 /// The header naming the merchant; publishers on the broker are trusted.
 pub const TENANT_HEADER: &str = "tenant";

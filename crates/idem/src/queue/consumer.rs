@@ -64,11 +64,11 @@ use super::{
     connect, declare, reconnecting, Reconnect, ATTEMPTS_HEADER, CHARGE_ID_HEADER, COMMANDS_QUEUE,
     DEAD_LETTER_QUEUE, REASON_CODE_HEADER, REASON_HEADER, RESULTS_EXCHANGE,
 };
-use crate::domain::Merchant;
-use crate::domain::StoredResponse;
-use crate::idempotency::{Engine, Outcome};
-use crate::problem::Problem;
-use crate::store::{MerchantCache, NewResult, ResultAnswer, StoreError};
+use idem_core::domain::Merchant;
+use idem_core::domain::StoredResponse;
+use idem_core::idempotency::{Engine, Outcome};
+use idem_core::problem::Problem;
+use idem_core::store::{MerchantCache, NewResult, ResultAnswer, StoreError};
 
 /// How many attempts a command gets when each meets a transient store error
 /// (the database unreachable, a timeout, a deadlock) before it is
@@ -228,7 +228,7 @@ impl Consumer {
             Handled::DeadLettered => "dead_lettered",
             Handled::Requeued => "requeued",
         };
-        metrics::counter!(crate::metrics::QUEUE_COMMANDS, "result" => label).increment(1);
+        metrics::counter!(idem_core::metrics::QUEUE_COMMANDS, "result" => label).increment(1);
     }
 
     async fn handle_in(
@@ -267,7 +267,7 @@ impl Consumer {
             .await
         {
             Ok(o) => o,
-            Err(crate::idempotency::EngineError::Store(e)) => {
+            Err(idem_core::idempotency::EngineError::Store(e)) => {
                 // The claim may have made a charge before the store failed
                 // (a refused finalize, say): name it in the dead letter, if
                 // the store still answers.

@@ -29,7 +29,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use tokio_util::sync::CancellationToken;
 
-use crate::store::Store;
+use idem_core::store::Store;
 
 pub use consumer::{Consumer, ConsumerConfig};
 pub use relay::{Relay, RelayConfig};
@@ -41,7 +41,7 @@ pub const DEAD_LETTER_QUEUE: &str = "idem.charges.dead";
 /// Results of commands without `reply_to`: topic, routing key = merchant name.
 pub const RESULTS_EXCHANGE: &str = "idem.results";
 /// Charge events (`charge.captured`, `charge.declined`): topic, routing key = type.
-pub use crate::domain::EVENTS_EXCHANGE;
+pub use idem_core::domain::EVENTS_EXCHANGE;
 
 /// The header a dead letter carries its reason in (a sentence), and its code.
 pub const REASON_HEADER: &str = "x-idem-reason";

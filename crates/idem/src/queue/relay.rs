@@ -32,8 +32,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::command::TENANT_HEADER;
 use super::{connect, declare, events_on, reconnecting, Reconnect, PERSISTENT};
-use crate::problem;
-use crate::store::{OutboxMessage, Store, StoreError};
+use idem_core::problem;
+use idem_core::store::{OutboxMessage, Store, StoreError};
 
 /// Messages per batch: one transaction, one round of confirms.
 const BATCH: i64 = 200;
@@ -174,7 +174,7 @@ impl Relay {
         batch
             .finish(sent.as_deref().unwrap_or_default(), &set_aside)
             .await?;
-        metrics::counter!(crate::metrics::OUTBOX_SET_ASIDE).increment(set_aside.len() as u64);
+        metrics::counter!(idem_core::metrics::OUTBOX_SET_ASIDE).increment(set_aside.len() as u64);
         let confirmed = sent?.len();
         let refused = batch_len - confirmed - set_aside.len();
         if refused > 0 {
@@ -183,7 +183,7 @@ impl Relay {
                 "the broker refused messages; they go out again later"
             );
         }
-        metrics::counter!(crate::metrics::OUTBOX_PUBLISHED).increment(confirmed as u64);
+        metrics::counter!(idem_core::metrics::OUTBOX_PUBLISHED).increment(confirmed as u64);
         Ok(confirmed + set_aside.len())
     }
 

@@ -26,9 +26,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::target::{self, AddressPolicy};
-use crate::acquirer::describe_transport_error;
-use crate::domain::{signature_header, WebhookSecret};
-use crate::store::{AttemptOutcome, DueDelivery, Store};
+use idem_core::acquirer::describe_transport_error;
+use idem_core::domain::{signature_header, WebhookSecret};
+use idem_core::store::{AttemptOutcome, DueDelivery, Store};
 
 /// What of an endpoint's answer is read: the status is what counts, and the
 /// body is kept only for the log.
@@ -172,7 +172,7 @@ impl Deliverer {
             AttemptOutcome::Retry { .. } => "retried",
             AttemptOutcome::Failed { .. } => "failed",
         };
-        metrics::counter!(crate::metrics::WEBHOOK_DELIVERIES, "result" => result).increment(1);
+        metrics::counter!(idem_core::metrics::WEBHOOK_DELIVERIES, "result" => result).increment(1);
         match &outcome {
             AttemptOutcome::Delivered { status } => tracing::debug!(
                 event_id = %delivery.event_id, endpoint = %delivery.endpoint_id, status,

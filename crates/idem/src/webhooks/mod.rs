@@ -8,7 +8,7 @@
 //!
 //! The endpoints and the deliveries live in the store (`webhook_endpoints`,
 //! `webhook_deliveries`); the signature and the events are the domain's
-//! ([`crate::domain::WebhookSecret`], [`crate::domain::WebhookEvent`]).
+//! ([`idem_core::domain::WebhookSecret`], [`idem_core::domain::WebhookEvent`]).
 
 pub mod deliver;
 pub mod target;

@@ -20,8 +20,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::idempotency::{Engine, Outcome, Reconciled};
-use crate::store::{Audit, AuditEntry, Orphan, StoreError};
+use idem_core::idempotency::{Engine, Outcome, Reconciled};
+use idem_core::store::{Audit, AuditEntry, Orphan, StoreError};
 
 /// The reconciler's name in the audit trail.
 pub const RECONCILER_ACTOR: &str = "reconciler";
@@ -121,7 +121,7 @@ impl Reconciler {
         ];
         for (result, n) in counts {
             if n > 0 {
-                metrics::counter!(crate::metrics::RECONCILER, "result" => result)
+                metrics::counter!(idem_core::metrics::RECONCILER, "result" => result)
                     .increment(u64::from(n));
             }
         }

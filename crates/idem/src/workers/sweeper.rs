@@ -6,13 +6,13 @@
 //!
 //! Small batches, each its own short statement with `skip locked`, so it never
 //! holds a long lock nor waits on a request; an in-flight record never expires
-//! and a charge is never deleted (see [`crate::store::Store::sweep_expired_keys`]).
+//! and a charge is never deleted (see [`idem_core::store::Store::sweep_expired_keys`]).
 
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{Store, StoreError};
+use idem_core::store::{Store, StoreError};
 
 /// Records per statement: a few milliseconds of work, too little to disturb
 /// the request path.
@@ -57,7 +57,7 @@ impl Sweeper {
                 .sweep_expired_keys(SWEEP_BATCH, self.tombstone_ttl)
         })
         .await?;
-        metrics::counter!(crate::metrics::SWEPT_KEYS).increment(keys);
+        metrics::counter!(idem_core::metrics::SWEPT_KEYS).increment(keys);
         let tombstones = paced(|| self.store.sweep_tombstones(SWEEP_BATCH)).await?;
         if tombstones > 0 {
             tracing::info!(deleted = tombstones, "swept tombstones past their time");

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use idem::sim::{Fault, Faults};
-use idem::store::Backend;
+use idem_core::store::Backend;
+use idem_lab::sim::{Fault, Faults};
 
 use crate::helpers::*;
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idem::sim::Faults;
+use idem_lab::sim::Faults;
 
 use crate::helpers::*;
 

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::domain::{ChargeRequest, ChargeStatus, Fingerprint, IdempotencyKey, StoredResponse};
-use idem::store::{Backend, Claim, KeyRecord, KeyState, Settlement, Store};
+use idem_core::domain::{ChargeRequest, ChargeStatus, Fingerprint, IdempotencyKey, StoredResponse};
+use idem_core::store::{Backend, Claim, KeyRecord, KeyState, Settlement, Store};
 use proptest::prelude::*;
 use sqlx::Connection;
 
@@ -136,7 +136,7 @@ async fn prepare(store: &Store, merchant_id: i64, before: &[Before]) -> HashMap<
 }
 
 fn seen(
-    answer: Result<Claim, idem::store::StoreError>,
+    answer: Result<Claim, idem_core::store::StoreError>,
     place: usize,
     sent: &Fingerprint,
     owners: &mut HashMap<String, Owner>,

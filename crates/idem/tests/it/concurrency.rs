@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 
-use idem::idempotency::EngineConfig;
-use idem::store::Backend;
+use idem_core::idempotency::EngineConfig;
+use idem_core::store::Backend;
 
 use crate::helpers::*;
 

@@ -6,8 +6,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fantoccini::{ClientBuilder, Locator};
-use idem::sim::{Fault, Faults};
 use idem::workers::{Reconciler, ReconcilerConfig};
+use idem_lab::sim::{Fault, Faults};
 
 use crate::helpers::*;
 

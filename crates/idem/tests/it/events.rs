@@ -2,7 +2,7 @@
 //! configured (or `idem events enable`), so that a deployment without a broker
 //! never fills its outbox with events nothing publishes.
 
-use idem::sim::Faults;
+use idem_lab::sim::Faults;
 
 use crate::helpers::*;
 

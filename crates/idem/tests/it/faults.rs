@@ -5,9 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use idem::domain::MerchantSecret;
-use idem::sim::{Fault, Faults};
-use idem::store::{Audit, Backend, MerchantError, Store, StoreError, STORE_BOUND};
+use idem_core::domain::MerchantSecret;
+use idem_core::store::{Audit, Backend, MerchantError, Store, StoreError, STORE_BOUND};
+use idem_lab::sim::{Fault, Faults};
 
 use crate::helpers::{
     body, latency, new_key, run_idem, runs_on, Answer, Client, DbProxy, ServeProcess, SmallDisk,

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use idem::queue::{COMMANDS_QUEUE, DEAD_LETTER_QUEUE, RESULTS_EXCHANGE};
-use idem::store::Backend;
+use idem_core::store::Backend;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 
@@ -489,7 +489,7 @@ async fn a_broker_node_killed_while_commands_flow_loses_no_command_and_charges_n
 
 /// Nothing charged twice: at most one capture per intent (each has an order of
 /// its own), and one for each `201` idem answered.
-fn assert_one_capture_per_intent(ledger: &idem::sim::Ledger, answered_201: usize) {
+fn assert_one_capture_per_intent(ledger: &idem_lab::sim::Ledger, answered_201: usize) {
     let mut per_order: HashMap<i64, usize> = HashMap::new();
     for c in &ledger.captures {
         *per_order.entry(c.order_id).or_default() += 1;

@@ -7,52 +7,19 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem::acquirer::AcquirerClient;
-use idem::domain::MerchantSecret;
 use idem::http::{self, AppState};
-use idem::idempotency::{Engine, EngineConfig};
-use idem::sim::{self, Faults, Ledger};
-use idem::store::{Audit, Backend, Store};
 use idem::workers::{Reconciler, ReconcilerConfig};
+use idem_core::acquirer::AcquirerClient;
+use idem_core::domain::MerchantSecret;
+use idem_core::idempotency::{Engine, EngineConfig};
+use idem_core::store::{Audit, Backend, Store};
+use idem_lab::sim::{self, Faults, Ledger};
 use reqwest::header::HeaderMap;
 use sqlx::Connection;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// The server to create test databases on; its own database is not touched.
-pub fn admin_url() -> String {
-    std::env::var("IDEM_TEST_ADMIN_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
-}
-
-/// The backend this run of the suite tests: `IDEM_TEST_STORE=sqlite` runs the
-/// whole suite on the embedded store, anything else on PostgreSQL. One suite,
-/// two backends: scripts/test runs it once for each.
-pub fn test_backend() -> Backend {
-    match std::env::var("IDEM_TEST_STORE").as_deref() {
-        Ok("sqlite") => Backend::Sqlite,
-        _ => Backend::Postgres,
-    }
-}
-
-/// Tests whose verdicts depend on time (the demo's lock waits and timeline,
-/// the flood's latency, the bench's rounds) take turns here, so that one of
-/// them loading this 2-core machine does not become another's failure. Every
-/// other test still runs beside them.
-pub async fn timing_sensitive() -> tokio::sync::MutexGuard<'static, ()> {
-    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    TURN.lock().await
-}
-
-/// Whether this run is on `backend`; if not, says why the calling test has
-/// nothing to check here (it runs, and asserts, in the other backend's run).
-pub fn runs_on(backend: Backend, why: &str) -> bool {
-    let here = test_backend();
-    if here != backend {
-        eprintln!("not on {here:?}: {why}");
-    }
-    here == backend
-}
+pub use idem_testkit::run::{admin_url, runs_on, test_backend, timing_sensitive};
 
 /// A database of its own for one test, dropped when the test ends: a fresh
 /// PostgreSQL database, or a fresh SQLite file in a scratch directory.
@@ -639,7 +606,7 @@ pub fn body(order_id: i64, amount_cents: i64) -> String {
 }
 
 /// Faults that make every capture call suffer `fault`.
-pub fn failing(fault: idem::sim::Fault) -> Faults {
+pub fn failing(fault: idem_lab::sim::Fault) -> Faults {
     Faults {
         fault,
         ..Faults::default()
@@ -941,15 +908,15 @@ pub fn authority(url: &str) -> &str {
 /// A claim of `key` for `request`, as the engine makes it.
 pub fn new_claim<'a>(
     merchant_id: i64,
-    key: &'a idem::domain::IdempotencyKey,
-    request: &'a idem::domain::ChargeRequest,
+    key: &'a idem_core::domain::IdempotencyKey,
+    request: &'a idem_core::domain::ChargeRequest,
     lease: Duration,
     key_ttl: Duration,
-) -> idem::store::NewClaim<'a> {
-    idem::store::NewClaim {
+) -> idem_core::store::NewClaim<'a> {
+    idem_core::store::NewClaim {
         merchant_id,
         key,
-        fingerprint: idem::domain::Fingerprint::of_charge(request),
+        fingerprint: idem_core::domain::Fingerprint::of_charge(request),
         request,
         lease,
         key_ttl,

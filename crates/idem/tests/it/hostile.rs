@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use idem::sim::Faults;
+use idem_lab::sim::Faults;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -212,7 +212,7 @@ async fn metrics_listen_moves_metrics_off_the_public_port() {
 async fn a_flood_of_made_up_secrets_does_not_starve_real_charges_of_the_pool() {
     let _turn = timing_sensitive().await;
     if !runs_on(
-        idem::store::Backend::Postgres,
+        idem_core::store::Backend::Postgres,
         "the flood is made to hurt through a slow link to PostgreSQL (a TCP proxy)",
     ) {
         return;

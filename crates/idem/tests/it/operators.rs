@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use idem::domain::IdempotencyKey;
-use idem::sim::{Fault, Faults};
 use idem::workers::{Reconciler, ReconcilerConfig};
+use idem_core::domain::IdempotencyKey;
+use idem_lab::sim::{Fault, Faults};
 
 use crate::helpers::*;
 

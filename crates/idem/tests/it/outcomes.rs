@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use idem::sim::{Fault, Faults};
+use idem_lab::sim::{Fault, Faults};
 
 use crate::helpers::*;
 

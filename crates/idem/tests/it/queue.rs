@@ -9,8 +9,8 @@ use idem::queue::{
     ATTEMPTS_HEADER, CHARGE_ID_HEADER, COMMANDS_QUEUE, DEAD_LETTER_QUEUE, EVENTS_EXCHANGE,
     REASON_CODE_HEADER, REASON_HEADER, RESULTS_EXCHANGE,
 };
-use idem::sim::Faults;
-use idem::store::Backend;
+use idem_core::store::Backend;
+use idem_lab::sim::Faults;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::BasicProperties;
 
@@ -305,7 +305,7 @@ async fn a_disabled_tenants_commands_are_dead_lettered_until_it_is_enabled_again
 #[tokio::test]
 async fn an_unknown_outcome_is_acked_and_its_result_goes_out_when_the_reconciler_settles_it() {
     // The acquirer captures, then the answer is lost: the outcome is unknown.
-    let env = QueueEnv::start(failing(idem::sim::Fault::ErrorAfter)).await;
+    let env = QueueEnv::start(failing(idem_lab::sim::Fault::ErrorAfter)).await;
     let replies = env.amqp.queue("test.replies", None).await;
     let mut consumer = env.consumer(&QUICK_RECOVERY).await;
 

@@ -4,10 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use idem::idempotency::EngineConfig;
-use idem::sim::{Fault, Faults};
-use idem::store::{Backend, Store};
 use idem::workers::{Reconciler, ReconcilerConfig};
+use idem_core::idempotency::EngineConfig;
+use idem_core::store::{Backend, Store};
+use idem_lab::sim::{Fault, Faults};
 
 use crate::helpers::*;
 

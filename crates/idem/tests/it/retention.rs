@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use idem::sim::{Fault, Faults};
 use idem::workers::Sweeper;
+use idem_lab::sim::{Fault, Faults};
 
 use crate::helpers::*;
 

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use idem::store::Backend;
+use idem_core::store::Backend;
 use tokio::task::JoinSet;
 
 use crate::helpers::*;

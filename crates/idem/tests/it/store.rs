@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::domain::{ChargeRequest, ChargeStatus};
-use idem::domain::{IdempotencyKey, StoredResponse};
-use idem::store::{
+use idem_core::domain::{ChargeRequest, ChargeStatus};
+use idem_core::domain::{IdempotencyKey, StoredResponse};
+use idem_core::store::{
     Backend, Claim, KeyState, NewResult, Reschedule, ResultAnswer, Settlement, Store, StoreError,
 };
 

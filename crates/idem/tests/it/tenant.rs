@@ -6,8 +6,8 @@
 use std::time::{Duration, Instant};
 
 use crate::helpers::{run_idem, Client, ServeProcess, TestDb, TestSim};
-use idem::sim::Faults;
-use idem::store::Backend;
+use idem_core::store::Backend;
+use idem_lab::sim::Faults;
 
 #[tokio::test]
 async fn tenant_create_takes_a_slug_and_refuses_anything_else_naming_the_rule() {
@@ -291,11 +291,11 @@ async fn a_merchant_created_before_secrets_could_rotate_keeps_its_secret_after_t
     // The schema as it was before merchant_secrets, with a merchant in it.
     let (mut before, insert) = match db.backend {
         Backend::Postgres => (
-            sqlx::migrate!("./migrations/postgres"),
+            sqlx::migrate!("../idem-core/migrations/postgres"),
             "insert into merchants (name, secret_hash) values ('loja', $1)",
         ),
         Backend::Sqlite => (
-            sqlx::migrate!("./migrations/sqlite"),
+            sqlx::migrate!("../idem-core/migrations/sqlite"),
             "insert into merchants (name, secret_hash, created_at) values ('loja', $1, 0)",
         ),
     };
@@ -311,7 +311,7 @@ async fn a_merchant_created_before_secrets_could_rotate_keeps_its_secret_after_t
         .collect::<Vec<_>>()
         .into();
     before.run(&db.pool).await.expect("the older schema");
-    let secret = idem::domain::MerchantSecret::generate();
+    let secret = idem_core::domain::MerchantSecret::generate();
     sqlx::query(insert)
         .bind(secret.hash().as_bytes().to_vec())
         .execute(&db.pool)

@@ -1,13 +1,13 @@
 //! TLS to everything idem talks to: PostgreSQL with `sslmode` in the URL
 //! (rustls, no OpenSSL), and the acquirer over HTTPS with a private CA: a
-//! throwaway CA and certificate made here, the simulator serving HTTPS as a
-//! real `idem acquirer-sim` process.
+//! throwaway CA and certificate made here, the simulator serving HTTPS on
+//! loopback with it.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use idem::sim::Ledger;
-use idem::store::Backend;
+use idem_core::store::Backend;
+use idem_lab::sim::{self, Faults, Ledger};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
 use tokio_util::sync::CancellationToken;
 
@@ -54,33 +54,27 @@ impl Drop for PrivatePki {
     }
 }
 
-/// `idem acquirer-sim` serving HTTPS with the PKI's certificate; its URL.
-async fn https_simulator(db: &TestDb, pki: &PrivatePki) -> (IdemProcess, String) {
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let (cert, key) = (pki.path("server.pem"), pki.path("server.key"));
-    let sim = IdemProcess::spawn(
-        db,
-        &[
-            "acquirer-sim",
-            "--listen",
-            &listen,
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-        ],
-        &[],
-    );
-    let started = Instant::now();
-    while tokio::net::TcpStream::connect(&listen).await.is_err() {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "the simulator did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    (sim, format!("https://localhost:{port}"))
+/// The acquirer simulator serving HTTPS on loopback with the PKI's
+/// certificate, as `idem-lab acquirer-sim --tls-cert --tls-key` does; its URL,
+/// and the guard that stops it.
+async fn https_simulator(pki: &PrivatePki) -> (tokio_util::sync::DropGuard, String) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let tls = idem::http::Tls::from_pem_files(
+        Path::new(&pki.path("server.pem")),
+        Path::new(&pki.path("server.key")),
+    )
+    .expect("the PKI's certificate");
+    let stop = CancellationToken::new();
+    tokio::spawn(sim::serve(
+        listener,
+        Faults::default(),
+        Some(tls),
+        stop.clone(),
+    ));
+    (stop.drop_guard(), format!("https://localhost:{port}"))
 }
 
 /// The simulator's ledger, read over HTTPS trusting the private CA.
@@ -105,7 +99,7 @@ async fn ledger(url: &str, ca: &Path) -> Ledger {
 async fn an_https_acquirer_with_a_private_ca_is_charged_once() {
     let db = TestDb::new().await;
     let pki = PrivatePki::new();
-    let (_sim, sim_url) = https_simulator(&db, &pki).await;
+    let (_sim, sim_url) = https_simulator(&pki).await;
     let ca = pki.path("ca.pem");
     let server =
         ServeProcess::start_against(&db, &sim_url, &["--acquirer-ca", &ca, "--no-workers"], &[])
@@ -131,7 +125,7 @@ async fn an_https_acquirer_with_a_private_ca_is_charged_once() {
 async fn an_acquirer_certificate_that_does_not_verify_is_503_and_nothing_final() {
     let db = TestDb::new().await;
     let pki = PrivatePki::new();
-    let (_sim, sim_url) = https_simulator(&db, &pki).await;
+    let (_sim, sim_url) = https_simulator(&pki).await;
     let secret = db.merchant("loja").await;
     let key = new_key();
     {

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use idem::sim::{Fault, Faults};
+use idem_lab::sim::{Fault, Faults};
 
 use crate::helpers::{body, free_port, new_key, run_idem, Client, ServeProcess, TestDb, TestSim};
 

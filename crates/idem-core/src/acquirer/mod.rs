@@ -1,0 +1,15 @@
+//! The acquirer: its wire protocol (shared with the simulator) and idem's client.
+//!
+//! The client's one rule: only the acquirer's word is final — `201` captured
+//! and `402` declined, each with a body for this reference, and `422`. Every
+//! other answer (any other status, a timeout, a reset, an unreadable body) is
+//! [`AcquirerError::Unknown`]: money may have moved, and only another call with
+//! the same reference can settle it. A `201` whose echo names another order,
+//! amount or currency is final but not this charge's capture
+//! ([`AcquirerError::Contradicted`]): it goes to a person.
+
+mod client;
+pub mod protocol;
+
+pub use client::describe as describe_transport_error;
+pub use client::{AcquirerClient, AcquirerError, Contradiction, Settled, Unknown};

@@ -1,0 +1,529 @@
+//! The `idempotency_keys` table on SQLite: the same operations as
+//! PostgreSQL's, each a few statements in one write transaction where
+//! PostgreSQL has one statement. The unique primary key on `(merchant_id,
+//! idempotency_key)` still decides every race, between connections and between
+//! processes sharing the file. The lease and expiry are judged by the host's clock.
+
+use std::time::Duration;
+
+use const_format::concatcp;
+use sqlx::sqlite::{SqliteArguments, SqliteConnection};
+
+use super::charges::CHARGE_COLUMNS;
+use super::webhooks::ENDPOINT_HEARS;
+use super::{SqliteStore, NOW};
+use crate::domain::{ChargeId, IdempotencyKey};
+use crate::store::batch::Batched;
+use crate::store::model::{Claim, KeyRecord, KeyStatus, NewClaim, Orphan, Reschedule};
+use crate::store::params::{arguments, ClaimRow, ClaimValues, FinalizeRow, FinalizeValues};
+use crate::store::rows::{KeyStatusRow, OrphanRow, RecordRow};
+use crate::store::{millis, StoreError};
+
+/// Columns of a key record joined with its charge (aliases `k` and `c`).
+pub(super) const RECORD_COLUMNS: &str = concatcp!(
+    CHARGE_COLUMNS,
+    ", k.fingerprint, k.state, k.attempt, k.response_status, k.response_body, \
+     max(0, coalesce(k.locked_until, 0) - ",
+    NOW,
+    ") as lease_remaining_ms, \
+     (k.state = 'completed' and k.expires_at <= ",
+    NOW,
+    ") as expired, max(0, k.expires_at - ",
+    NOW,
+    ") as expires_in_ms, c.review_since is not null as under_review"
+);
+
+/// Insert first: `on conflict do nothing returning` tells at once whether this
+/// attempt won. Parameters as [`ClaimValues::params`] names them.
+const INSERT_KEY_SQL: &str = concatcp!(
+    "insert into idempotency_keys
+        (merchant_id, idempotency_key, fingerprint, charge_id, locked_until, expires_at, created_at)
+     values ($1, $2, $3, $4, ",
+    NOW,
+    " + $5, ",
+    NOW,
+    " + $6, ",
+    NOW,
+    ")
+     on conflict (merchant_id, idempotency_key) do nothing
+     returning charge_id"
+);
+
+/// The charge of a claim just won. Parameters as [`ClaimValues::params`] names them.
+const INSERT_CHARGE_SQL: &str = concatcp!(
+    "insert into charges
+        (id, merchant_id, order_id, amount_cents, currency, description, acquirer_reference,
+         idempotency_key, created_at, updated_at)
+     values ($4, $1, $7, $8, $9, $10, $11, $2, ",
+    NOW,
+    ", ",
+    NOW,
+    ")"
+);
+
+/// An expired, completed record made a fresh claim for a new intent.
+const RECLAIM_SQL: &str = concatcp!(
+    "update idempotency_keys
+        set fingerprint = $3, charge_id = $4, state = 'in_flight',
+            attempt = attempt + 1, response_status = null, response_body = null,
+            locked_until = ",
+    NOW,
+    " + $5, expires_at = ",
+    NOW,
+    " + $6, created_at = ",
+    NOW,
+    "
+      where merchant_id = $1 and idempotency_key = $2
+        and state = 'completed' and fingerprint <> $3 and expires_at <= ",
+    NOW
+);
+
+/// `$1` merchant, `$2` key.
+const KEY_RECORD_SQL: &str = concatcp!(
+    "select ",
+    RECORD_COLUMNS,
+    " from idempotency_keys k join charges c on c.id = k.charge_id
+     where k.merchant_id = $1 and k.idempotency_key = $2"
+);
+
+/// `$1` merchant, `$2` key, `$3` attempt seen, `$4` lease in ms.
+const TAKE_OVER_SQL: &str = concatcp!(
+    "update idempotency_keys
+        set attempt = attempt + 1, locked_until = ",
+    NOW,
+    " + $4
+      where merchant_id = $1 and idempotency_key = $2 and attempt = $3
+        and state = 'in_flight' and locked_until <= ",
+    NOW
+);
+
+/// `$1` merchant, `$2` key, `$3` attempt.
+const RELEASE_KEY_SQL: &str = concatcp!(
+    "update idempotency_keys set locked_until = ",
+    NOW,
+    " where merchant_id = $1 and idempotency_key = $2 and attempt = $3
+        and state = 'in_flight'"
+);
+
+/// In the same transaction as [`RELEASE_KEY_SQL`]: `$1` merchant, `$2` key,
+/// `$3` attempt, `$4` reconciler tries to add (0 or 1), `$5` the reconciler's
+/// wait in ms (null: leave the schedule as it is; a later schedule is kept).
+const RELEASE_CHARGE_SQL: &str = concatcp!(
+    "update charges
+        set reconcile_attempts = reconcile_attempts + $4,
+            next_reconcile_at = case when $5 is null then next_reconcile_at
+                else max(coalesce(next_reconcile_at, ",
+    NOW,
+    "), ",
+    NOW,
+    " + $5) end
+      where id = (select charge_id from idempotency_keys
+                   where merchant_id = $1 and idempotency_key = $2 and attempt = $3)"
+);
+
+/// `$1` merchant, `$2` key, `$3` attempt, `$4` lease in ms.
+const RENEW_SQL: &str = concatcp!(
+    "update idempotency_keys set locked_until = ",
+    NOW,
+    " + $4 where merchant_id = $1 and idempotency_key = $2 and attempt = $3
+        and state = 'in_flight'"
+);
+
+/// Parameters as [`FinalizeValues::params`] names them.
+const FINALIZE_KEY_SQL: &str = concatcp!(
+    "update idempotency_keys
+        set state = 'completed', locked_until = null,
+            response_status = $5, response_body = $6,
+            expires_at = ",
+    NOW,
+    " + $7
+      where merchant_id = $1 and idempotency_key = $2 and charge_id = $3
+        and attempt = $4 and state = 'in_flight'"
+);
+
+const FINALIZE_EVENT_SQL: &str = concatcp!(
+    "insert into outbox (kind, message_id, exchange, routing_key, tenant, event_type, body, created_at)
+     select 'event', $11, $12, $13, $14, $13, $15, ",
+    NOW,
+    " where $11 is not null and (select events_enabled from settings)"
+);
+
+/// A delivery of the webhook event (`$16..$18`) for each of the merchant's
+/// enabled endpoints that hears it.
+const FINALIZE_WEBHOOK_SQL: &str = concatcp!(
+    "with i as (select $16 as webhook_event_id, $17 as webhook_event_type, $18 as webhook_body)
+     insert into webhook_deliveries
+         (event_id, endpoint_id, event_type, body, next_attempt_at, created_at)
+     select i.webhook_event_id, we.id, i.webhook_event_type, i.webhook_body, ",
+    NOW,
+    ", ",
+    NOW,
+    " from i join webhook_endpoints we on we.merchant_id = $1
+      where i.webhook_event_id is not null and ",
+    ENDPOINT_HEARS
+);
+
+const FINALIZE_CHARGE_SQL: &str = concatcp!(
+    "update charges
+        set status = $8, acquirer_capture_id = $9, decline_reason = $10, updated_at = ",
+    NOW,
+    " where id = $3"
+);
+
+/// `$1` limit, `$2` settle deadline in ms.
+const ORPHANS_SQL: &str = concatcp!(
+    "select k.merchant_id, m.name as merchant_name, k.idempotency_key, k.charge_id,
+            k.attempt, c.reconcile_attempts,
+            c.created_at + $2 <= ",
+    NOW,
+    " as past_deadline
+       from idempotency_keys k
+       join charges c on c.id = k.charge_id
+       join merchants m on m.id = k.merchant_id
+      where k.state = 'in_flight' and k.locked_until <= ",
+    NOW,
+    "
+        and c.review_since is null
+        and (c.next_reconcile_at is null or c.next_reconcile_at <= ",
+    NOW,
+    ")
+      order by k.locked_until
+      limit $1"
+);
+
+/// `$1` limit. SQLite has no row locks to skip: each batch is one short write
+/// transaction, and a claim reclaiming an expired key runs before or after it,
+/// never during.
+const SWEEP_SQL: &str = concatcp!(
+    "delete from idempotency_keys
+      where rowid in (
+            select rowid from idempotency_keys
+             where state = 'completed' and expires_at <= ",
+    NOW,
+    "
+             limit $1)
+     returning merchant_id, idempotency_key, fingerprint, charge_id, expires_at"
+);
+
+/// One swept record's tombstone: `$1` merchant, `$2` key, `$3` fingerprint,
+/// `$4` charge id, `$5` when it ends (ms).
+const INSERT_TOMBSTONE_SQL: &str = "insert into key_tombstones
+        (merchant_id, idempotency_key, fingerprint, charge_id, expires_at)
+     values ($1, $2, $3, $4, $5)
+     on conflict (merchant_id, idempotency_key) do update
+        set fingerprint = excluded.fingerprint, charge_id = excluded.charge_id,
+            expires_at = excluded.expires_at";
+
+/// `$1` limit: tombstones past their time.
+const SWEEP_TOMBSTONES_SQL: &str = concatcp!(
+    "delete from key_tombstones
+      where (merchant_id, idempotency_key) in (
+            select merchant_id, idempotency_key from key_tombstones
+             where expires_at <= ",
+    NOW,
+    " limit $1)"
+);
+
+/// `$1` merchant, `$2` key: the record's state, else a live tombstone's.
+const KEY_STATUS_SQL: &str = concatcp!(
+    "select state, charge_id, response_status,
+            strftime('%Y-%m-%dT%H:%M:%fZ', expires_at / 1000.0, 'unixepoch') as expires_at,
+            max(0, coalesce(locked_until, 0) - ",
+    NOW,
+    ") as lease_remaining_ms,
+            (state = 'completed' and expires_at <= ",
+    NOW,
+    ") as expired
+       from idempotency_keys where merchant_id = $1 and idempotency_key = $2
+     union all
+     select 'tombstone', charge_id, null,
+            strftime('%Y-%m-%dT%H:%M:%fZ', expires_at / 1000.0, 'unixepoch'), 0, 1
+       from key_tombstones
+      where merchant_id = $1 and idempotency_key = $2 and expires_at > ",
+    NOW,
+    "
+        and not exists (select 1 from idempotency_keys
+                         where merchant_id = $1 and idempotency_key = $2)"
+);
+
+/// `$1` merchant, `$2` key, `$3` fingerprint: the charge of a live tombstone
+/// left by the same request.
+const TOMBSTONE_SQL: &str = concatcp!(
+    "select charge_id from key_tombstones
+      where merchant_id = $1 and idempotency_key = $2 and fingerprint = $3
+        and expires_at > ",
+    NOW
+);
+
+impl SqliteStore {
+    pub(in crate::store) async fn claim(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
+        // A live record answers a retry without the write lock, which SQLite
+        // has one of for the whole file: a 409 or a replay never queues behind
+        // other keys' writes. This read decides nothing: a record, once there,
+        // stays until it expires; when none is seen (or it expired), the
+        // insert below decides, against the unique key, as everywhere else.
+        if let Some(record) = self.key_record(new.merchant_id, new.key).await? {
+            if !record.expired {
+                return Ok(Claim::Lost(record));
+            }
+        }
+        match self.claims.submit(ClaimRow::new(new)).await {
+            Batched::Done(claim) => claim,
+            Batched::Alone => self.claim_alone(new).await,
+        }
+    }
+
+    /// A claim in a write transaction of its own, without the read first.
+    pub(in crate::store) async fn claim_alone(
+        &self,
+        new: &NewClaim<'_>,
+    ) -> Result<Claim, StoreError> {
+        self.write(async |tx| claim_in(tx, &ClaimValues::new(new)).await)
+            .await
+    }
+
+    pub(in crate::store) async fn key_record(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+    ) -> Result<Option<KeyRecord>, StoreError> {
+        key_record(&self.pool, merchant_id, key.as_str()).await
+    }
+
+    pub(in crate::store) async fn key_status(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+    ) -> Result<Option<KeyStatus>, StoreError> {
+        let row: Option<KeyStatusRow> = sqlx::query_as(KEY_STATUS_SQL)
+            .bind(merchant_id)
+            .bind(key.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(KeyStatus::try_from).transpose()
+    }
+
+    pub(in crate::store) async fn take_over(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        attempt: i64,
+        lease: Duration,
+    ) -> Result<Option<KeyRecord>, StoreError> {
+        self.write(async |tx| {
+            let taken = sqlx::query(TAKE_OVER_SQL)
+                .bind(merchant_id)
+                .bind(key.as_str())
+                .bind(attempt)
+                .bind(millis(lease))
+                .execute(&mut *tx)
+                .await?;
+            if taken.rows_affected() == 0 {
+                return Ok(None);
+            }
+            key_record(&mut *tx, merchant_id, key.as_str()).await
+        })
+        .await
+    }
+
+    pub(in crate::store) async fn release(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        attempt: i64,
+        reschedule: &Reschedule,
+    ) -> Result<(), StoreError> {
+        self.write(async |tx| {
+            let released = sqlx::query(RELEASE_KEY_SQL)
+                .bind(merchant_id)
+                .bind(key.as_str())
+                .bind(attempt)
+                .execute(&mut *tx)
+                .await?;
+            if released.rows_affected() == 0 {
+                return Ok(());
+            }
+            sqlx::query(RELEASE_CHARGE_SQL)
+                .bind(merchant_id)
+                .bind(key.as_str())
+                .bind(attempt)
+                .bind(i32::from(reschedule.reconciler_try))
+                .bind(reschedule.not_before.map(millis))
+                .execute(&mut *tx)
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub(in crate::store) async fn renew(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        attempt: i64,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        self.write(async |tx| {
+            let done = sqlx::query(RENEW_SQL)
+                .bind(merchant_id)
+                .bind(key.as_str())
+                .bind(attempt)
+                .bind(millis(lease))
+                .execute(&mut *tx)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        })
+        .await
+    }
+
+    pub(in crate::store) async fn finalize(
+        &self,
+        values: &FinalizeValues<'_>,
+    ) -> Result<bool, StoreError> {
+        if values.audit.is_none() {
+            if let Batched::Done(settled) = self.finalizes.submit(FinalizeRow::new(values)).await {
+                return settled;
+            }
+        }
+        self.write(async |tx| finalize_in(tx, values).await).await
+    }
+
+    pub(in crate::store) async fn orphans(
+        &self,
+        limit: i64,
+        settle_deadline: Duration,
+    ) -> Result<Vec<Orphan>, StoreError> {
+        let rows: Vec<OrphanRow> = sqlx::query_as(ORPHANS_SQL)
+            .bind(limit)
+            .bind(millis(settle_deadline))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter().map(Orphan::try_from).collect()
+    }
+
+    /// Deletes a batch of expired records and leaves each one's tombstone, in
+    /// one write transaction.
+    pub(in crate::store) async fn sweep_expired_keys(
+        &self,
+        limit: i64,
+        tombstone_ttl: Duration,
+    ) -> Result<u64, StoreError> {
+        self.write(async |tx| {
+            let swept: Vec<(i64, String, Vec<u8>, String, i64)> = sqlx::query_as(SWEEP_SQL)
+                .bind(limit)
+                .fetch_all(&mut *tx)
+                .await?;
+            for (merchant_id, key, fingerprint, charge_id, expired_at) in &swept {
+                sqlx::query(INSERT_TOMBSTONE_SQL)
+                    .bind(merchant_id)
+                    .bind(key)
+                    .bind(fingerprint)
+                    .bind(charge_id)
+                    .bind(expired_at.saturating_add(millis(tombstone_ttl)))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            Ok(swept.len() as u64)
+        })
+        .await
+    }
+
+    pub(in crate::store) async fn sweep_tombstones(&self, limit: i64) -> Result<u64, StoreError> {
+        self.write(async |tx| {
+            let done = sqlx::query(SWEEP_TOMBSTONES_SQL)
+                .bind(limit)
+                .execute(&mut *tx)
+                .await?;
+            Ok(done.rows_affected())
+        })
+        .await
+    }
+}
+
+/// The record under a key, read on the pool or inside a write transaction.
+async fn key_record<'c, E>(
+    executor: E,
+    merchant_id: i64,
+    key: &str,
+) -> Result<Option<KeyRecord>, StoreError>
+where
+    E: sqlx::Executor<'c, Database = sqlx::Sqlite>,
+{
+    let row: Option<RecordRow> = sqlx::query_as(KEY_RECORD_SQL)
+        .bind(merchant_id)
+        .bind(key)
+        .fetch_optional(executor)
+        .await?;
+    row.map(KeyRecord::try_from).transpose()
+}
+
+/// A claim inside a write transaction: the statements that PostgreSQL's one
+/// claim statement does.
+pub(super) async fn claim_in(
+    tx: &mut SqliteConnection,
+    values: &ClaimValues,
+) -> Result<Claim, StoreError> {
+    let args = || arguments::<SqliteArguments<'_>, 11>(&values.params());
+    // The same request's tombstone: a late retry, nothing to claim.
+    let tombstone: Option<(String,)> = sqlx::query_as(TOMBSTONE_SQL)
+        .bind(values.merchant_id())
+        .bind(values.key())
+        .bind(values.fingerprint())
+        .fetch_optional(&mut *tx)
+        .await?;
+    if let Some((charge_id,)) = tombstone {
+        return Ok(Claim::Expired(ChargeId::from_trusted(charge_id)));
+    }
+    let inserted: Option<(String,)> = sqlx::query_as_with(INSERT_KEY_SQL, args()?)
+        .fetch_optional(&mut *tx)
+        .await?;
+    // The key exists: an expired record of another request becomes
+    // this new intent's claim; any other is what the winner left.
+    let won = inserted.is_some()
+        || sqlx::query_with(RECLAIM_SQL, args()?)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+            == 1;
+    if won {
+        sqlx::query_with(INSERT_CHARGE_SQL, args()?)
+            .execute(&mut *tx)
+            .await?;
+    }
+    let record = key_record(&mut *tx, values.merchant_id(), values.key())
+        .await?
+        .ok_or_else(|| {
+            StoreError::Corrupt(format!("key {} vanished inside a claim", values.key()))
+        })?;
+    Ok(if won {
+        Claim::Won(record)
+    } else {
+        Claim::Lost(record)
+    })
+}
+
+/// A finalize inside a write transaction; `false`: fenced off.
+pub(super) async fn finalize_in(
+    tx: &mut SqliteConnection,
+    values: &FinalizeValues<'_>,
+) -> Result<bool, StoreError> {
+    let params = values.params();
+    let args = || arguments::<SqliteArguments<'_>, 18>(&params);
+    let fenced = sqlx::query_with(FINALIZE_KEY_SQL, args()?)
+        .execute(&mut *tx)
+        .await?;
+    if fenced.rows_affected() == 0 {
+        return Ok(false);
+    }
+    for sql in [
+        FINALIZE_EVENT_SQL,
+        FINALIZE_WEBHOOK_SQL,
+        FINALIZE_CHARGE_SQL,
+    ] {
+        sqlx::query_with(sql, args()?).execute(&mut *tx).await?;
+    }
+    if let Some(entry) = values.audit {
+        super::audit::record(tx, entry).await?;
+    }
+    Ok(true)
+}

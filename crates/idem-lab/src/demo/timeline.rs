@@ -1,0 +1,558 @@
+//! The race in time: what the demo recorded about each intent (its attempts as
+//! the client saw them, the acquirer's captures, and, under check-then-act, the
+//! teaching server's checks and inserts), the choice of a few telling intents
+//! per strategy, and their drawing as swimlanes in hand-written SVG.
+//!
+//! Every sample is picked from the recorded data, never named in advance: a
+//! double charge under check-then-act, a retry stuck behind the lock under
+//! hold-transaction, a retry answered `409` at once under idem. All text in the
+//! SVG is escaped; it needs no script, font or file from anywhere.
+
+use std::fmt::Write as _;
+
+use super::Strategy;
+
+/// Which part of the workload an intent belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IntentKind {
+    /// One client that times out and retries on the next instance.
+    Retried,
+    /// Simultaneous duplicates from several clients, one key.
+    Burst,
+}
+
+/// How an attempt ended, as the client saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptEnd {
+    Status(u16),
+    Timeout,
+    /// The connection failed.
+    Failed,
+}
+
+/// One attempt on the strategy's clock (milliseconds since its workload began).
+#[derive(Debug, Clone)]
+pub struct AttemptSpan {
+    /// Which of the burst's clients sent it (0 for a retried intent).
+    pub copy: usize,
+    /// Its place among that client's attempts, from 0.
+    pub number: usize,
+    /// Which instance it went to (0, 1, 2: shown as A, B, C).
+    pub instance: usize,
+    pub sent_ms: f64,
+    pub ended_ms: f64,
+    pub end: AttemptEnd,
+}
+
+/// What a teaching server did for a key, when it did it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerStep {
+    /// check-then-act's select found no row for the key.
+    CheckedEmpty,
+    /// Its insert of the key returned.
+    Inserted,
+}
+
+/// One intent's story.
+#[derive(Debug, Clone)]
+pub struct IntentTrace {
+    pub kind: IntentKind,
+    pub order_id: i64,
+    pub attempts: Vec<AttemptSpan>,
+    /// When the acquirer moved the money, once per capture.
+    pub captures_ms: Vec<f64>,
+    /// The teaching server's steps (empty for idem, which keeps no such log).
+    pub server: Vec<(ServerStep, f64)>,
+}
+
+impl IntentTrace {
+    fn checks_before_first_insert(&self) -> usize {
+        let first_insert = self
+            .server
+            .iter()
+            .filter(|(s, _)| *s == ServerStep::Inserted)
+            .map(|(_, at)| *at)
+            .fold(f64::INFINITY, f64::min);
+        self.server
+            .iter()
+            .filter(|(s, at)| *s == ServerStep::CheckedEmpty && *at <= first_insert)
+            .count()
+    }
+
+    /// A retry (not a first attempt) that the client gave up on.
+    fn has_retry_timed_out(&self) -> bool {
+        self.attempts
+            .iter()
+            .any(|a| a.number > 0 && a.end == AttemptEnd::Timeout)
+    }
+
+    fn has_status(&self, status: u16) -> bool {
+        self.attempts
+            .iter()
+            .any(|a| a.end == AttemptEnd::Status(status))
+    }
+}
+
+/// The most lanes a sample shows: more would not fit a screen.
+const MAX_LANES: usize = 12;
+
+/// Roughly how wide a character of the 12 px labels is, to leave a label out
+/// rather than draw it over the next attempt.
+const CHAR_W: f64 = 7.0;
+
+/// How telling an intent is for its strategy; the highest of each kind is drawn.
+fn score(strategy: Strategy, t: &IntentTrace) -> i64 {
+    let captures = t.captures_ms.len() as i64;
+    let telling = match strategy {
+        Strategy::CheckThenAct => captures >= 2,
+        Strategy::HoldTransaction => captures == 1 && t.has_retry_timed_out(),
+        Strategy::Idem => {
+            captures == 1
+                && t.has_status(409)
+                && t.attempts.iter().any(|a| a.number > 0)
+                && t.attempts
+                    .iter()
+                    .all(|a| a.end != AttemptEnd::Timeout || a.number == 0)
+        }
+    };
+    // Then the fewest attempts: the story is easier to read with fewer lanes.
+    i64::from(telling) * 1_000_000 - t.attempts.len() as i64
+}
+
+/// A few intents of one strategy worth drawing: the most telling retried
+/// intent and the most telling burst.
+pub(super) fn pick_samples(strategy: Strategy, traces: &[IntentTrace]) -> Vec<IntentTrace> {
+    [IntentKind::Retried, IntentKind::Burst]
+        .into_iter()
+        .filter_map(|kind| {
+            traces
+                .iter()
+                .filter(|t| t.kind == kind && !t.attempts.is_empty())
+                .max_by_key(|t| (score(strategy, t), -t.order_id))
+                .cloned()
+        })
+        .collect()
+}
+
+/// Width of a timeline, in px: fits a 1280 px window beside the page margins.
+const WIDTH: f64 = 940.0;
+/// Where the time axis starts (the lane labels are to its left).
+const PLOT_X: f64 = 150.0;
+/// Where it ends (room after it for the last answer's label).
+const PLOT_END: f64 = WIDTH - 70.0;
+const LANE_H: f64 = 22.0;
+const TOP: f64 = 8.0;
+const AXIS_H: f64 = 28.0;
+
+const TIMEOUT_COLOUR: &str = "#7f8c8d";
+const CONFLICT_COLOUR: &str = "#d68910";
+const OK_COLOUR: &str = "#1e8449";
+const OTHER_COLOUR: &str = "#8e44ad";
+const CAPTURE_COLOUR: &str = "#c0392b";
+const CHECK_COLOUR: &str = "#2471a3";
+
+/// The legend, once above all the timelines.
+pub fn legend() -> String {
+    let mut svg = format!(
+        "<svg class=\"legend\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"44\" role=\"img\" font-size=\"12\">"
+    );
+    let items: [(&str, String); 7] = [
+        ("attempt answered", bar(0.0, 8.0, 30.0, OK_COLOUR, "")),
+        (
+            "409: in flight, try later",
+            bar(0.0, 8.0, 30.0, CONFLICT_COLOUR, ""),
+        ),
+        (
+            "timed out at the client",
+            bar(0.0, 8.0, 30.0, TIMEOUT_COLOUR, "4 3"),
+        ),
+        ("capture at the acquirer", diamond(15.0, 14.0)),
+        ("check found no row", circle(15.0, 14.0)),
+        ("insert", square(15.0, 14.0)),
+        (
+            "window: checked before any insert",
+            window_rect(0.0, 30.0, 6.0, 16.0),
+        ),
+    ];
+    for (i, (label, mark)) in items.iter().enumerate() {
+        let (x, y) = (
+            f64::from((i % 4) as u8) * 232.0,
+            if i < 4 { 0.0 } else { 22.0 },
+        );
+        let _ = write!(
+            svg,
+            "<g transform=\"translate({x},{y})\">{mark}<text x=\"36\" y=\"18\">{}</text></g>",
+            escape(label)
+        );
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+fn bar(x: f64, y: f64, w: f64, colour: &str, dash: &str) -> String {
+    let dash = if dash.is_empty() {
+        String::new()
+    } else {
+        format!(" stroke-dasharray=\"{dash}\" fill-opacity=\"0.25\" stroke=\"{colour}\"")
+    };
+    format!(
+        "<rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{w:.1}\" height=\"10\" fill=\"{colour}\"{dash}/>"
+    )
+}
+
+fn diamond(x: f64, y: f64) -> String {
+    format!(
+        "<path class=\"capture\" d=\"M{:.1},{:.1} l6,6 l-6,6 l-6,-6 z\" fill=\"{CAPTURE_COLOUR}\"/>",
+        x,
+        y - 6.0
+    )
+}
+
+fn circle(x: f64, y: f64) -> String {
+    format!(
+        "<circle class=\"check\" cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"4.5\" fill=\"#fff\" stroke=\"{CHECK_COLOUR}\" stroke-width=\"2\"/>"
+    )
+}
+
+fn square(x: f64, y: f64) -> String {
+    format!(
+        "<rect class=\"insert\" x=\"{:.1}\" y=\"{:.1}\" width=\"9\" height=\"9\" fill=\"{CHECK_COLOUR}\"/>",
+        x - 4.5,
+        y - 4.5
+    )
+}
+
+fn window_rect(x: f64, w: f64, y: f64, h: f64) -> String {
+    format!(
+        "<rect class=\"window\" x=\"{x:.1}\" y=\"{y:.1}\" width=\"{w:.1}\" height=\"{h:.1}\" fill=\"{CAPTURE_COLOUR}\" fill-opacity=\"0.12\"/>"
+    )
+}
+
+/// A tick step giving at most about ten ticks over `span` ms.
+fn tick_step(span: f64) -> f64 {
+    [
+        10.0, 20.0, 50.0, 100.0, 200.0, 250.0, 500.0, 1000.0, 2000.0, 5000.0,
+    ]
+    .into_iter()
+    .find(|s| span / s <= 10.0)
+    .unwrap_or(10_000.0)
+}
+
+/// What the sample's heading says happened.
+fn headline(strategy: Strategy, t: &IntentTrace) -> String {
+    let kind = match t.kind {
+        IntentKind::Retried => "a client that timed out and retried on the next instance",
+        IntentKind::Burst => "simultaneous duplicates from several clients",
+    };
+    let captures = t.captures_ms.len();
+    let outcome = match captures {
+        0 => "never captured".to_owned(),
+        1 => "captured once".to_owned(),
+        n => format!("captured {n} times: a double charge"),
+    };
+    let why = match strategy {
+        Strategy::CheckThenAct if captures > 1 => {
+            let checks = t.checks_before_first_insert();
+            format!("; {checks} checks found no row before the first insert")
+        }
+        Strategy::HoldTransaction if t.has_retry_timed_out() => {
+            "; its retries waited on the lock held across the acquirer call until the client gave up".to_owned()
+        }
+        Strategy::Idem if t.has_status(409) => {
+            "; a retry in flight is answered 409 at once, then the stored answer".to_owned()
+        }
+        _ => String::new(),
+    };
+    format!("order {} — {kind}: {outcome}{why}", t.order_id)
+}
+
+/// One sample as a figure, on one time axis: for a retried intent a lane per
+/// attempt; for a burst a lane per client, its attempts in a row; then one
+/// lane for the database's steps (check-then-act only) and one for the
+/// acquirer's captures.
+pub(super) fn sample_svg(strategy: Strategy, t: &IntentTrace) -> String {
+    let mut attempts: Vec<&AttemptSpan> = t.attempts.iter().collect();
+    attempts.sort_by(|a, b| a.sent_ms.total_cmp(&b.sent_ms));
+    let mut lanes: Vec<(String, Vec<&AttemptSpan>)> = match t.kind {
+        IntentKind::Retried => attempts
+            .iter()
+            .map(|a| {
+                let label = format!("attempt {} → {}", a.number + 1, instance_name(a.instance));
+                (label, vec![*a])
+            })
+            .collect(),
+        IntentKind::Burst => {
+            let clients = attempts.iter().map(|a| a.copy + 1).max().unwrap_or(0);
+            (0..clients)
+                .map(|copy| {
+                    let mine: Vec<&AttemptSpan> = attempts
+                        .iter()
+                        .copied()
+                        .filter(|a| a.copy == copy)
+                        .collect();
+                    let first = mine.first().map_or(0, |a| a.instance);
+                    let label = format!("client {}, from {}", copy + 1, instance_name(first));
+                    (label, mine)
+                })
+                .collect()
+        }
+    };
+    // Too many lanes: the first ones and the last, which holds the final answer.
+    let hidden = lanes.len().saturating_sub(MAX_LANES);
+    if hidden > 0 {
+        let last = lanes.split_off(MAX_LANES - 1).pop();
+        lanes.extend(last);
+    }
+    let shown = lanes.iter().flat_map(|(_, l)| l.iter());
+    let start = shown
+        .clone()
+        .map(|a| a.sent_ms)
+        .chain(t.server.iter().map(|(_, at)| *at))
+        .fold(f64::INFINITY, f64::min);
+    let end = shown
+        .map(|a| a.ended_ms)
+        .chain(t.captures_ms.iter().copied())
+        .chain(t.server.iter().map(|(_, at)| *at))
+        .fold(start, f64::max);
+    let step = tick_step(end - start);
+    let origin = (start / step).floor() * step;
+    let span = (((end - origin) / step).ceil() * step).max(step);
+    let x = |ms: f64| PLOT_X + (ms - origin) / span * (PLOT_END - PLOT_X);
+    let db_lane = !t.server.is_empty();
+    let rows = lanes.len() + usize::from(db_lane) + 1;
+    let height = TOP + rows as f64 * LANE_H + AXIS_H;
+
+    let mut svg = format!(
+        "<figure class=\"sample\"><figcaption>{}</figcaption>\
+         <svg class=\"timeline\" data-strategy=\"{}\" data-order=\"{}\" data-captures=\"{}\" \
+         xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height:.0}\" role=\"img\" font-size=\"12\">",
+        escape(&headline(strategy, t)),
+        escape(strategy.name()),
+        t.order_id,
+        t.captures_ms.len(),
+    );
+    // Grid and axis first, so the marks sit on top.
+    let axis_y = TOP + rows as f64 * LANE_H;
+    let mut tick = origin;
+    while tick <= origin + span + 0.5 {
+        let tx = x(tick);
+        let _ = write!(
+            svg,
+            "<line x1=\"{tx:.1}\" y1=\"{TOP}\" x2=\"{tx:.1}\" y2=\"{axis_y:.1}\" stroke=\"#eee\"/>\
+             <text x=\"{tx:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#555\">{} ms</text>",
+            axis_y + 16.0,
+            tick.round()
+        );
+        tick += step;
+    }
+    let _ = write!(
+        svg,
+        "<line x1=\"{PLOT_X}\" y1=\"{axis_y:.1}\" x2=\"{PLOT_END}\" y2=\"{axis_y:.1}\" stroke=\"#555\"/>"
+    );
+
+    // The race's window: from the first check that found nothing to the first insert.
+    let first = |step: ServerStep| {
+        t.server
+            .iter()
+            .filter(|(s, _)| *s == step)
+            .map(|(_, at)| *at)
+            .fold(f64::INFINITY, f64::min)
+    };
+    let (check, insert) = (first(ServerStep::CheckedEmpty), first(ServerStep::Inserted));
+    if t.checks_before_first_insert() > 1 && insert.is_finite() {
+        let (x0, x1) = (x(check), x(insert));
+        svg.push_str(&window_rect(
+            x0,
+            (x1 - x0).max(2.0),
+            TOP,
+            rows as f64 * LANE_H,
+        ));
+    }
+
+    for (i, (label, spans)) in lanes.iter().enumerate() {
+        let y = TOP + i as f64 * LANE_H;
+        let _ = write!(
+            svg,
+            "<g class=\"lane attempt\"><text x=\"0\" y=\"{:.1}\">{}</text>",
+            y + 15.0,
+            escape(label)
+        );
+        for (j, a) in spans.iter().enumerate() {
+            let (colour, dash, text) = match a.end {
+                AttemptEnd::Status(201) => (OK_COLOUR, "", "201".to_owned()),
+                AttemptEnd::Status(409) => (CONFLICT_COLOUR, "", "409".to_owned()),
+                AttemptEnd::Status(s) => (OTHER_COLOUR, "", s.to_string()),
+                AttemptEnd::Timeout => (TIMEOUT_COLOUR, "4 3", "timed out".to_owned()),
+                AttemptEnd::Failed => (OTHER_COLOUR, "4 3", "failed".to_owned()),
+            };
+            let (x0, x1) = (x(a.sent_ms), x(a.ended_ms));
+            svg.push_str(&bar(x0, y + 6.0, (x1 - x0).max(2.0), colour, dash));
+            // A label only where it does not run into the lane's next attempt.
+            let room = spans
+                .get(j + 1)
+                .map_or(f64::INFINITY, |next| x(next.sent_ms) - x1);
+            if room >= text.len() as f64 * CHAR_W + 6.0 {
+                let _ = write!(
+                    svg,
+                    "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"{colour}\">{}</text>",
+                    x1 + 4.0,
+                    y + 15.0,
+                    escape(&text)
+                );
+            }
+        }
+        svg.push_str("</g>");
+    }
+    let mut y = TOP + lanes.len() as f64 * LANE_H;
+    if db_lane {
+        let _ = write!(
+            svg,
+            "<g class=\"lane database\"><text x=\"0\" y=\"{:.1}\">database</text>",
+            y + 15.0
+        );
+        for (step, at) in &t.server {
+            svg.push_str(&match step {
+                ServerStep::CheckedEmpty => circle(x(*at), y + 11.0),
+                ServerStep::Inserted => square(x(*at), y + 11.0),
+            });
+        }
+        svg.push_str("</g>");
+        y += LANE_H;
+    }
+    let _ = write!(
+        svg,
+        "<g class=\"lane acquirer\"><text x=\"0\" y=\"{:.1}\">acquirer</text>",
+        y + 15.0
+    );
+    for at in &t.captures_ms {
+        svg.push_str(&diamond(x(*at), y + 11.0));
+    }
+    svg.push_str("</g></svg>");
+    if hidden > 0 {
+        let _ = write!(
+            svg,
+            "<p class=\"note\">{hidden} lanes before the last are left out</p>"
+        );
+    }
+    svg.push_str("</figure>");
+    svg
+}
+
+fn instance_name(i: usize) -> String {
+    const NAMES: [&str; 3] = ["A", "B", "C"];
+    NAMES
+        .get(i)
+        .map_or_else(|| (i + 1).to_string(), |n| (*n).to_owned())
+}
+
+/// Text made safe inside HTML and SVG, in an element or a quoted attribute.
+pub(super) fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(copy: usize, number: usize, sent: f64, ended: f64, end: AttemptEnd) -> AttemptSpan {
+        AttemptSpan {
+            copy,
+            number,
+            instance: number % 3,
+            sent_ms: sent,
+            ended_ms: ended,
+            end,
+        }
+    }
+
+    fn trace(order_id: i64, attempts: Vec<AttemptSpan>, captures: usize) -> IntentTrace {
+        IntentTrace {
+            kind: IntentKind::Retried,
+            order_id,
+            attempts,
+            captures_ms: vec![600.0; captures],
+            server: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_double_charge_is_picked_under_check_then_act() {
+        let once = trace(1, vec![span(0, 0, 0.0, 5.0, AttemptEnd::Status(201))], 1);
+        let twice = trace(
+            2,
+            vec![
+                span(0, 0, 0.0, 250.0, AttemptEnd::Timeout),
+                span(0, 1, 270.0, 880.0, AttemptEnd::Status(201)),
+            ],
+            2,
+        );
+        let picked = pick_samples(Strategy::CheckThenAct, &[once, twice]);
+        assert_eq!(picked.len(), 1);
+        assert_eq!(picked[0].order_id, 2);
+    }
+
+    #[test]
+    fn a_retry_answered_409_is_picked_under_idem() {
+        let plain = trace(1, vec![span(0, 0, 0.0, 600.0, AttemptEnd::Status(201))], 1);
+        let retried = trace(
+            2,
+            vec![
+                span(0, 0, 0.0, 250.0, AttemptEnd::Timeout),
+                span(0, 1, 270.0, 272.0, AttemptEnd::Status(409)),
+                span(0, 2, 300.0, 302.0, AttemptEnd::Status(201)),
+            ],
+            1,
+        );
+        let picked = pick_samples(Strategy::Idem, &[plain, retried]);
+        assert_eq!(picked[0].order_id, 2);
+        let svg = sample_svg(Strategy::Idem, &picked[0]);
+        assert_eq!(svg.matches("class=\"lane attempt\"").count(), 3);
+        assert!(svg.contains(">409</text>") && svg.contains("class=\"capture\""));
+    }
+
+    #[test]
+    fn the_window_is_drawn_when_two_checks_precede_the_first_insert() {
+        let mut t = trace(
+            3,
+            vec![
+                span(0, 0, 0.0, 620.0, AttemptEnd::Status(201)),
+                span(1, 0, 1.0, 622.0, AttemptEnd::Status(201)),
+            ],
+            2,
+        );
+        t.kind = IntentKind::Burst;
+        t.server = vec![
+            (ServerStep::CheckedEmpty, 1.0),
+            (ServerStep::CheckedEmpty, 2.0),
+            (ServerStep::Inserted, 21.0),
+            (ServerStep::Inserted, 22.0),
+        ];
+        let svg = sample_svg(Strategy::CheckThenAct, &t);
+        assert!(svg.contains("class=\"window\""), "{svg}");
+        assert!(svg.contains("2 checks found no row before the first insert"));
+        assert!(svg.contains("data-captures=\"2\""));
+    }
+
+    #[test]
+    fn a_long_story_keeps_its_last_lane() {
+        let mut attempts: Vec<AttemptSpan> = (0..20)
+            .map(|n| {
+                let sent = n as f64 * 270.0;
+                span(0, n, sent, sent + 250.0, AttemptEnd::Timeout)
+            })
+            .collect();
+        attempts.push(span(0, 20, 5400.0, 5401.0, AttemptEnd::Status(201)));
+        let svg = sample_svg(Strategy::HoldTransaction, &trace(4, attempts, 1));
+        assert_eq!(svg.matches("class=\"lane attempt\"").count(), MAX_LANES);
+        assert!(svg.contains("attempt 21 →") && svg.contains(">201</text>"));
+        assert!(svg.contains("9 lanes before the last are left out"));
+    }
+
+    #[test]
+    fn text_is_escaped() {
+        assert_eq!(escape("<a & \"b\">"), "&lt;a &amp; &quot;b&quot;&gt;");
+    }
+}

@@ -1,0 +1,254 @@
+//! Fault injection: what the next captures will suffer, set at start
+//! (`idem-lab acquirer-sim --fault ...`) and changed at run time (`PUT /_sim/faults`).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use idem_core::acquirer::protocol::CaptureRequest;
+
+/// One kind of misbehaviour, applied to a capture call. Written the same way
+/// on the command line and in `/_sim/faults`: `none`, `error-before`,
+/// `error-after`, `hang`, `drop-after`, `wrong-amount`, `wrong-currency`,
+/// `wrong-order`, or `status:N` (`error_before` and the other snake-case
+/// spellings are accepted too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Fault {
+    /// Behave.
+    #[default]
+    None,
+    /// Answer 500 without capturing.
+    ErrorBefore,
+    /// Capture, then answer 502: money moved, the caller cannot know.
+    ErrorAfter,
+    /// Capture, then withhold the answer for `hang_ms` (past the caller's
+    /// timeout). The POST stays in flight all that time, so another POST of
+    /// the same reference meanwhile is answered `409`.
+    Hang,
+    /// Capture, then drop the connection mid-response.
+    DropAfter,
+    /// Answer this status without capturing, as a proxy, a rate limiter or a
+    /// wrong route would (with `Retry-After` when `retry_after_secs` is set).
+    Status(u16),
+    /// Capture one cent more than asked, and say so in the `201`'s echo (a
+    /// new reference only: a known one repeats its first outcome).
+    WrongAmount,
+    /// Capture in another currency than asked (`USD`, or `EUR` for `USD`).
+    WrongCurrency,
+    /// Capture for the next order id.
+    WrongOrder,
+}
+
+impl Fault {
+    /// What a capture of `asked` moves under this fault: `asked` itself,
+    /// unless the fault is a lie about it.
+    pub fn captures(self, asked: &CaptureRequest) -> CaptureRequest {
+        let mut moved = asked.clone();
+        match self {
+            Self::WrongAmount => moved.amount_cents = asked.amount_cents.saturating_add(1),
+            Self::WrongCurrency => {
+                moved.currency = if asked.currency == "USD" {
+                    "EUR"
+                } else {
+                    "USD"
+                }
+                .to_owned();
+            }
+            Self::WrongOrder => moved.order_id = asked.order_id.saturating_add(1),
+            _ => {}
+        }
+        moved
+    }
+}
+
+impl std::str::FromStr for Fault {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!(
+                "unknown fault {s:?}: use none, error-before, error-after, hang, drop-after, \
+                 wrong-amount, wrong-currency, wrong-order or status:N (N from 100 to 599)"
+            )
+        };
+        if let Some(code) = s.strip_prefix("status:") {
+            return match code.parse::<u16>() {
+                Ok(n) if (100..=599).contains(&n) => Ok(Self::Status(n)),
+                _ => Err(bad()),
+            };
+        }
+        match s.replace('_', "-").as_str() {
+            "none" => Ok(Self::None),
+            "error-before" => Ok(Self::ErrorBefore),
+            "error-after" => Ok(Self::ErrorAfter),
+            "hang" => Ok(Self::Hang),
+            "drop-after" => Ok(Self::DropAfter),
+            "wrong-amount" => Ok(Self::WrongAmount),
+            "wrong-currency" => Ok(Self::WrongCurrency),
+            "wrong-order" => Ok(Self::WrongOrder),
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::None => f.write_str("none"),
+            Self::ErrorBefore => f.write_str("error-before"),
+            Self::ErrorAfter => f.write_str("error-after"),
+            Self::Hang => f.write_str("hang"),
+            Self::DropAfter => f.write_str("drop-after"),
+            Self::WrongAmount => f.write_str("wrong-amount"),
+            Self::WrongCurrency => f.write_str("wrong-currency"),
+            Self::WrongOrder => f.write_str("wrong-order"),
+            Self::Status(n) => write!(f, "status:{n}"),
+        }
+    }
+}
+
+impl TryFrom<String> for Fault {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<Fault> for String {
+    fn from(f: Fault) -> Self {
+        f.to_string()
+    }
+}
+
+/// The simulator's fault settings; the JSON body of `/_sim/faults`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Faults {
+    /// Delay before each capture is processed.
+    pub latency_ms: u64,
+    /// Chance, 0.0 to 1.0, that a new reference is declined (`insufficient_funds`).
+    pub decline_rate: f64,
+    pub fault: Fault,
+    /// How many calls the fault applies to before it switches itself off;
+    /// `null` for every call.
+    pub fault_count: Option<u64>,
+    /// How long `hang` withholds the answer.
+    pub hang_ms: u64,
+    /// The `Retry-After` (seconds) a `status:N` fault sends; `null` for none.
+    pub retry_after_secs: Option<u64>,
+}
+
+/// Long enough to outlast any sane client timeout.
+const DEFAULT_HANG: Duration = Duration::from_secs(120);
+
+impl Default for Faults {
+    fn default() -> Self {
+        Self {
+            latency_ms: 0,
+            decline_rate: 0.0,
+            fault: Fault::None,
+            fault_count: None,
+            hang_ms: u64::try_from(DEFAULT_HANG.as_millis()).unwrap_or(u64::MAX),
+            retry_after_secs: None,
+        }
+    }
+}
+
+/// What one call will suffer, drawn from the settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan {
+    pub latency: Duration,
+    /// Decline if the reference is new.
+    pub decline: bool,
+    pub fault: Fault,
+    pub hang: Duration,
+    pub retry_after_secs: Option<u64>,
+}
+
+impl Faults {
+    /// Draws the plan for one call, counting down a limited fault.
+    pub fn take(&mut self) -> Plan {
+        let fault = match self.fault_count {
+            Some(0) => Fault::None,
+            Some(n) => {
+                self.fault_count = Some(n - 1);
+                self.fault
+            }
+            None => self.fault,
+        };
+        if self.fault_count == Some(0) {
+            self.fault = Fault::None;
+            self.fault_count = None;
+        }
+        Plan {
+            latency: Duration::from_millis(self.latency_ms),
+            decline: self.decline_rate > 0.0 && rand::random::<f64>() < self.decline_rate,
+            fault,
+            hang: Duration::from_millis(self.hang_ms),
+            retry_after_secs: self.retry_after_secs,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_counted_fault_switches_itself_off() {
+        let mut f = Faults {
+            fault: Fault::ErrorAfter,
+            fault_count: Some(2),
+            ..Faults::default()
+        };
+        assert_eq!(f.take().fault, Fault::ErrorAfter);
+        assert_eq!(f.take().fault, Fault::ErrorAfter);
+        assert_eq!(f.take().fault, Fault::None);
+        assert_eq!(f.fault, Fault::None);
+    }
+
+    #[test]
+    fn faults_read_and_write_one_spelling() {
+        for text in [
+            "none",
+            "error-before",
+            "error-after",
+            "hang",
+            "drop-after",
+            "wrong-amount",
+            "wrong-currency",
+            "wrong-order",
+            "status:429",
+        ] {
+            let fault: Fault = text.parse().expect(text);
+            assert_eq!(fault.to_string(), text);
+        }
+        assert_eq!("error_after".parse::<Fault>(), Ok(Fault::ErrorAfter));
+        assert_eq!("status:404".parse::<Fault>(), Ok(Fault::Status(404)));
+        for bad in [
+            "status:",
+            "status:99",
+            "status:600",
+            "status:abc",
+            "explode",
+        ] {
+            assert!(bad.parse::<Fault>().is_err(), "{bad}");
+        }
+        let json: Faults = serde_json::from_str(r#"{"fault": "status:409"}"#).expect("json");
+        assert_eq!(json.fault, Fault::Status(409));
+        assert!(serde_json::from_str::<Faults>(r#"{"fault": "status:1"}"#).is_err());
+    }
+
+    #[test]
+    fn decline_rate_bounds_are_exact() {
+        let mut always = Faults {
+            decline_rate: 1.0,
+            ..Faults::default()
+        };
+        let mut never = Faults::default();
+        assert!((0..100).all(|_| always.take().decline));
+        assert!((0..100).all(|_| !never.take().decline));
+    }
+}
