@@ -121,8 +121,8 @@ pub(crate) struct Consume {
     pub(crate) engine: EngineSettings,
 }
 
-/// The engine over its store.
-pub(crate) async fn engine(settings: &EngineSettings) -> anyhow::Result<Engine> {
+/// The engine over its store, and the store: what the edges are given.
+pub(crate) async fn engine(settings: &EngineSettings) -> anyhow::Result<(Engine, Store)> {
     let store = Store::connect_lazy(&settings.database_url, settings.db_max_connections)
         .context("the database URL")?;
     let acquirer = AcquirerClient::new(
@@ -130,32 +130,33 @@ pub(crate) async fn engine(settings: &EngineSettings) -> anyhow::Result<Engine> 
         settings.acquirer_timeout,
         settings.acquirer_ca.as_deref(),
     )?;
-    Ok(Engine::new(
-        store,
+    let engine = Engine::new(
+        store.clone(),
         acquirer,
         EngineConfig {
             lease: settings.lease,
             key_ttl: settings.key_ttl,
             replay_cache_bytes: settings.replay_cache_bytes,
         },
-    ))
+    );
+    Ok((engine, store))
 }
 
 /// Starts the API on its configured address, with the reconciler and the
 /// sweeper beside it, and runs them until `shutdown`.
 pub(crate) async fn serve(config: Serve, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let engine = engine(&config.engine).await?;
+    let (engine, store) = engine(&config.engine).await?;
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;
     tracing::info!(listen = %listener.local_addr()?, acquirer = %config.engine.acquirer_url, "serving");
-    let state = AppState::new(engine.clone());
+    let state = AppState::new(engine.clone(), store.clone());
     let workers = TaskTracker::new();
     workers.spawn(
         state
             .merchants
             .clone()
-            .keep_fresh(engine.store().clone(), shutdown.clone()),
+            .keep_fresh(store.clone(), shutdown.clone()),
     );
     if let Some(addr) = config.metrics_listen {
         spawn_metrics(&workers, addr, state.clone(), &shutdown).await?;
@@ -168,23 +169,30 @@ pub(crate) async fn serve(config: Serve, shutdown: CancellationToken) -> anyhow:
         workers.spawn(http::serve_console(
             listener,
             engine.clone(),
+            store.clone(),
             console.token.clone(),
             shutdown.clone(),
         ));
     }
-    spawn_workers(&workers, &engine, config.workers.as_ref(), &shutdown)?;
+    spawn_workers(
+        &workers,
+        &engine,
+        &store,
+        config.workers.as_ref(),
+        &shutdown,
+    )?;
     if config.queue.is_some() {
         // Before the API takes its first request, so that none of its outcomes
         // misses its event; if the database does not answer yet, the relay
         // keeps trying (and no outcome is stored meanwhile either).
-        if let Err(e) = engine.store().set_events_enabled(true).await {
+        if let Err(e) = store.set_events_enabled(true).await {
             tracing::warn!(error = %e, "cannot turn charge events on yet; the relay will");
         }
     }
     let queue = config
         .queue
         .as_ref()
-        .map(|queue| spawn_queue(&workers, &engine, queue, config.consume, &shutdown));
+        .map(|queue| spawn_queue(&workers, &engine, &store, queue, config.consume, &shutdown));
     workers.close();
     let limits = http::Limits {
         request_timeout: http::request_timeout(config.engine.acquirer_timeout),
@@ -223,17 +231,18 @@ async fn spawn_metrics(
 fn spawn_workers(
     tracker: &TaskTracker,
     engine: &Engine,
+    store: &Store,
     workers: Option<&Workers>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let Some(workers) = workers else {
         return Ok(());
     };
-    let deliverer = Deliverer::new(engine.store().clone(), workers.webhooks.clone())
+    let deliverer = Deliverer::new(store.clone(), workers.webhooks.clone())
         .context("the webhook deliverer's HTTP client")?;
-    let reconciler = Reconciler::new(engine.clone(), workers.reconciler);
+    let reconciler = Reconciler::new(engine.clone(), store.clone(), workers.reconciler);
     tracker.spawn(reconciler.run(shutdown.clone()));
-    let sweeper = Sweeper::new(engine.store().clone(), workers.sweep_interval)
+    let sweeper = Sweeper::new(store.clone(), workers.sweep_interval)
         .with_tombstone_ttl(workers.tombstone_ttl);
     tracker.spawn(sweeper.run(shutdown.clone()));
     tracker.spawn(deliverer.run(shutdown.clone()));
@@ -244,13 +253,14 @@ fn spawn_workers(
 fn spawn_queue(
     tracker: &TaskTracker,
     engine: &Engine,
+    store: &Store,
     queue: &Queue,
     consume: bool,
     shutdown: &CancellationToken,
 ) -> QueueTasks {
     let wake = Arc::new(Notify::new());
     let relay = Relay::new(
-        engine.store().clone(),
+        store.clone(),
         RelayConfig {
             amqp_url: queue.amqp_url.clone(),
             poll_interval: queue.outbox_poll,
@@ -264,6 +274,7 @@ fn spawn_queue(
     let consumer = consume.then(|| {
         let consumer = Consumer::new(
             engine.clone(),
+            store.clone(),
             ConsumerConfig {
                 amqp_url: queue.amqp_url.clone(),
                 prefetch: queue.prefetch,
@@ -298,18 +309,18 @@ impl QueueTasks {
 /// `idem consume`: the consumer and the relay, with the workers beside them,
 /// until `shutdown`.
 pub(crate) async fn consume(config: Consume, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let engine = engine(&config.engine).await?;
+    let (engine, store) = engine(&config.engine).await?;
     tracing::info!(acquirer = %config.engine.acquirer_url, "consuming charge commands");
     let tasks = TaskTracker::new();
     // The metrics first, as in `serve`: the recorder is installed before
     // anything counts (a count made before it is lost), and a metrics address
     // that cannot be bound stops the process before it takes any command.
-    let state = AppState::new(engine.clone());
+    let state = AppState::new(engine.clone(), store.clone());
     if let Some(addr) = config.metrics_listen {
         spawn_metrics(&tasks, addr, state, &shutdown).await?;
     }
-    spawn_workers(&tasks, &engine, config.workers.as_ref(), &shutdown)?;
-    let queue = spawn_queue(&tasks, &engine, &config.queue, true, &shutdown);
+    spawn_workers(&tasks, &engine, &store, config.workers.as_ref(), &shutdown)?;
+    let queue = spawn_queue(&tasks, &engine, &store, &config.queue, true, &shutdown);
     tasks.close();
     shutdown.cancelled().await;
     queue.stop().await;

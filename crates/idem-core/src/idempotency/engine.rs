@@ -136,7 +136,7 @@ pub struct EngineConfig {
 /// The idempotency engine for charges. Cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
-    store: Store,
+    pub(super) store: Store,
     acquirer: AcquirerClient,
     pub(super) config: EngineConfig,
     /// Keys this instance saw held by another attempt, answered from memory.
@@ -154,10 +154,6 @@ impl Engine {
             in_flight: InFlightMemo::default(),
             replays: ReplayCache::new(config.replay_cache_bytes),
         }
-    }
-
-    pub fn store(&self) -> &Store {
-        &self.store
     }
 
     /// Runs one attempt of one intent to completion.

@@ -93,7 +93,7 @@ impl Engine {
             ),
             other => format!("another attempt's outcome: {}", other.label()),
         };
-        self.store()
+        self.store
             .record_audit(&AuditEntry {
                 audit,
                 action: "charge.retry",
@@ -149,7 +149,7 @@ impl Engine {
     /// The charge `id` while it is still processing, with its key record.
     async fn operable(&self, id: &str) -> Result<ChargeRecord, OperatorError> {
         let found = self
-            .store()
+            .store
             .charge_record(id)
             .await?
             .ok_or_else(|| OperatorError::NotFound(id.to_owned()))?;
@@ -174,7 +174,7 @@ impl Engine {
             name: found.charge.merchant.clone(),
         };
         let record = self
-            .store()
+            .store
             .take_over(merchant.id, &key, key_detail.attempt, self.config.lease)
             .await?
             .ok_or_else(|| OperatorError::Busy {

@@ -126,7 +126,7 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<()> {
         Command::Show { id, db } => show(&id, &db).await,
         Command::Retry { id, actor, engine } => {
             let actor = actor.actor()?;
-            let engine = app::engine(&engine.settings()?).await?;
+            let (engine, _) = app::engine(&engine.settings()?).await?;
             let audit = Audit {
                 actor: &actor,
                 reason: None,
@@ -142,7 +142,7 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<()> {
         } => {
             anyhow::ensure!(!reason.trim().is_empty(), "--reason: say why");
             let actor = actor.actor()?;
-            let engine = app::engine(&engine.settings()?).await?;
+            let (engine, _) = app::engine(&engine.settings()?).await?;
             let resolution = match resolution {
                 ResolutionArg::Captured => Resolution::Captured,
                 ResolutionArg::Failed => Resolution::Failed,

@@ -20,8 +20,8 @@ pub(crate) struct Args {
 
 /// The reconciler alone: one pass with `--once`, else until `shutdown`.
 pub(crate) async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let engine = app::engine(&args.engine.settings()?).await?;
-    let reconciler = Reconciler::new(engine, args.reconciler.config());
+    let (engine, store) = app::engine(&args.engine.settings()?).await?;
+    let reconciler = Reconciler::new(engine, store, args.reconciler.config());
     if args.once {
         let report = reconciler.pass().await?;
         tracing::info!(?report, "reconciler pass");

@@ -175,7 +175,7 @@ impl FromRequestParts<AppState> for Authenticated {
             .get(AUTHORIZATION)
             .and_then(|v| bearer_secret(v.as_bytes()))
             .ok_or(ApiError::Unauthorized)?;
-        let store = state.engine.store();
+        let store = &state.store;
         let hash = SecretHash::of(secret);
         match state
             .merchants

@@ -229,8 +229,7 @@ pub async fn get(
 ) -> Result<Response, ApiError> {
     let id = ChargeId::parse(&id).ok_or(ApiError::NotFound)?;
     let charge = state
-        .engine
-        .store()
+        .store
         .charge(merchant.id, &id)
         .await?
         .ok_or(ApiError::NotFound)?;

@@ -30,7 +30,9 @@ use tokio_util::sync::CancellationToken;
 
 use idem_core::domain::SecretHash;
 use idem_core::idempotency::{Engine, Outcome, Resolution};
-use idem_core::store::{Audit, ChargeFilter, ChargeSummary, DeliveryInfo, EndpointInfo, Tenant};
+use idem_core::store::{
+    Audit, ChargeFilter, ChargeSummary, DeliveryInfo, EndpointInfo, Store, Tenant,
+};
 
 /// The cookie that carries the console token.
 const COOKIE_NAME: &str = "idem_admin";
@@ -48,7 +50,10 @@ const CSS: &str = include_str!("console.css");
 
 #[derive(Clone)]
 struct Console {
+    /// Retries and resolutions: the engine's decisions.
     engine: Engine,
+    /// What the page shows, the tokens, the webhook redeliveries.
+    store: Store,
     /// `--admin-token`, hashed.
     flag_token: Option<SecretHash>,
 }
@@ -57,11 +62,13 @@ struct Console {
 pub async fn serve_console(
     listener: TcpListener,
     engine: Engine,
+    store: Store,
     flag_token: Option<String>,
     shutdown: CancellationToken,
 ) {
     let console = Console {
         engine,
+        store,
         flag_token: flag_token.map(|t| SecretHash::of(t.trim().as_bytes())),
     };
     let app = Router::new()
@@ -110,7 +117,7 @@ impl Console {
         if self.flag_token == Some(hash) {
             return Ok(Some(FLAG_TOKEN_ACTOR.to_owned()));
         }
-        self.engine.store().admin_token_name(&hash).await
+        self.store.admin_token_name(&hash).await
     }
 }
 
@@ -263,12 +270,7 @@ async fn redeliver(
         actor: &actor,
         reason: None,
     };
-    match console
-        .engine
-        .store()
-        .redeliver_webhook(&event_id, &audit)
-        .await
-    {
+    match console.store.redeliver_webhook(&event_id, &audit).await {
         Ok(0) => back_with(
             "failed",
             &format!("{event_id}: nothing to send again (still being sent?)"),
@@ -311,7 +313,7 @@ async fn page(
     Operator(actor): Operator,
     Query(notice): Query<Notice>,
 ) -> Response {
-    let store = console.engine.store();
+    let store = &console.store;
     let review = ChargeFilter {
         awaiting_review: true,
         oldest_first: true,

@@ -86,8 +86,7 @@ pub async fn get(
 ) -> Result<Response, ApiError> {
     let key = IdempotencyKey::parse(raw.as_bytes()).map_err(ApiError::MalformedKey)?;
     let status = state
-        .engine
-        .store()
+        .store
         .key_status(merchant.id, &key)
         .await?
         .ok_or(ApiError::NotFound)?;

@@ -47,7 +47,7 @@ pub use server::{run as run_server, Limits, Tls, HEADER_READ_TIMEOUT, MAX_IN_FLI
 
 use idem_core::idempotency::Engine;
 use idem_core::problem::{Problem, ProblemKind, PROBLEM_JSON};
-use idem_core::store::STORE_BOUND;
+use idem_core::store::{Store, STORE_BOUND};
 
 /// The largest request body accepted: a charge request is well under 1 KiB,
 /// so 16 KiB leaves room for any description and refuses junk early.
@@ -56,17 +56,21 @@ pub const BODY_LIMIT: usize = 16 * 1024;
 /// What every handler can reach.
 #[derive(Clone)]
 pub struct AppState {
+    /// Charges: claim, call, finalize, replay.
     pub engine: Engine,
+    /// What is not the engine's: key lookups, readiness, secrets.
+    pub store: Store,
     pub merchants: SecretCache,
     /// Charge attempts in progress, awaited on shutdown so none is cut short.
     pub tasks: TaskTracker,
 }
 
 impl AppState {
-    pub fn new(engine: Engine) -> Self {
+    pub fn new(engine: Engine, store: Store) -> Self {
         idem_core::metrics::handle();
         Self {
             engine,
+            store,
             merchants: SecretCache::default(),
             tasks: TaskTracker::new(),
         }

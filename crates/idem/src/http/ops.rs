@@ -58,7 +58,7 @@ pub async fn healthz() -> Json<Health> {
     ),
 )]
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
-    match tokio::time::timeout(READY_TIMEOUT, state.engine.store().ready()).await {
+    match tokio::time::timeout(READY_TIMEOUT, state.store.ready()).await {
         Ok(Ok(())) => Ok(Json(Health { status: "ready" })),
         Ok(Err(e)) => Err(e.into()),
         Err(_) => Err(ApiError::Unavailable),
@@ -80,7 +80,7 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiEr
 )]
 pub async fn metrics(State(state): State<AppState>) -> Response {
     use idem_core::metrics as m;
-    let store = state.engine.store();
+    let store = &state.store;
     if let Ok(Ok(stats)) = tokio::time::timeout(READY_TIMEOUT, store.processing_stats()).await {
         metrics::gauge!(m::OLDEST_PROCESSING).set(stats.oldest_processing_seconds);
         metrics::gauge!(m::AWAITING_REVIEW).set(stats.awaiting_review as f64);

@@ -68,7 +68,7 @@ use idem_core::domain::Merchant;
 use idem_core::domain::StoredResponse;
 use idem_core::idempotency::{Engine, Outcome};
 use idem_core::problem::Problem;
-use idem_core::store::{MerchantCache, NewResult, ResultAnswer, StoreError};
+use idem_core::store::{MerchantCache, NewResult, ResultAnswer, Store, StoreError};
 
 /// How many attempts a command gets when each meets a transient store error
 /// (the database unreachable, a timeout, a deadlock) before it is
@@ -102,7 +102,10 @@ pub struct ConsumerConfig {
 /// The consumer. Cheap to clone; [`Consumer::run`] reconnects until shutdown.
 #[derive(Clone)]
 pub struct Consumer {
+    /// The charge each command asks for.
     engine: Engine,
+    /// Merchants, results, and what a dead letter names.
+    store: Store,
     config: Arc<ConsumerConfig>,
     /// Wakes the relay in this process when a result is written.
     relay_wake: Arc<Notify>,
@@ -121,9 +124,15 @@ enum Handled {
 }
 
 impl Consumer {
-    pub fn new(engine: Engine, config: ConsumerConfig, relay_wake: Arc<Notify>) -> Self {
+    pub fn new(
+        engine: Engine,
+        store: Store,
+        config: ConsumerConfig,
+        relay_wake: Arc<Notify>,
+    ) -> Self {
         Self {
             engine,
+            store,
             config: Arc::new(config),
             relay_wake,
             merchants: MerchantCache::default(),
@@ -135,13 +144,13 @@ impl Consumer {
     /// finish their database work; their ack fails and the broker delivers
     /// them again, which the engine answers with a replay.
     pub async fn run(self, shutdown: CancellationToken) {
-        if !super::events_on(self.engine.store(), &shutdown).await {
+        if !super::events_on(&self.store, &shutdown).await {
             return;
         }
         let fresh = tokio::spawn(
             self.merchants
                 .clone()
-                .keep_fresh(self.engine.store().clone(), shutdown.clone()),
+                .keep_fresh(self.store.clone(), shutdown.clone()),
         );
         let (this, stop) = (&self, &shutdown);
         reconnecting("consumer", stop, |mut reconnect| async move {
@@ -242,7 +251,7 @@ impl Consumer {
             Err(rejection) => return dead_letter(delivery, confirmed, &rejection).await,
         };
         tracing::Span::current().record("idempotency_key", command.key.as_str());
-        let store = self.engine.store();
+        let store = &self.store;
         let merchant = match self
             .merchants
             .get_or_load(&command.tenant, || async {
@@ -271,12 +280,7 @@ impl Consumer {
                 // The claim may have made a charge before the store failed
                 // (a refused finalize, say): name it in the dead letter, if
                 // the store still answers.
-                let made = match self
-                    .engine
-                    .store()
-                    .key_record(merchant.id, &command.key)
-                    .await
-                {
+                let made = match self.store.key_record(merchant.id, &command.key).await {
                     Ok(Some(record)) => Some(record.charge.id),
                     _ => None,
                 };
@@ -357,8 +361,7 @@ impl Consumer {
             Some(queue) => ("", queue.as_str()),
             None => (RESULTS_EXCHANGE, merchant.name.as_str()),
         };
-        self.engine
-            .store()
+        self.store
             .enqueue_result(&NewResult {
                 exchange,
                 routing_key,

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use idem_core::idempotency::{Engine, Outcome, Reconciled};
-use idem_core::store::{Audit, AuditEntry, Orphan, StoreError};
+use idem_core::store::{Audit, AuditEntry, Orphan, Store, StoreError};
 
 /// The reconciler's name in the audit trail.
 pub const RECONCILER_ACTOR: &str = "reconciler";
@@ -85,13 +85,20 @@ impl PassReport {
 }
 
 pub struct Reconciler {
+    /// Settles each orphan the way a retry would.
     engine: Engine,
+    /// Finds the orphans; records what the reconciler saw.
+    store: Store,
     config: ReconcilerConfig,
 }
 
 impl Reconciler {
-    pub fn new(engine: Engine, config: ReconcilerConfig) -> Self {
-        Self { engine, config }
+    pub fn new(engine: Engine, store: Store, config: ReconcilerConfig) -> Self {
+        Self {
+            engine,
+            store,
+            config,
+        }
     }
 
     /// Passes until `shutdown`; a failed pass (database down) is logged and retried.
@@ -131,8 +138,7 @@ impl Reconciler {
     async fn pass_uncounted(&self) -> Result<PassReport, StoreError> {
         let mut report = PassReport::default();
         for orphan in self
-            .engine
-            .store()
+            .store
             .orphans(BATCH, self.config.settle_deadline)
             .await?
         {
@@ -193,7 +199,7 @@ impl Reconciler {
             subject: orphan.charge_id.as_str(),
             detail: &history,
         };
-        if let Err(e) = self.engine.store().record_audit(&entry).await {
+        if let Err(e) = self.store.record_audit(&entry).await {
             tracing::warn!(error = %e, "could not record the reconciler's look in the audit trail");
         }
     }

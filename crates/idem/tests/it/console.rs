@@ -137,6 +137,7 @@ async fn a_person_resolves_a_charge_in_the_console_and_the_api_replays_it_resolv
     );
     let reconciler = Reconciler::new(
         engine,
+        db.store.clone(),
         ReconcilerConfig::new(Duration::from_millis(50), Duration::ZERO),
     );
     assert_eq!(reconciler.pass().await.unwrap().marked_for_review, 1);

@@ -281,6 +281,7 @@ pub fn test_reconciler(db: &TestDb, sim: &TestSim, settle_deadline: Duration) ->
             test_config(),
             Duration::from_millis(500),
         ),
+        db.store.clone(),
         ReconcilerConfig::new(Duration::from_millis(50), settle_deadline),
     )
 }
@@ -304,19 +305,20 @@ impl TestApp {
     ) -> Self {
         Self::start_on(
             test_engine(db.store.clone(), sim, config, acquirer_timeout),
+            db.store.clone(),
             acquirer_timeout,
         )
         .await
     }
 
-    /// On a given engine (e.g. one whose store goes through a [`DbProxy`]).
-    pub async fn start_on(engine: Engine, acquirer_timeout: Duration) -> Self {
+    /// On a given engine and its store (e.g. one that goes through a [`DbProxy`]).
+    pub async fn start_on(engine: Engine, store: Store, acquirer_timeout: Duration) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind app");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
         let stop = CancellationToken::new();
         tokio::spawn(http::serve(
             listener,
-            AppState::new(engine),
+            AppState::new(engine, store),
             http::request_timeout(acquirer_timeout),
             stop.clone(),
         ));

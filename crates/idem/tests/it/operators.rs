@@ -39,6 +39,7 @@ async fn awaiting_review(env: &Env) -> (String, String, String) {
     );
     let impatient = Reconciler::new(
         engine,
+        env.db.store.clone(),
         ReconcilerConfig::new(Duration::from_millis(50), Duration::ZERO),
     );
     // The lease was released on the 503: the reconciler may look at once.

@@ -132,7 +132,12 @@ async fn a_capture_whose_answer_could_not_be_saved_is_recovered_once() {
         ..test_config()
     };
     let timeout = Duration::from_secs(1);
-    let app = TestApp::start_on(test_engine(store, &sim, config, timeout), timeout).await;
+    let app = TestApp::start_on(
+        test_engine(store.clone(), &sim, config, timeout),
+        store,
+        timeout,
+    )
+    .await;
     let c = Client::new(&app.url, &secret);
     let key = new_key();
 
@@ -196,6 +201,7 @@ async fn past_the_deadline_the_reconciler_marks_for_review_and_never_decides_alo
     );
     let reconciler = Reconciler::new(
         engine.clone(),
+        db.store.clone(),
         ReconcilerConfig::new(Duration::from_millis(50), Duration::from_secs(3600)),
     );
     let report = reconciler.pass().await.expect("pass");
@@ -217,6 +223,7 @@ async fn past_the_deadline_the_reconciler_marks_for_review_and_never_decides_alo
 
     let impatient = Reconciler::new(
         engine,
+        db.store.clone(),
         ReconcilerConfig::new(Duration::from_millis(50), Duration::ZERO),
     );
     db.exec(&format!(
@@ -272,6 +279,7 @@ async fn reconcilers_racing_each_other_settle_each_charge_once() {
             );
             Reconciler::new(
                 engine,
+                db.store.clone(),
                 ReconcilerConfig::new(Duration::from_millis(50), Duration::from_secs(3600)),
             )
         })
@@ -320,6 +328,7 @@ async fn keys_that_start_with_a_quote_do_not_stop_the_reconciler() {
             test_config(),
             Duration::from_secs(1),
         ),
+        db.store.clone(),
         ReconcilerConfig::new(Duration::from_millis(50), Duration::from_secs(3600)),
     );
     let report = reconciler
