@@ -29,6 +29,7 @@ mod params;
 mod postgres;
 mod relay_batch;
 mod rows;
+mod said;
 mod sqlite;
 
 use std::time::Duration;

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use super::{audit, PgStore};
 use crate::domain::SecretHash;
-use crate::store::model::{Audit, AuditEntry};
-use crate::store::StoreError;
+use crate::store::model::Audit;
+use crate::store::said;
+use crate::store::{millis, StoreError};
 
 impl PgStore {
     pub(in crate::store) async fn create_admin_token(
@@ -21,13 +22,8 @@ impl PgStore {
                 .bind(token_hash.as_bytes())
                 .execute(&mut *db)
                 .await?;
-            let entry = AuditEntry {
-                audit: *by,
-                action: "admin.token",
-                subject: name,
-                detail: "a console token made",
-            };
-            audit::record(db, &entry).await
+            let entry = said::admin_token_made();
+            audit::record(db, &entry.entry(by, name)).await
         })
         .await
     }
@@ -57,7 +53,7 @@ impl PgStore {
                       where created_at >= now() - $1 * interval '1 millisecond'
                       group by status order by status",
             )
-            .bind(i64::try_from(window.as_millis()).unwrap_or(i64::MAX))
+            .bind(millis(window))
             .fetch_all(db)
             .await
         })

@@ -9,9 +9,10 @@ use sqlx::PgConnection;
 
 use super::{audit, PgStore};
 use crate::domain::{Merchant, SecretHash};
-use crate::store::model::{Audit, AuditEntry, MerchantError, Rotation, SecretMatch, Tenant};
+use crate::store::model::{Audit, MerchantError, Rotation, SecretMatch, Tenant};
 use crate::store::rows::{self, TenantRow};
-use crate::store::StoreError;
+use crate::store::said;
+use crate::store::{millis, StoreError};
 
 /// The merchant a live secret authenticates, and the seconds that secret has left.
 const BY_SECRET_SQL: &str = "
@@ -40,13 +41,7 @@ impl PgStore {
                         .fetch_one(&mut *db)
                         .await?;
                 add_secret(&mut *db, id, secret_hash).await?;
-                let entry = AuditEntry {
-                    audit: *audit,
-                    action: "tenant.create",
-                    subject: name,
-                    detail: "created with one secret",
-                };
-                audit::record(&mut *db, &entry).await?;
+                audit::record(&mut *db, &said::merchant_created().entry(audit, name)).await?;
                 Ok(id)
             })
             .await;
@@ -132,7 +127,7 @@ impl PgStore {
         grace: Duration,
         audit: &Audit<'_>,
     ) -> Result<Rotation, MerchantError> {
-        let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+        let grace_ms = millis(grace);
         let rotated = self
             .in_tx(async |db| {
                 let Some(id) = merchant_id(&mut *db, name).await? else {
@@ -153,23 +148,8 @@ impl PgStore {
                 .await?;
                 add_secret(&mut *db, id, secret_hash).await?;
                 sqlx::query(BUMP_VERSION_SQL).execute(&mut *db).await?;
-                let detail = match until {
-                    Some(at) => format!(
-                        "new secret; {retired} older secret(s) work until {}",
-                        at.to_rfc3339()
-                    ),
-                    None => "new secret; no older secret was live".to_owned(),
-                };
-                audit::record(
-                    &mut *db,
-                    &AuditEntry {
-                        audit: *audit,
-                        action: "tenant.rotate",
-                        subject: name,
-                        detail: &detail,
-                    },
-                )
-                .await?;
+                let said = said::secret_rotated(retired.unsigned_abs(), until);
+                audit::record(&mut *db, &said.entry(audit, name)).await?;
                 Ok(Some(Rotation {
                     retired: retired.unsigned_abs(),
                     retired_until: until,
@@ -202,21 +182,8 @@ impl PgStore {
                     return Ok(Some(false));
                 }
                 sqlx::query(BUMP_VERSION_SQL).execute(&mut *db).await?;
-                let (action, detail) = if disabled {
-                    ("tenant.disable", "every secret refused")
-                } else {
-                    ("tenant.enable", "live secrets accepted again")
-                };
-                audit::record(
-                    &mut *db,
-                    &AuditEntry {
-                        audit: *audit,
-                        action,
-                        subject: name,
-                        detail,
-                    },
-                )
-                .await?;
+                let said = said::merchant_disabled(disabled);
+                audit::record(&mut *db, &said.entry(audit, name)).await?;
                 Ok(Some(true))
             })
             .await?;

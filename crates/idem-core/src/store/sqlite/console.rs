@@ -7,8 +7,9 @@ use const_format::concatcp;
 
 use super::{SqliteStore, NOW};
 use crate::domain::SecretHash;
-use crate::store::model::{Audit, AuditEntry};
-use crate::store::StoreError;
+use crate::store::model::Audit;
+use crate::store::said;
+use crate::store::{millis, StoreError};
 
 const CREATE_TOKEN_SQL: &str = concatcp!(
     "insert into admin_tokens (name, token_hash, created_at) values ($1, $2, ",
@@ -35,13 +36,8 @@ impl SqliteStore {
                 .bind(token_hash.as_bytes())
                 .execute(&mut *tx)
                 .await?;
-            let entry = AuditEntry {
-                audit: *by,
-                action: "admin.token",
-                subject: name,
-                detail: "a console token made",
-            };
-            super::audit::record(tx, &entry).await
+            let entry = said::admin_token_made();
+            super::audit::record(tx, &entry.entry(by, name)).await
         })
         .await
     }
@@ -63,7 +59,7 @@ impl SqliteStore {
         window: Duration,
     ) -> Result<Vec<(String, i64)>, StoreError> {
         Ok(sqlx::query_as(OUTCOME_COUNTS_SQL)
-            .bind(i64::try_from(window.as_millis()).unwrap_or(i64::MAX))
+            .bind(millis(window))
             .fetch_all(&self.pool)
             .await?)
     }

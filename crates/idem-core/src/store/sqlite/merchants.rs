@@ -8,9 +8,10 @@ use sqlx::SqliteConnection;
 
 use super::{from_millis, SqliteStore, NOW};
 use crate::domain::{Merchant, SecretHash};
-use crate::store::model::{Audit, AuditEntry, MerchantError, Rotation, SecretMatch, Tenant};
+use crate::store::model::{Audit, MerchantError, Rotation, SecretMatch, Tenant};
 use crate::store::rows::{self, TenantRow};
-use crate::store::StoreError;
+use crate::store::said;
+use crate::store::{millis, StoreError};
 
 /// `secret_hash` here is the first secret's, read by nothing (see
 /// migrations/sqlite/0005_operators.sql); `merchant_secrets` decides.
@@ -92,16 +93,7 @@ impl SqliteStore {
                     .fetch_one(&mut *tx)
                     .await?;
                 add_secret(&mut *tx, id, secret_hash).await?;
-                super::audit::record(
-                    tx,
-                    &AuditEntry {
-                        audit: *audit,
-                        action: "tenant.create",
-                        subject: name,
-                        detail: "created with one secret",
-                    },
-                )
-                .await?;
+                super::audit::record(tx, &said::merchant_created().entry(audit, name)).await?;
                 Ok(id)
             })
             .await;
@@ -161,7 +153,8 @@ impl SqliteStore {
         grace: Duration,
         audit: &Audit<'_>,
     ) -> Result<Rotation, MerchantError> {
-        let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX / 2);
+        // Half the range at most: the statement adds it to now's milliseconds.
+        let grace_ms = millis(grace).min(i64::MAX / 2);
         let rotated = self
             .write(async |tx| {
                 let Some(id) = merchant_id(&mut *tx, name).await? else {
@@ -180,24 +173,8 @@ impl SqliteStore {
                     .transpose()?;
                 add_secret(&mut *tx, id, secret_hash).await?;
                 sqlx::query(BUMP_VERSION_SQL).execute(&mut *tx).await?;
-                let detail = match until {
-                    Some(at) => format!(
-                        "new secret; {} older secret(s) work until {}",
-                        retired.len(),
-                        at.to_rfc3339()
-                    ),
-                    None => "new secret; no older secret was live".to_owned(),
-                };
-                super::audit::record(
-                    tx,
-                    &AuditEntry {
-                        audit: *audit,
-                        action: "tenant.rotate",
-                        subject: name,
-                        detail: &detail,
-                    },
-                )
-                .await?;
+                let said = said::secret_rotated(retired.len() as u64, until);
+                super::audit::record(tx, &said.entry(audit, name)).await?;
                 Ok(Some(Rotation {
                     retired: retired.len() as u64,
                     retired_until: until,
@@ -227,21 +204,8 @@ impl SqliteStore {
                     return Ok(Some(false));
                 }
                 sqlx::query(BUMP_VERSION_SQL).execute(&mut *tx).await?;
-                let (action, detail) = if disabled {
-                    ("tenant.disable", "every secret refused")
-                } else {
-                    ("tenant.enable", "live secrets accepted again")
-                };
-                super::audit::record(
-                    tx,
-                    &AuditEntry {
-                        audit: *audit,
-                        action,
-                        subject: name,
-                        detail,
-                    },
-                )
-                .await?;
+                let said = said::merchant_disabled(disabled);
+                super::audit::record(tx, &said.entry(audit, name)).await?;
                 Ok(Some(true))
             })
             .await?;

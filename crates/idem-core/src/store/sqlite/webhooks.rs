@@ -11,9 +11,10 @@ use const_format::concatcp;
 
 use super::{audit, SqliteStore, NOW};
 use crate::store::model::{
-    AttemptOutcome, Audit, AuditEntry, DeliveryInfo, DueDelivery, EndpointChange, EndpointInfo,
-    MerchantError, NewEndpoint,
+    AttemptOutcome, Audit, DeliveryInfo, DueDelivery, EndpointChange, EndpointInfo, MerchantError,
+    NewEndpoint,
 };
+use crate::store::said;
 use crate::store::{millis, StoreError};
 
 /// Whether the endpoint `we` is enabled and hears the event whose type is
@@ -178,14 +179,8 @@ impl SqliteStore {
                 if done.rows_affected() == 0 {
                     return Ok(false);
                 }
-                let detail = format!("{} for {}", new.url, new.merchant);
-                let entry = AuditEntry {
-                    audit: *audit,
-                    action: "webhook.add",
-                    subject: new.id,
-                    detail: &detail,
-                };
-                audit::record(&mut *db, &entry).await?;
+                let said = said::webhook_added(new.url, new.merchant);
+                audit::record(&mut *db, &said.entry(audit, new.id)).await?;
                 Ok(true)
             })
             .await?;
@@ -246,13 +241,8 @@ impl SqliteStore {
             if query.execute(&mut *db).await?.rows_affected() == 0 {
                 return Ok(false);
             }
-            let entry = AuditEntry {
-                audit: *audit,
-                action: change.action(),
-                subject: id,
-                detail: "",
-            };
-            audit::record(&mut *db, &entry).await?;
+            let said = said::webhook_changed(change.action());
+            audit::record(&mut *db, &said.entry(audit, id)).await?;
             Ok(true)
         })
         .await
@@ -349,14 +339,8 @@ impl SqliteStore {
                 .await?
                 .rows_affected();
             if n > 0 {
-                let detail = format!("{n} deliveries sent again");
-                let entry = AuditEntry {
-                    audit: *audit,
-                    action: "webhook.redeliver",
-                    subject: event_id,
-                    detail: &detail,
-                };
-                audit::record(&mut *db, &entry).await?;
+                let said = said::webhook_redelivered(n);
+                audit::record(&mut *db, &said.entry(audit, event_id)).await?;
             }
             Ok(n)
         })
