@@ -1,4 +1,5 @@
-//! Merchants (tenants) and their bearer secrets.
+//! Merchants and their bearer secrets. (The queue's messages name a merchant
+//! `tenant`, the contract's word there; it is the same thing.)
 //!
 //! A merchant's name is a slug (`[a-z0-9._-]`, 1 to 100 bytes): it is also a
 //! routing key on the broker (results go to `idem.results` under it), and a slug
@@ -29,7 +30,7 @@ pub struct Merchant {
 /// AMQP's 255-byte routing keys.
 pub const MERCHANT_NAME_MAX: usize = 100;
 
-/// The rule, as `idem tenant create` states it when it refuses a name.
+/// The rule, as `idem merchant create` states it when it refuses a name.
 pub const MERCHANT_NAME_RULE: &str =
     "a merchant name is a slug: 1 to 100 of a-z, 0-9, '.', '_' and '-' \
      (it is also a routing key on the broker)";

@@ -45,9 +45,9 @@ pub use merchant_cache::MerchantCache;
 pub use model::{
     AttemptOutcome, Audit, AuditEntry, AuditRecord, ChargeDetail, ChargeFilter, ChargeRecord,
     ChargeSummary, Claim, DeliveryInfo, DueDelivery, EndpointChange, EndpointInfo, KeyDetail,
-    KeyRecord, KeyState, KeyStatus, MerchantError, NewClaim, NewEndpoint, NewEvent, NewResult,
-    NewWebhook, Orphan, OutboxMessage, PoolStats, ProcessingStats, Reschedule, ResultAnswer,
-    Rotation, SecretInfo, SecretMatch, Settlement, StuckCharge, Tenant,
+    KeyRecord, KeyState, KeyStatus, MerchantError, MerchantListing, NewClaim, NewEndpoint,
+    NewEvent, NewResult, NewWebhook, Orphan, OutboxMessage, PoolStats, ProcessingStats, Reschedule,
+    ResultAnswer, Rotation, SecretInfo, SecretMatch, Settlement, StuckCharge,
 };
 pub use params::{claim_param_names, finalize_param_names};
 pub use postgres::{CLAIM_SQL, FINALIZE_SQL};
@@ -608,10 +608,10 @@ impl Store {
     }
 
     /// Every merchant, by name, with its secrets' dates (never the secrets).
-    pub async fn tenants(&self) -> Result<Vec<Tenant>, StoreError> {
+    pub async fn merchant_listing(&self) -> Result<Vec<MerchantListing>, StoreError> {
         match self {
-            Self::Postgres(s) => s.tenants().await,
-            Self::Sqlite(s) => s.tenants().await,
+            Self::Postgres(s) => s.merchant_listing().await,
+            Self::Sqlite(s) => s.merchant_listing().await,
         }
     }
 

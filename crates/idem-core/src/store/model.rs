@@ -264,10 +264,10 @@ pub struct SecretMatch {
     pub expires_in: Option<Duration>,
 }
 
-/// A merchant as `idem tenant list` shows it: never its secrets, only when
+/// A merchant as `idem merchant list` shows it: never its secrets, only when
 /// each was made and until when it works.
 #[derive(Debug, Clone)]
-pub struct Tenant {
+pub struct MerchantListing {
     pub merchant: Merchant,
     pub created_at: DateTime<Utc>,
     pub disabled_at: Option<DateTime<Utc>>,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::model::{KeyRecord, KeyState, KeyStatus, Orphan, SecretInfo, Tenant};
+use super::model::{KeyRecord, KeyState, KeyStatus, MerchantListing, Orphan, SecretInfo};
 use super::StoreError;
 use crate::domain::{
     AcquirerReference, AmountCents, Charge, ChargeId, ChargeStatus, Currency, Description,
@@ -188,7 +188,7 @@ impl TryFrom<OrphanRow> for Orphan {
 /// A merchant joined with one of its secrets (or none), as both backends
 /// select it: id, name, created, disabled, then the secret's id, created and
 /// expiry. Ordered by merchant, then secret.
-pub(super) type TenantRow = (
+pub(super) type MerchantListingRow = (
     i64,
     String,
     DateTime<Utc>,
@@ -199,26 +199,26 @@ pub(super) type TenantRow = (
 );
 
 /// The merchants, each with its secrets, from rows ordered by merchant.
-pub(super) fn tenants(rows: Vec<TenantRow>) -> Vec<Tenant> {
-    let mut tenants: Vec<Tenant> = Vec::new();
+pub(super) fn merchant_listing(rows: Vec<MerchantListingRow>) -> Vec<MerchantListing> {
+    let mut listing: Vec<MerchantListing> = Vec::new();
     for (id, name, created_at, disabled_at, secret_id, secret_created, expires_at) in rows {
-        if tenants.last().is_none_or(|t| t.merchant.id != id) {
-            tenants.push(Tenant {
+        if listing.last().is_none_or(|t| t.merchant.id != id) {
+            listing.push(MerchantListing {
                 merchant: crate::domain::Merchant { id, name },
                 created_at,
                 disabled_at,
                 secrets: Vec::new(),
             });
         }
-        if let (Some(id), Some(created_at), Some(tenant)) =
-            (secret_id, secret_created, tenants.last_mut())
+        if let (Some(id), Some(created_at), Some(merchant)) =
+            (secret_id, secret_created, listing.last_mut())
         {
-            tenant.secrets.push(SecretInfo {
+            merchant.secrets.push(SecretInfo {
                 id,
                 created_at,
                 expires_at,
             });
         }
     }
-    tenants
+    listing
 }

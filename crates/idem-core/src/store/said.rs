@@ -31,6 +31,9 @@ impl Said {
     }
 }
 
+// A merchant's actions keep the `tenant.` prefix they were first recorded
+// with: the audit trail is read by people and tools that search it by action.
+
 pub(super) fn merchant_created() -> Said {
     Said::new("tenant.create", "created with one secret")
 }

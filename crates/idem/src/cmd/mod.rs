@@ -17,11 +17,11 @@ mod charge;
 mod charges;
 mod consume;
 mod events;
+mod merchant;
 mod migrate;
 mod openapi;
 mod reconcile;
 mod serve;
-mod tenant;
 mod webhooks;
 
 use args::DbArgs;
@@ -52,10 +52,11 @@ pub enum LogFormat {
 pub(crate) enum Command {
     /// Create the database if it is missing, and create or upgrade the schema.
     Migrate(DbArgs),
-    /// Manage merchants (tenants).
-    Tenant {
+    /// Manage merchants and their secrets (`tenant` is another name for it).
+    #[command(alias = "tenant")]
+    Merchant {
         #[command(subcommand)]
-        command: tenant::Command,
+        command: merchant::Command,
     },
     /// Manage merchants' webhook endpoints.
     Webhooks {
@@ -160,7 +161,7 @@ pub fn run_to_exit(
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Migrate(db) => migrate::run(&db).await,
-        Command::Tenant { command } => tenant::run(command).await,
+        Command::Merchant { command } => merchant::run(command).await,
         Command::Webhooks { command } => webhooks::run(command).await,
         Command::Serve(args) => serve::run(args, shutdown_signal()).await,
         Command::Reconcile(args) => reconcile::run(args, shutdown_signal()).await,

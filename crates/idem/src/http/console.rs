@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use idem_core::domain::SecretHash;
 use idem_core::idempotency::{Engine, Outcome, Resolution};
 use idem_core::store::{
-    Audit, ChargeFilter, ChargeSummary, DeliveryInfo, EndpointInfo, Store, Tenant,
+    Audit, ChargeFilter, ChargeSummary, DeliveryInfo, EndpointInfo, MerchantListing, Store,
 };
 
 /// The cookie that carries the console token.
@@ -331,14 +331,14 @@ async fn page(
             store.charges(&review).await?,
             store.charges(&processing).await?,
             store.outbox_backlog().await?,
-            store.tenants().await?,
+            store.merchant_listing().await?,
             store.outcome_counts(CHART_WINDOW).await?,
             store.webhook_endpoints().await?,
             store.webhook_deliveries(LIST_LIMIT).await?,
         ))
     }
     .await;
-    let (review, processing, backlog, tenants, counts, endpoints, deliveries) = match loaded {
+    let (review, processing, backlog, listing, counts, endpoints, deliveries) = match loaded {
         Ok(l) => l,
         Err(e) => return unavailable(&e),
     };
@@ -359,7 +359,7 @@ async fn page(
             p { strong { (backlog.0) } " message(s) waiting to be published; the oldest for "
                 (format!("{:.0}", backlog.1)) " s." }
         }
-        (merchants_section(&tenants))
+        (merchants_section(&listing))
         (webhooks_section(&endpoints, &deliveries))
         (chart_section(&counts))
     };
@@ -459,7 +459,7 @@ fn processing_section(charges: &[ChargeSummary]) -> Markup {
     }
 }
 
-fn merchants_section(tenants: &[Tenant]) -> Markup {
+fn merchants_section(listing: &[MerchantListing]) -> Markup {
     let now = Utc::now();
     html! {
         section #merchants {
@@ -467,7 +467,7 @@ fn merchants_section(tenants: &[Tenant]) -> Markup {
             table {
                 thead { tr { th { "name" } th { "state" } th { "secrets" } } }
                 tbody {
-                    @for t in tenants {
+                    @for t in listing {
                         tr {
                             td { (t.merchant.name) }
                             td { @match t.disabled_at { Some(at) => { "disabled since " (at.format("%Y-%m-%d %H:%M UTC")) }, None => "enabled" } }

@@ -150,7 +150,7 @@ impl Modify for Finish {
                     HttpBuilder::new()
                         .scheme(HttpAuthScheme::Bearer)
                         .description(Some(
-                            "The merchant's secret, as `idem tenant create NAME` printed it.",
+                            "The merchant's secret, as `idem merchant create NAME` printed it.",
                         ))
                         .build(),
                 ),

@@ -133,7 +133,7 @@ async fn a_leader_killed_mid_storm_loses_no_answered_outcome_and_charges_no_inte
     let db_url = cluster.database_url();
     let (migrated, _, err) = run_idem_on(&db_url, &["migrate"], &[]).await;
     assert!(migrated.success(), "migrate: {err}");
-    let (created, secret, err) = run_idem_on(&db_url, &["tenant", "create", "loja"], &[]).await;
+    let (created, secret, err) = run_idem_on(&db_url, &["merchant", "create", "loja"], &[]).await;
     assert!(created.success(), "tenant create: {err}");
     let secret = secret.trim().to_owned();
 

@@ -15,6 +15,7 @@ async fn tenant_create_takes_a_slug_and_refuses_anything_else_naming_the_rule() 
 
     let (status, stdout, stderr) = run_idem(
         &db,
+        // `tenant`, the command's older name, still works.
         &["tenant", "create", "loja-centro_2.b", "--actor", "ana"],
     )
     .await;
@@ -35,7 +36,7 @@ async fn tenant_create_takes_a_slug_and_refuses_anything_else_naming_the_rule() 
         &long,
     ] {
         let (status, stdout, stderr) =
-            run_idem(&db, &["tenant", "create", bad, "--actor", "ana"]).await;
+            run_idem(&db, &["merchant", "create", bad, "--actor", "ana"]).await;
         assert!(!status.success(), "{bad:?} was accepted");
         assert!(stdout.is_empty(), "{bad:?}: no secret printed: {stdout:?}");
         assert!(
@@ -50,9 +51,9 @@ async fn tenant_create_takes_a_slug_and_refuses_anything_else_naming_the_rule() 
     assert_eq!(db.count("merchants").await, 1, "only the slug was stored");
 }
 
-/// Runs `idem tenant ARGS --actor ana`, asserting success; returns stdout.
+/// Runs `idem merchant ARGS --actor ana`, asserting success; returns stdout.
 async fn tenant(db: &TestDb, args: &[&str]) -> String {
-    let mut all = vec!["tenant"];
+    let mut all = vec!["merchant"];
     all.extend_from_slice(args);
     all.extend_from_slice(&["--actor", "ana"]);
     let (status, stdout, stderr) = run_idem(db, &all).await;
@@ -186,7 +187,7 @@ async fn tenant_list_shows_states_and_expiries_never_secrets_and_every_change_is
         .to_owned();
     tenant(&db, &["disable", "outra", "--reason", "contract ended"]).await;
 
-    let (status, list, stderr) = run_idem(&db, &["tenant", "list"]).await;
+    let (status, list, stderr) = run_idem(&db, &["merchant", "list"]).await;
     assert!(status.success(), "{stderr}");
     let lines: Vec<&str> = list.lines().collect();
     assert_eq!(lines[0], "name\tcreated_at\tstate\tsecrets", "{list}");
@@ -212,23 +213,23 @@ async fn tenant_list_shows_states_and_expiries_never_secrets_and_every_change_is
 
     // Unknown merchants and repeated changes say so.
     let (status, stdout, stderr) =
-        run_idem(&db, &["tenant", "rotate", "nobody", "--actor", "ana"]).await;
+        run_idem(&db, &["merchant", "rotate", "nobody", "--actor", "ana"]).await;
     assert!(!status.success() && stdout.is_empty(), "{stdout}");
     assert!(
         stderr.contains("no merchant is named \"nobody\""),
         "{stderr}"
     );
     let (status, _, stderr) =
-        run_idem(&db, &["tenant", "disable", "outra", "--actor", "ana"]).await;
+        run_idem(&db, &["merchant", "disable", "outra", "--actor", "ana"]).await;
     assert!(
         status.success() && stderr.contains("already disabled"),
         "{stderr}"
     );
 
     // The actor defaults to the OS user, and someone must be named.
-    let (status, _, stderr) = run_idem(&db, &["tenant", "enable", "outra"]).await;
+    let (status, _, stderr) = run_idem(&db, &["merchant", "enable", "outra"]).await;
     assert!(status.success(), "{stderr}");
-    let (status, _, stderr) = run_idem(&db, &["tenant", "rotate", "loja", "--actor", " "]).await;
+    let (status, _, stderr) = run_idem(&db, &["merchant", "rotate", "loja", "--actor", " "]).await;
     assert!(!status.success() && stderr.contains("--actor"), "{stderr}");
     let os_user = std::process::Command::new("id")
         .arg("-un")
@@ -321,7 +322,7 @@ async fn a_merchant_created_before_secrets_could_rotate_keeps_its_secret_after_t
     db.store.migrate().await.expect("the upgrade");
     let found = db.store.merchant_by_secret(&secret.hash()).await.unwrap();
     assert_eq!(found.map(|m| m.merchant.name).as_deref(), Some("loja"));
-    let list = db.store.tenants().await.unwrap();
+    let list = db.store.merchant_listing().await.unwrap();
     assert_eq!(list.len(), 1);
     assert_eq!(list[0].secrets.len(), 1, "its one secret, live");
     assert!(list[0].secrets[0].expires_at.is_none() && list[0].disabled_at.is_none());

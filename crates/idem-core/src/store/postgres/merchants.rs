@@ -9,8 +9,8 @@ use sqlx::PgConnection;
 
 use super::{audit, PgStore};
 use crate::domain::{Merchant, SecretHash};
-use crate::store::model::{Audit, MerchantError, Rotation, SecretMatch, Tenant};
-use crate::store::rows::{self, TenantRow};
+use crate::store::model::{Audit, MerchantError, MerchantListing, Rotation, SecretMatch};
+use crate::store::rows::{self, MerchantListingRow};
 use crate::store::said;
 use crate::store::{millis, StoreError};
 
@@ -105,8 +105,10 @@ impl PgStore {
         Ok(version)
     }
 
-    pub(in crate::store) async fn tenants(&self) -> Result<Vec<Tenant>, StoreError> {
-        let rows: Vec<TenantRow> = self
+    pub(in crate::store) async fn merchant_listing(
+        &self,
+    ) -> Result<Vec<MerchantListing>, StoreError> {
+        let rows: Vec<MerchantListingRow> = self
             .on_conn(async |db| {
                 sqlx::query_as(
                     "select m.id, m.name, m.created_at, m.disabled_at, s.id, s.created_at, s.expires_at
@@ -117,7 +119,7 @@ impl PgStore {
                 .await
             })
             .await?;
-        Ok(rows::tenants(rows))
+        Ok(rows::merchant_listing(rows))
     }
 
     pub(in crate::store) async fn rotate_secret(

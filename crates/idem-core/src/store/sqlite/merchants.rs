@@ -8,8 +8,8 @@ use sqlx::SqliteConnection;
 
 use super::{from_millis, SqliteStore, NOW};
 use crate::domain::{Merchant, SecretHash};
-use crate::store::model::{Audit, MerchantError, Rotation, SecretMatch, Tenant};
-use crate::store::rows::{self, TenantRow};
+use crate::store::model::{Audit, MerchantError, MerchantListing, Rotation, SecretMatch};
+use crate::store::rows::{self, MerchantListingRow};
 use crate::store::said;
 use crate::store::{millis, StoreError};
 
@@ -56,7 +56,7 @@ const DISABLE_SQL: &str = concatcp!(
 );
 
 /// As on PostgreSQL, times as the RFC 3339 text they decode from.
-const TENANTS_SQL: &str = "
+const MERCHANT_LISTING_SQL: &str = "
     select m.id, m.name,
            strftime('%Y-%m-%dT%H:%M:%fZ', m.created_at / 1000.0, 'unixepoch'),
            strftime('%Y-%m-%dT%H:%M:%fZ', m.disabled_at / 1000.0, 'unixepoch'),
@@ -141,9 +141,13 @@ impl SqliteStore {
         Ok(version)
     }
 
-    pub(in crate::store) async fn tenants(&self) -> Result<Vec<Tenant>, StoreError> {
-        let rows: Vec<TenantRow> = sqlx::query_as(TENANTS_SQL).fetch_all(&self.pool).await?;
-        Ok(rows::tenants(rows))
+    pub(in crate::store) async fn merchant_listing(
+        &self,
+    ) -> Result<Vec<MerchantListing>, StoreError> {
+        let rows: Vec<MerchantListingRow> = sqlx::query_as(MERCHANT_LISTING_SQL)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows::merchant_listing(rows))
     }
 
     pub(in crate::store) async fn rotate_secret(

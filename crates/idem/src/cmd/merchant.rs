@@ -1,6 +1,6 @@
-//! `idem tenant`: manages merchants (tenants) and their secrets. `create` and
-//! `rotate` print the new secret alone on stdout; every change is recorded in
-//! the audit trail with `--actor`.
+//! `idem merchant` (or `idem tenant`, its older name): manages merchants and their
+//! secrets. `create` and `rotate` print the new secret alone on stdout; every
+//! change is recorded in the audit trail with `--actor`.
 
 use std::time::Duration;
 
@@ -9,7 +9,7 @@ use clap::Subcommand;
 
 use super::args::{parse_duration, ActorArgs, DbArgs};
 use idem_core::domain::{parse_merchant_name, MerchantSecret};
-use idem_core::store::{Audit, Store, Tenant};
+use idem_core::store::{Audit, MerchantListing, Store};
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum Command {
@@ -112,10 +112,10 @@ async fn create(name: &str, actor: &ActorArgs, db: &DbArgs) -> anyhow::Result<()
 
 async fn list(db: &DbArgs) -> anyhow::Result<()> {
     let store = connect(db).await?;
-    let tenants = store.tenants().await?;
+    let listing = store.merchant_listing().await?;
     let now = chrono::Utc::now();
     println!("name\tcreated_at\tstate\tsecrets");
-    for t in &tenants {
+    for t in &listing {
         println!(
             "{}\t{}\t{}\t{}",
             t.merchant.name,
@@ -124,11 +124,11 @@ async fn list(db: &DbArgs) -> anyhow::Result<()> {
             secrets(t, now)
         );
     }
-    eprintln!("{} merchant(s)", tenants.len());
+    eprintln!("{} merchant(s)", listing.len());
     Ok(())
 }
 
-fn state(t: &Tenant) -> String {
+fn state(t: &MerchantListing) -> String {
     match t.disabled_at {
         Some(at) => format!("disabled since {}", at.to_rfc3339()),
         None => "enabled".to_owned(),
@@ -136,7 +136,7 @@ fn state(t: &Tenant) -> String {
 }
 
 /// Each secret as `#id created ... (live | live until ... | expired ...)`, `; `-separated.
-fn secrets(t: &Tenant, now: chrono::DateTime<chrono::Utc>) -> String {
+fn secrets(t: &MerchantListing, now: chrono::DateTime<chrono::Utc>) -> String {
     let described: Vec<String> = t
         .secrets
         .iter()
