@@ -13,17 +13,24 @@
 //!   function is one short transaction (one statement on PostgreSQL; on SQLite,
 //!   which cannot write from a CTE, a few statements under `begin immediate`).
 //!
-//! [`Store`] is an enum of the two backends, [`postgres`] and [`sqlite`], each
-//! a concrete type with one method per operation and its own statements; the
-//! methods here only pick the backend. What both share: the records they take
-//! and give ([`model`]), the rows they read ([`rows`]), the parameters of the
-//! claim and the finalize in their order ([`params`]).
+//! [`Store`] is an enum of the two backends, [`postgres`] and [`sqlite`]. Each
+//! implements the operations one concern at a time (the traits of [`ops`]:
+//! keys, charges, merchants, webhooks, the outbox, the audit trail, the
+//! console), beside its own statements, and [`ops`] gives `Store` a method per
+//! operation that runs it on the backend in use. What is left here is what the
+//! facade decides itself, above both backends: a late retry's answer
+//! ([`Store::claim`]), packing a finalize's values, holding a relay's batch,
+//! opening and closing. What both backends share: the records they take and
+//! give ([`model`]), the rows they read ([`rows`]), the parameters of the
+//! claim and the finalize in their order ([`params`]), and what an operator's
+//! change says in the audit trail ([`said`]).
 
 mod batch;
 mod error;
 mod health;
 mod merchant_cache;
 mod model;
+mod ops;
 mod outbox;
 mod params;
 mod postgres;
@@ -34,7 +41,7 @@ mod sqlite;
 
 use std::time::Duration;
 
-use crate::domain::{AcquirerReference, Charge, ChargeId, IdempotencyKey, Merchant, SecretHash};
+use crate::domain::{AcquirerReference, IdempotencyKey};
 use params::FinalizeValues;
 use postgres::PgStore;
 use relay_batch::BatchHold;
@@ -268,81 +275,6 @@ impl Store {
         })
     }
 
-    /// The record under a key, with its charge.
-    pub async fn key_record(
-        &self,
-        merchant_id: i64,
-        key: &IdempotencyKey,
-    ) -> Result<Option<KeyRecord>, StoreError> {
-        match self {
-            Self::Postgres(s) => s.key_record(merchant_id, key).await,
-            Self::Sqlite(s) => s.key_record(merchant_id, key).await,
-        }
-    }
-
-    /// What a key stands for now: its record, or its tombstone; `None` when
-    /// the merchant has neither.
-    pub async fn key_status(
-        &self,
-        merchant_id: i64,
-        key: &IdempotencyKey,
-    ) -> Result<Option<KeyStatus>, StoreError> {
-        match self {
-            Self::Postgres(s) => s.key_status(merchant_id, key).await,
-            Self::Sqlite(s) => s.key_status(merchant_id, key).await,
-        }
-    }
-
-    /// Takes over an in-flight record whose lease has run out (its holder crashed
-    /// or hung), bumping the fencing token. Only the attempt that saw `attempt`
-    /// can win; `None` means someone else moved first.
-    pub async fn take_over(
-        &self,
-        merchant_id: i64,
-        key: &IdempotencyKey,
-        attempt: i64,
-        lease: Duration,
-    ) -> Result<Option<KeyRecord>, StoreError> {
-        match self {
-            Self::Postgres(s) => s.take_over(merchant_id, key, attempt, lease).await,
-            Self::Sqlite(s) => s.take_over(merchant_id, key, attempt, lease).await,
-        }
-    }
-
-    /// Ends the lease early after an unknown outcome, so the next retry
-    /// re-drives at once instead of waiting it out, and tells the reconciler
-    /// when to look again, in one transaction: no reconciler can find the
-    /// record free before its wait is written. A no-op for a fenced-out holder.
-    pub async fn release(
-        &self,
-        merchant_id: i64,
-        key: &IdempotencyKey,
-        attempt: i64,
-        reschedule: &Reschedule,
-    ) -> Result<(), StoreError> {
-        match self {
-            Self::Postgres(s) => s.release(merchant_id, key, attempt, reschedule).await,
-            Self::Sqlite(s) => s.release(merchant_id, key, attempt, reschedule).await,
-        }
-    }
-
-    /// Extends the lease of the attempt that holds it, before a second call to
-    /// the acquirer in one attempt (the reconciler's lookup, then capture), so
-    /// that no take-over can start a POST of the same reference meanwhile.
-    /// `false`: the attempt no longer holds the record.
-    pub async fn renew(
-        &self,
-        merchant_id: i64,
-        key: &IdempotencyKey,
-        attempt: i64,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        match self {
-            Self::Postgres(s) => s.renew(merchant_id, key, attempt, lease).await,
-            Self::Sqlite(s) => s.renew(merchant_id, key, attempt, lease).await,
-        }
-    }
-
     /// Stores the outcome and settles the charge, with its event in the outbox,
     /// in one transaction, if `record.attempt` still holds the record.
     /// `false`: another attempt took over (this one is stale) or already
@@ -376,346 +308,7 @@ impl Store {
         }
     }
 
-    /// Up to `limit` orphans due for the reconciler, oldest lease first. Reading
-    /// them takes nothing: each is then taken with the fenced [`Store::take_over`],
-    /// so several reconcilers and servers never work one charge at once.
-    pub async fn orphans(
-        &self,
-        limit: i64,
-        settle_deadline: Duration,
-    ) -> Result<Vec<Orphan>, StoreError> {
-        match self {
-            Self::Postgres(s) => s.orphans(limit, settle_deadline).await,
-            Self::Sqlite(s) => s.orphans(limit, settle_deadline).await,
-        }
-    }
-
-    /// Deletes up to `limit` expired, completed key records, each leaving a
-    /// tombstone (merchant, key, fingerprint, charge) that lives `tombstone_ttl`
-    /// past the key's expiry; returns how many. Small bounded batches, so no
-    /// long lock (PostgreSQL also skips rows a request is reclaiming). Charges
-    /// are never deleted, and an in-flight record never expires.
-    pub async fn sweep_expired_keys(
-        &self,
-        limit: i64,
-        tombstone_ttl: Duration,
-    ) -> Result<u64, StoreError> {
-        match self {
-            Self::Postgres(s) => s.sweep_expired_keys(limit, tombstone_ttl).await,
-            Self::Sqlite(s) => s.sweep_expired_keys(limit, tombstone_ttl).await,
-        }
-    }
-
-    /// Deletes up to `limit` tombstones past their time; returns how many.
-    pub async fn sweep_tombstones(&self, limit: i64) -> Result<u64, StoreError> {
-        match self {
-            Self::Postgres(s) => s.sweep_tombstones(limit).await,
-            Self::Sqlite(s) => s.sweep_tombstones(limit).await,
-        }
-    }
-
-    // Charges.
-
-    /// A merchant's charge as it is now; `None` when absent or another merchant's.
-    pub async fn charge(
-        &self,
-        merchant_id: i64,
-        id: &ChargeId,
-    ) -> Result<Option<Charge>, StoreError> {
-        match self {
-            Self::Postgres(s) => s.charge(merchant_id, id).await,
-            Self::Sqlite(s) => s.charge(merchant_id, id).await,
-        }
-    }
-
-    /// Stops the reconciler trying this charge; it stays `processing`, because
-    /// only the acquirer's word may make it captured or failed. With the
-    /// mark, in its transaction, `webhook`'s deliveries (once: a charge
-    /// already marked is left as it is).
-    pub async fn mark_for_review(
-        &self,
-        id: &ChargeId,
-        reason: &str,
-        webhook: &NewWebhook,
-    ) -> Result<(), StoreError> {
-        match self {
-            Self::Postgres(s) => s.mark_for_review(id, reason, webhook).await,
-            Self::Sqlite(s) => s.mark_for_review(id, reason, webhook).await,
-        }
-    }
-
-    /// Charges as `filter` picks them, newest first.
-    pub async fn charges(&self, filter: &ChargeFilter) -> Result<Vec<ChargeSummary>, StoreError> {
-        match self {
-            Self::Postgres(s) => s.charges(filter).await,
-            Self::Sqlite(s) => s.charges(filter).await,
-        }
-    }
-
-    /// One charge, any merchant's, with its key record: for operators.
-    pub async fn charge_record(&self, id: &str) -> Result<Option<ChargeRecord>, StoreError> {
-        match self {
-            Self::Postgres(s) => s.charge_record(id).await,
-            Self::Sqlite(s) => s.charge_record(id).await,
-        }
-    }
-
-    /// Charges awaiting review, oldest first.
-    pub async fn stuck_charges(&self) -> Result<Vec<StuckCharge>, StoreError> {
-        match self {
-            Self::Postgres(s) => s.stuck_charges().await,
-            Self::Sqlite(s) => s.stuck_charges().await,
-        }
-    }
-
-    /// What the `/metrics` gauges show about unsettled charges.
-    pub async fn processing_stats(&self) -> Result<ProcessingStats, StoreError> {
-        match self {
-            Self::Postgres(s) => s.processing_stats().await,
-            Self::Sqlite(s) => s.processing_stats().await,
-        }
-    }
-
-    // Webhook endpoints.
-
-    /// Adds a webhook endpoint for the merchant `new.merchant` (an unknown
-    /// name is [`MerchantError::Unknown`]), audited.
-    pub async fn add_webhook_endpoint(
-        &self,
-        new: &NewEndpoint<'_>,
-        audit: &Audit<'_>,
-    ) -> Result<(), MerchantError> {
-        match self {
-            Self::Postgres(s) => s.add_webhook_endpoint(new, audit).await,
-            Self::Sqlite(s) => s.add_webhook_endpoint(new, audit).await,
-        }
-    }
-
-    /// Every webhook endpoint, by merchant: never a secret.
-    pub async fn webhook_endpoints(&self) -> Result<Vec<EndpointInfo>, StoreError> {
-        match self {
-            Self::Postgres(s) => s.webhook_endpoints().await,
-            Self::Sqlite(s) => s.webhook_endpoints().await,
-        }
-    }
-
-    /// Changes the endpoint `id`, audited; `false` when there is no such
-    /// endpoint (or nothing to change: enabling an enabled one).
-    pub async fn change_webhook_endpoint(
-        &self,
-        id: &str,
-        change: EndpointChange<'_>,
-        audit: &Audit<'_>,
-    ) -> Result<bool, StoreError> {
-        match self {
-            Self::Postgres(s) => s.change_webhook_endpoint(id, change, audit).await,
-            Self::Sqlite(s) => s.change_webhook_endpoint(id, change, audit).await,
-        }
-    }
-
-    /// Leases up to `limit` due webhook deliveries for `lease`, at most
-    /// `per_endpoint` in flight per endpoint across every deliverer; each
-    /// counts as an attempt.
-    pub async fn take_webhook_deliveries(
-        &self,
-        limit: i64,
-        lease: Duration,
-        per_endpoint: i64,
-    ) -> Result<Vec<DueDelivery>, StoreError> {
-        match self {
-            Self::Postgres(s) => s.take_webhook_deliveries(limit, lease, per_endpoint).await,
-            Self::Sqlite(s) => s.take_webhook_deliveries(limit, lease, per_endpoint).await,
-        }
-    }
-
-    /// Settles one attempt; `false` when it was not the delivery's current
-    /// attempt any more (its lease ran out and another deliverer took it).
-    pub async fn finish_webhook_delivery(
-        &self,
-        id: i64,
-        attempt: i32,
-        outcome: &AttemptOutcome,
-    ) -> Result<bool, StoreError> {
-        match self {
-            Self::Postgres(s) => s.finish_webhook_delivery(id, attempt, outcome).await,
-            Self::Sqlite(s) => s.finish_webhook_delivery(id, attempt, outcome).await,
-        }
-    }
-
-    /// Sends the event's delivered or failed deliveries again, from the
-    /// schedule's start; how many. Audited.
-    pub async fn redeliver_webhook(
-        &self,
-        event_id: &str,
-        audit: &Audit<'_>,
-    ) -> Result<u64, StoreError> {
-        match self {
-            Self::Postgres(s) => s.redeliver_webhook(event_id, audit).await,
-            Self::Sqlite(s) => s.redeliver_webhook(event_id, audit).await,
-        }
-    }
-
-    /// The latest `limit` deliveries, newest first.
-    pub async fn webhook_deliveries(&self, limit: i64) -> Result<Vec<DeliveryInfo>, StoreError> {
-        match self {
-            Self::Postgres(s) => s.webhook_deliveries(limit).await,
-            Self::Sqlite(s) => s.webhook_deliveries(limit).await,
-        }
-    }
-
-    /// Deliveries not yet delivered nor given up, and the oldest's age in seconds.
-    pub async fn webhook_backlog(&self) -> Result<(i64, f64), StoreError> {
-        match self {
-            Self::Postgres(s) => s.webhook_backlog().await,
-            Self::Sqlite(s) => s.webhook_backlog().await,
-        }
-    }
-
-    // Merchants.
-
-    /// Adds a merchant with its first secret.
-    pub async fn create_merchant(
-        &self,
-        name: &str,
-        secret_hash: &SecretHash,
-        audit: &Audit<'_>,
-    ) -> Result<Merchant, MerchantError> {
-        match self {
-            Self::Postgres(s) => s.create_merchant(name, secret_hash, audit).await,
-            Self::Sqlite(s) => s.create_merchant(name, secret_hash, audit).await,
-        }
-    }
-
-    /// The enabled merchant a live secret authenticates, and how long the
-    /// secret has left.
-    pub async fn merchant_by_secret(
-        &self,
-        secret_hash: &SecretHash,
-    ) -> Result<Option<SecretMatch>, StoreError> {
-        match self {
-            Self::Postgres(s) => s.merchant_by_secret(secret_hash).await,
-            Self::Sqlite(s) => s.merchant_by_secret(secret_hash).await,
-        }
-    }
-
-    /// Moves whenever a secret is rotated or a merchant disabled or enabled:
-    /// an instance that sees it move forgets the merchants it cached.
-    pub async fn merchants_version(&self) -> Result<i64, StoreError> {
-        match self {
-            Self::Postgres(s) => s.merchants_version().await,
-            Self::Sqlite(s) => s.merchants_version().await,
-        }
-    }
-
-    /// Every merchant, by name, with its secrets' dates (never the secrets).
-    pub async fn merchant_listing(&self) -> Result<Vec<MerchantListing>, StoreError> {
-        match self {
-            Self::Postgres(s) => s.merchant_listing().await,
-            Self::Sqlite(s) => s.merchant_listing().await,
-        }
-    }
-
-    /// Gives the merchant `name` a new secret; its live ones work `grace`
-    /// more (none: refused at once).
-    pub async fn rotate_secret(
-        &self,
-        name: &str,
-        secret_hash: &SecretHash,
-        grace: Duration,
-        audit: &Audit<'_>,
-    ) -> Result<Rotation, MerchantError> {
-        match self {
-            Self::Postgres(s) => s.rotate_secret(name, secret_hash, grace, audit).await,
-            Self::Sqlite(s) => s.rotate_secret(name, secret_hash, grace, audit).await,
-        }
-    }
-
-    /// Disables (every secret refused) or enables the merchant `name`;
-    /// `false` when it already was so (nothing changed, nothing recorded).
-    pub async fn set_merchant_disabled(
-        &self,
-        name: &str,
-        disabled: bool,
-        audit: &Audit<'_>,
-    ) -> Result<bool, MerchantError> {
-        match self {
-            Self::Postgres(s) => s.set_merchant_disabled(name, disabled, audit).await,
-            Self::Sqlite(s) => s.set_merchant_disabled(name, disabled, audit).await,
-        }
-    }
-
-    /// Appends `entry` to the audit trail on its own (an action whose own
-    /// writes are the engine's, such as `idem charges retry`, or the
-    /// reconciler's looks).
-    pub async fn record_audit(&self, entry: &AuditEntry<'_>) -> Result<(), StoreError> {
-        match self {
-            Self::Postgres(s) => s.record_audit(entry).await,
-            Self::Sqlite(s) => s.record_audit(entry).await,
-        }
-    }
-
-    /// Adds a console token named `name` (the actor its actions are audited as).
-    pub async fn create_admin_token(
-        &self,
-        name: &str,
-        token_hash: &SecretHash,
-        by: &Audit<'_>,
-    ) -> Result<(), StoreError> {
-        match self {
-            Self::Postgres(s) => s.create_admin_token(name, token_hash, by).await,
-            Self::Sqlite(s) => s.create_admin_token(name, token_hash, by).await,
-        }
-    }
-
-    /// The name of the console token that hashes to `token_hash`, if any.
-    pub async fn admin_token_name(
-        &self,
-        token_hash: &SecretHash,
-    ) -> Result<Option<String>, StoreError> {
-        match self {
-            Self::Postgres(s) => s.admin_token_name(token_hash).await,
-            Self::Sqlite(s) => s.admin_token_name(token_hash).await,
-        }
-    }
-
-    /// Charges made within `window`, counted by status.
-    pub async fn outcome_counts(&self, window: Duration) -> Result<Vec<(String, i64)>, StoreError> {
-        match self {
-            Self::Postgres(s) => s.outcome_counts(window).await,
-            Self::Sqlite(s) => s.outcome_counts(window).await,
-        }
-    }
-
-    /// The audit trail, newest first: of `subject` (a merchant's name or a
-    /// charge's id), or of everything.
-    pub async fn audit_trail(
-        &self,
-        subject: Option<&str>,
-        limit: i64,
-    ) -> Result<Vec<AuditRecord>, StoreError> {
-        match self {
-            Self::Postgres(s) => s.audit_trail(subject, limit).await,
-            Self::Sqlite(s) => s.audit_trail(subject, limit).await,
-        }
-    }
-
-    /// The merchant a queue command names in its `tenant` header.
-    pub async fn merchant_by_name(&self, name: &str) -> Result<Option<Merchant>, StoreError> {
-        match self {
-            Self::Postgres(s) => s.merchant_by_name(name).await,
-            Self::Sqlite(s) => s.merchant_by_name(name).await,
-        }
-    }
-
-    // The outbox (see [`outbox`]).
-
-    /// Writes the result of one delivery of a queue command.
-    pub async fn enqueue_result(&self, new: &NewResult<'_>) -> Result<(), StoreError> {
-        match self {
-            Self::Postgres(s) => s.enqueue_result(new).await,
-            Self::Sqlite(s) => s.enqueue_result(new).await,
-        }
-    }
+    // The outbox (see [`outbox`]): a relay's batch, held as each backend holds it.
 
     /// Takes up to `limit` messages ready to publish, oldest first, skipping
     /// rows another relay holds. A waiting result is ready once its key's
@@ -734,41 +327,6 @@ impl Store {
                 hold: BatchHold::Sqlite(s.clone()),
             },
         })
-    }
-
-    /// Deletes up to `limit` messages published longer than `retention` ago.
-    pub async fn prune_outbox(&self, retention: Duration, limit: i64) -> Result<u64, StoreError> {
-        match self {
-            Self::Postgres(s) => s.prune_outbox(retention, limit).await,
-            Self::Sqlite(s) => s.prune_outbox(retention, limit).await,
-        }
-    }
-
-    /// Whether finalizes write charge events to the outbox: one setting for the
-    /// whole deployment, kept in the database so that every instance agrees.
-    pub async fn events_enabled(&self) -> Result<bool, StoreError> {
-        match self {
-            Self::Postgres(s) => s.events_enabled().await,
-            Self::Sqlite(s) => s.events_enabled().await,
-        }
-    }
-
-    /// Turns charge events on or off for the whole deployment; `true` if that
-    /// changed the setting. A relay turns them on when it starts.
-    pub async fn set_events_enabled(&self, enabled: bool) -> Result<bool, StoreError> {
-        match self {
-            Self::Postgres(s) => s.set_events_enabled(enabled).await,
-            Self::Sqlite(s) => s.set_events_enabled(enabled).await,
-        }
-    }
-
-    /// Messages not yet published, and the age of the oldest, in seconds; rows
-    /// set aside are not waiting to be published, and are not counted.
-    pub async fn outbox_backlog(&self) -> Result<(i64, f64), StoreError> {
-        match self {
-            Self::Postgres(s) => s.outbox_backlog().await,
-            Self::Sqlite(s) => s.outbox_backlog().await,
-        }
     }
 }
 

@@ -6,6 +6,7 @@ use sqlx::PgConnection;
 
 use super::PgStore;
 use crate::store::model::{AuditEntry, AuditRecord};
+use crate::store::ops::AuditTrail;
 use crate::store::StoreError;
 
 /// Appends `entry`, in the caller's transaction.
@@ -36,15 +37,12 @@ type Row = (
     Option<String>,
 );
 
-impl PgStore {
-    pub(in crate::store) async fn record_audit(
-        &self,
-        entry: &AuditEntry<'_>,
-    ) -> Result<(), StoreError> {
+impl AuditTrail for PgStore {
+    async fn record_audit(&self, entry: &AuditEntry<'_>) -> Result<(), StoreError> {
         self.on_conn(async |db| record(db, entry).await).await
     }
 
-    pub(in crate::store) async fn audit_trail(
+    async fn audit_trail(
         &self,
         subject: Option<&str>,
         limit: i64,

@@ -7,6 +7,7 @@ use crate::store::model::{
     ChargeDetail, ChargeFilter, ChargeRecord, ChargeSummary, KeyDetail, NewWebhook,
     ProcessingStats, StuckCharge,
 };
+use crate::store::ops::Charges;
 use crate::store::rows::ChargeRow;
 use crate::store::StoreError;
 
@@ -51,11 +52,8 @@ const KEY_DETAIL_SQL: &str = "
      where merchant_id = $1 and charge_id = $3
        and (idempotency_key = $2 or ($2 is null and state = 'in_flight'))";
 
-impl PgStore {
-    pub(in crate::store) async fn charges(
-        &self,
-        filter: &ChargeFilter,
-    ) -> Result<Vec<ChargeSummary>, StoreError> {
+impl Charges for PgStore {
+    async fn charges(&self, filter: &ChargeFilter) -> Result<Vec<ChargeSummary>, StoreError> {
         self.on_conn(async |db| {
             sqlx::query_as(LIST_SQL)
                 .bind(filter.status.map(|s| s.as_str()))
@@ -71,10 +69,7 @@ impl PgStore {
         .await
     }
 
-    pub(in crate::store) async fn charge_record(
-        &self,
-        id: &str,
-    ) -> Result<Option<ChargeRecord>, StoreError> {
+    async fn charge_record(&self, id: &str) -> Result<Option<ChargeRecord>, StoreError> {
         self.on_conn(async |db| -> Result<_, sqlx::Error> {
             let charge: Option<ChargeDetail> = sqlx::query_as(DETAIL_SQL)
                 .bind(id)
@@ -94,11 +89,7 @@ impl PgStore {
         .await
     }
 
-    pub(in crate::store) async fn charge(
-        &self,
-        merchant_id: i64,
-        id: &ChargeId,
-    ) -> Result<Option<Charge>, StoreError> {
+    async fn charge(&self, merchant_id: i64, id: &ChargeId) -> Result<Option<Charge>, StoreError> {
         let row: Option<ChargeRow> = self
             .on_conn(async |db| {
                 sqlx::query_as(CHARGE_SQL)
@@ -111,27 +102,36 @@ impl PgStore {
         row.map(Charge::try_from).transpose()
     }
 
-    /// The merchant's charge made under this acquirer reference, if any.
-    pub(in crate::store) async fn charge_by_reference(
-        &self,
-        merchant_id: i64,
-        reference: &AcquirerReference,
-    ) -> Result<Option<ChargeId>, StoreError> {
-        let row: Option<(String,)> = self
-            .on_conn(async |db| {
-                sqlx::query_as(
-                    "select id from charges where acquirer_reference = $1 and merchant_id = $2",
-                )
-                .bind(reference.as_str())
-                .bind(merchant_id)
-                .fetch_optional(db)
-                .await
-            })
-            .await?;
-        Ok(row.map(|(id,)| ChargeId::from_trusted(id)))
+    async fn stuck_charges(&self) -> Result<Vec<StuckCharge>, StoreError> {
+        self.on_conn(async |db| {
+            sqlx::query_as(
+                "select c.id, m.name as merchant, c.order_id, c.amount_cents, c.currency,
+                        c.acquirer_reference, c.created_at, c.review_since, c.review_reason
+                   from charges c join merchants m on m.id = c.merchant_id
+                  where c.status = 'processing' and c.review_since is not null
+                  order by c.created_at",
+            )
+            .fetch_all(db)
+            .await
+        })
+        .await
     }
 
-    pub(in crate::store) async fn mark_for_review(
+    async fn processing_stats(&self) -> Result<ProcessingStats, StoreError> {
+        self.on_conn(async |db| {
+            sqlx::query_as(
+                "select coalesce(extract(epoch from now() - min(created_at)), 0)::float8
+                          as oldest_processing_seconds,
+                        count(*) filter (where review_since is not null) as awaiting_review
+                   from charges where status = 'processing'",
+            )
+            .fetch_one(db)
+            .await
+        })
+        .await
+    }
+
+    async fn mark_for_review(
         &self,
         id: &ChargeId,
         reason: &str,
@@ -160,33 +160,26 @@ impl PgStore {
         .await?;
         Ok(())
     }
+}
 
-    pub(in crate::store) async fn stuck_charges(&self) -> Result<Vec<StuckCharge>, StoreError> {
-        self.on_conn(async |db| {
-            sqlx::query_as(
-                "select c.id, m.name as merchant, c.order_id, c.amount_cents, c.currency,
-                        c.acquirer_reference, c.created_at, c.review_since, c.review_reason
-                   from charges c join merchants m on m.id = c.merchant_id
-                  where c.status = 'processing' and c.review_since is not null
-                  order by c.created_at",
-            )
-            .fetch_all(db)
-            .await
-        })
-        .await
-    }
-
-    pub(in crate::store) async fn processing_stats(&self) -> Result<ProcessingStats, StoreError> {
-        self.on_conn(async |db| {
-            sqlx::query_as(
-                "select coalesce(extract(epoch from now() - min(created_at)), 0)::float8
-                          as oldest_processing_seconds,
-                        count(*) filter (where review_since is not null) as awaiting_review
-                   from charges where status = 'processing'",
-            )
-            .fetch_one(db)
-            .await
-        })
-        .await
+impl PgStore {
+    /// The merchant's charge made under this acquirer reference, if any.
+    pub(in crate::store) async fn charge_by_reference(
+        &self,
+        merchant_id: i64,
+        reference: &AcquirerReference,
+    ) -> Result<Option<ChargeId>, StoreError> {
+        let row: Option<(String,)> = self
+            .on_conn(async |db| {
+                sqlx::query_as(
+                    "select id from charges where acquirer_reference = $1 and merchant_id = $2",
+                )
+                .bind(reference.as_str())
+                .bind(merchant_id)
+                .fetch_optional(db)
+                .await
+            })
+            .await?;
+        Ok(row.map(|(id,)| ChargeId::from_trusted(id)))
     }
 }

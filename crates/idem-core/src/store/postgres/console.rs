@@ -6,11 +6,12 @@ use std::time::Duration;
 use super::{audit, PgStore};
 use crate::domain::SecretHash;
 use crate::store::model::Audit;
+use crate::store::ops::Console;
 use crate::store::said;
 use crate::store::{millis, StoreError};
 
-impl PgStore {
-    pub(in crate::store) async fn create_admin_token(
+impl Console for PgStore {
+    async fn create_admin_token(
         &self,
         name: &str,
         token_hash: &SecretHash,
@@ -28,7 +29,7 @@ impl PgStore {
         .await
     }
 
-    pub(in crate::store) async fn admin_token_name(
+    async fn admin_token_name(
         &self,
         token_hash: &SecretHash,
     ) -> Result<Option<String>, StoreError> {
@@ -43,10 +44,7 @@ impl PgStore {
         Ok(row.map(|(name,)| name))
     }
 
-    pub(in crate::store) async fn outcome_counts(
-        &self,
-        window: Duration,
-    ) -> Result<Vec<(String, i64)>, StoreError> {
+    async fn outcome_counts(&self, window: Duration) -> Result<Vec<(String, i64)>, StoreError> {
         self.on_conn(async |db| {
             sqlx::query_as(
                 "select status, count(*) from charges

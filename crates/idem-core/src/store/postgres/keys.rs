@@ -16,6 +16,7 @@ use super::PgStore;
 use crate::domain::{ChargeId, IdempotencyKey};
 use crate::store::batch::Batched;
 use crate::store::model::{Claim, KeyRecord, KeyStatus, NewClaim, Orphan, Reschedule};
+use crate::store::ops::Keys;
 use crate::store::params::{arguments, ClaimRow, ClaimValues, FinalizeRow, FinalizeValues};
 use crate::store::rows::{KeyStatusRow, OrphanRow, RecordRow};
 use crate::store::{millis, StoreError};
@@ -267,26 +268,8 @@ struct ClaimAnswer {
     record: RecordRow,
 }
 
-impl PgStore {
-    /// A claim, in the next batch of claims; alone where the batch cannot
-    /// settle it.
-    pub(in crate::store) async fn claim(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
-        match self.claims.submit(ClaimRow::new(new)).await {
-            Batched::Done(claim) => claim,
-            Batched::Alone => self.claim_alone(new).await,
-        }
-    }
-
-    /// A claim on its own: one statement, and where a record was swept between
-    /// statements, another round.
-    pub(in crate::store) async fn claim_alone(
-        &self,
-        new: &NewClaim<'_>,
-    ) -> Result<Claim, StoreError> {
-        claim_on(&self.pool, new).await
-    }
-
-    pub(in crate::store) async fn key_record(
+impl Keys for PgStore {
+    async fn key_record(
         &self,
         merchant_id: i64,
         key: &IdempotencyKey,
@@ -295,7 +278,7 @@ impl PgStore {
             .await
     }
 
-    pub(in crate::store) async fn key_status(
+    async fn key_status(
         &self,
         merchant_id: i64,
         key: &IdempotencyKey,
@@ -312,7 +295,7 @@ impl PgStore {
         row.map(KeyStatus::try_from).transpose()
     }
 
-    pub(in crate::store) async fn take_over(
+    async fn take_over(
         &self,
         merchant_id: i64,
         key: &IdempotencyKey,
@@ -333,7 +316,74 @@ impl PgStore {
         row.map(KeyRecord::try_from).transpose()
     }
 
-    pub(in crate::store) async fn release(
+    async fn renew(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        attempt: i64,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let done = self
+            .on_conn(async |db| {
+                sqlx::query(RENEW_SQL)
+                    .bind(merchant_id)
+                    .bind(key.as_str())
+                    .bind(attempt)
+                    .bind(millis(lease))
+                    .execute(db)
+                    .await
+            })
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn orphans(
+        &self,
+        limit: i64,
+        settle_deadline: Duration,
+    ) -> Result<Vec<Orphan>, StoreError> {
+        let rows: Vec<OrphanRow> = self
+            .on_conn(async |db| {
+                sqlx::query_as(ORPHANS_SQL)
+                    .bind(limit)
+                    .bind(millis(settle_deadline))
+                    .fetch_all(db)
+                    .await
+            })
+            .await?;
+        rows.into_iter().map(Orphan::try_from).collect()
+    }
+
+    async fn sweep_expired_keys(
+        &self,
+        limit: i64,
+        tombstone_ttl: Duration,
+    ) -> Result<u64, StoreError> {
+        let done = self
+            .on_conn(async |db| {
+                sqlx::query(SWEEP_SQL)
+                    .bind(limit)
+                    .bind(millis(tombstone_ttl))
+                    .execute(db)
+                    .await
+            })
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn sweep_tombstones(&self, limit: i64) -> Result<u64, StoreError> {
+        let done = self
+            .on_conn(async |db| {
+                sqlx::query(SWEEP_TOMBSTONES_SQL)
+                    .bind(limit)
+                    .execute(db)
+                    .await
+            })
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn release(
         &self,
         merchant_id: i64,
         key: &IdempotencyKey,
@@ -353,26 +403,25 @@ impl PgStore {
         .await?;
         Ok(())
     }
+}
 
-    pub(in crate::store) async fn renew(
+impl PgStore {
+    /// A claim, in the next batch of claims; alone where the batch cannot
+    /// settle it.
+    pub(in crate::store) async fn claim(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
+        match self.claims.submit(ClaimRow::new(new)).await {
+            Batched::Done(claim) => claim,
+            Batched::Alone => self.claim_alone(new).await,
+        }
+    }
+
+    /// A claim on its own: one statement, and where a record was swept between
+    /// statements, another round.
+    pub(in crate::store) async fn claim_alone(
         &self,
-        merchant_id: i64,
-        key: &IdempotencyKey,
-        attempt: i64,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        let done = self
-            .on_conn(async |db| {
-                sqlx::query(RENEW_SQL)
-                    .bind(merchant_id)
-                    .bind(key.as_str())
-                    .bind(attempt)
-                    .bind(millis(lease))
-                    .execute(db)
-                    .await
-            })
-            .await?;
-        Ok(done.rows_affected() == 1)
+        new: &NewClaim<'_>,
+    ) -> Result<Claim, StoreError> {
+        claim_on(&self.pool, new).await
     }
 
     pub(in crate::store) async fn finalize(
@@ -397,52 +446,6 @@ impl PgStore {
             Ok(settled)
         })
         .await
-    }
-
-    pub(in crate::store) async fn orphans(
-        &self,
-        limit: i64,
-        settle_deadline: Duration,
-    ) -> Result<Vec<Orphan>, StoreError> {
-        let rows: Vec<OrphanRow> = self
-            .on_conn(async |db| {
-                sqlx::query_as(ORPHANS_SQL)
-                    .bind(limit)
-                    .bind(millis(settle_deadline))
-                    .fetch_all(db)
-                    .await
-            })
-            .await?;
-        rows.into_iter().map(Orphan::try_from).collect()
-    }
-
-    pub(in crate::store) async fn sweep_expired_keys(
-        &self,
-        limit: i64,
-        tombstone_ttl: Duration,
-    ) -> Result<u64, StoreError> {
-        let done = self
-            .on_conn(async |db| {
-                sqlx::query(SWEEP_SQL)
-                    .bind(limit)
-                    .bind(millis(tombstone_ttl))
-                    .execute(db)
-                    .await
-            })
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    pub(in crate::store) async fn sweep_tombstones(&self, limit: i64) -> Result<u64, StoreError> {
-        let done = self
-            .on_conn(async |db| {
-                sqlx::query(SWEEP_TOMBSTONES_SQL)
-                    .bind(limit)
-                    .execute(db)
-                    .await
-            })
-            .await?;
-        Ok(done.rows_affected())
     }
 }
 

@@ -10,6 +10,7 @@ use sqlx::PgConnection;
 use super::{audit, PgStore};
 use crate::domain::{Merchant, SecretHash};
 use crate::store::model::{Audit, MerchantError, MerchantListing, Rotation, SecretMatch};
+use crate::store::ops::Merchants;
 use crate::store::rows::{self, MerchantListingRow};
 use crate::store::said;
 use crate::store::{millis, StoreError};
@@ -26,8 +27,8 @@ const BY_SECRET_SQL: &str = "
 /// `MerchantCache`); part of every change to who may authenticate.
 const BUMP_VERSION_SQL: &str = "update settings set merchants_version = merchants_version + 1";
 
-impl PgStore {
-    pub(in crate::store) async fn create_merchant(
+impl Merchants for PgStore {
+    async fn create_merchant(
         &self,
         name: &str,
         secret_hash: &SecretHash,
@@ -59,7 +60,7 @@ impl PgStore {
         }
     }
 
-    pub(in crate::store) async fn merchant_by_secret(
+    async fn merchant_by_secret(
         &self,
         secret_hash: &SecretHash,
     ) -> Result<Option<SecretMatch>, StoreError> {
@@ -77,10 +78,7 @@ impl PgStore {
         }))
     }
 
-    pub(in crate::store) async fn merchant_by_name(
-        &self,
-        name: &str,
-    ) -> Result<Option<Merchant>, StoreError> {
+    async fn merchant_by_name(&self, name: &str) -> Result<Option<Merchant>, StoreError> {
         let row: Option<(i64, String)> = self
             .on_conn(async |db| {
                 sqlx::query_as(
@@ -94,7 +92,7 @@ impl PgStore {
         Ok(row.map(|(id, name)| Merchant { id, name }))
     }
 
-    pub(in crate::store) async fn merchants_version(&self) -> Result<i64, StoreError> {
+    async fn merchants_version(&self) -> Result<i64, StoreError> {
         let (version,): (i64,) = self
             .on_conn(async |db| {
                 sqlx::query_as("select merchants_version from settings")
@@ -105,9 +103,7 @@ impl PgStore {
         Ok(version)
     }
 
-    pub(in crate::store) async fn merchant_listing(
-        &self,
-    ) -> Result<Vec<MerchantListing>, StoreError> {
+    async fn merchant_listing(&self) -> Result<Vec<MerchantListing>, StoreError> {
         let rows: Vec<MerchantListingRow> = self
             .on_conn(async |db| {
                 sqlx::query_as(
@@ -122,7 +118,7 @@ impl PgStore {
         Ok(rows::merchant_listing(rows))
     }
 
-    pub(in crate::store) async fn rotate_secret(
+    async fn rotate_secret(
         &self,
         name: &str,
         secret_hash: &SecretHash,
@@ -161,7 +157,7 @@ impl PgStore {
         rotated.ok_or_else(|| MerchantError::Unknown(name.to_owned()))
     }
 
-    pub(in crate::store) async fn set_merchant_disabled(
+    async fn set_merchant_disabled(
         &self,
         name: &str,
         disabled: bool,

@@ -12,6 +12,7 @@ use super::pool::{PgConn, PgPool};
 use super::PgStore;
 use crate::store::batch::{self, Batched};
 use crate::store::model::{NewResult, OutboxMessage};
+use crate::store::ops::Outbox;
 use crate::store::outbox::ResultRow;
 use crate::store::outbox::{AWAITED_KEY, BATCH_COLUMNS};
 use crate::store::{millis, StoreError};
@@ -72,13 +73,10 @@ pub(super) async fn results(pool: &PgPool, rows: Vec<ResultRow>) -> Vec<Batched<
 /// batch. Dropped unfinished, the connection is closed and the server rolls back.
 pub(in crate::store) struct PgBatch(PgConn);
 
-impl PgStore {
+impl Outbox for PgStore {
     /// Writes a result, in a batch with the results written at the same
     /// time (one statement, one commit), or alone where its batch failed.
-    pub(in crate::store) async fn enqueue_result(
-        &self,
-        new: &NewResult<'_>,
-    ) -> Result<(), StoreError> {
+    async fn enqueue_result(&self, new: &NewResult<'_>) -> Result<(), StoreError> {
         let row = ResultRow::new(new);
         match self.results.submit(row.clone()).await {
             Batched::Done(written) => written,
@@ -86,6 +84,67 @@ impl PgStore {
         }
     }
 
+    async fn prune_outbox(&self, retention: Duration, limit: i64) -> Result<u64, StoreError> {
+        let done = self
+            .on_conn(async |db| {
+                sqlx::query(
+                    "delete from outbox
+                      where id = any(array(
+                            select id from outbox
+                             where published_at <= now() - $1 * interval '1 millisecond'
+                             limit $2
+                             for update skip locked))",
+                )
+                .bind(millis(retention))
+                .bind(limit)
+                .execute(db)
+                .await
+            })
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn events_enabled(&self) -> Result<bool, StoreError> {
+        let (enabled,): (bool,) = self
+            .on_conn(async |db| {
+                sqlx::query_as("select events_enabled from settings")
+                    .fetch_one(db)
+                    .await
+            })
+            .await?;
+        Ok(enabled)
+    }
+
+    async fn set_events_enabled(&self, enabled: bool) -> Result<bool, StoreError> {
+        let done = self
+            .on_conn(async |db| {
+                sqlx::query(
+                    "update settings set events_enabled = $1, updated_at = now()
+                      where events_enabled <> $1",
+                )
+                .bind(enabled)
+                .execute(db)
+                .await
+            })
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn outbox_backlog(&self) -> Result<(i64, f64), StoreError> {
+        self.on_conn(async |db| {
+            sqlx::query_as(
+                "select count(*),
+                            coalesce(extract(epoch from now() - min(created_at)), 0)::float8
+                       from outbox where published_at is null and set_aside_at is null",
+            )
+            .fetch_one(db)
+            .await
+        })
+        .await
+    }
+}
+
+impl PgStore {
     pub(in crate::store) async fn outbox_batch(
         &self,
         limit: i64,
@@ -110,72 +169,6 @@ impl PgStore {
             .fetch_all(conn.raw())
             .await?;
             Ok((PgBatch(conn), messages))
-        })
-        .await
-    }
-
-    pub(in crate::store) async fn prune_outbox(
-        &self,
-        retention: Duration,
-        limit: i64,
-    ) -> Result<u64, StoreError> {
-        let done = self
-            .on_conn(async |db| {
-                sqlx::query(
-                    "delete from outbox
-                      where id = any(array(
-                            select id from outbox
-                             where published_at <= now() - $1 * interval '1 millisecond'
-                             limit $2
-                             for update skip locked))",
-                )
-                .bind(millis(retention))
-                .bind(limit)
-                .execute(db)
-                .await
-            })
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    pub(in crate::store) async fn events_enabled(&self) -> Result<bool, StoreError> {
-        let (enabled,): (bool,) = self
-            .on_conn(async |db| {
-                sqlx::query_as("select events_enabled from settings")
-                    .fetch_one(db)
-                    .await
-            })
-            .await?;
-        Ok(enabled)
-    }
-
-    pub(in crate::store) async fn set_events_enabled(
-        &self,
-        enabled: bool,
-    ) -> Result<bool, StoreError> {
-        let done = self
-            .on_conn(async |db| {
-                sqlx::query(
-                    "update settings set events_enabled = $1, updated_at = now()
-                      where events_enabled <> $1",
-                )
-                .bind(enabled)
-                .execute(db)
-                .await
-            })
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    pub(in crate::store) async fn outbox_backlog(&self) -> Result<(i64, f64), StoreError> {
-        self.on_conn(async |db| {
-            sqlx::query_as(
-                "select count(*),
-                            coalesce(extract(epoch from now() - min(created_at)), 0)::float8
-                       from outbox where published_at is null and set_aside_at is null",
-            )
-            .fetch_one(db)
-            .await
         })
         .await
     }

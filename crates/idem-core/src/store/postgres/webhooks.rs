@@ -13,6 +13,7 @@ use crate::store::model::{
     AttemptOutcome, Audit, DeliveryInfo, DueDelivery, EndpointChange, EndpointInfo, MerchantError,
     NewEndpoint,
 };
+use crate::store::ops::Webhooks;
 use crate::store::said;
 use crate::store::{millis, StoreError};
 
@@ -102,8 +103,8 @@ type ListRow = (
     Option<DateTime<Utc>>,
 );
 
-impl PgStore {
-    pub(in crate::store) async fn add_webhook_endpoint(
+impl Webhooks for PgStore {
+    async fn add_webhook_endpoint(
         &self,
         new: &NewEndpoint<'_>,
         audit: &Audit<'_>,
@@ -133,9 +134,7 @@ impl PgStore {
         }
     }
 
-    pub(in crate::store) async fn webhook_endpoints(
-        &self,
-    ) -> Result<Vec<EndpointInfo>, StoreError> {
+    async fn webhook_endpoints(&self) -> Result<Vec<EndpointInfo>, StoreError> {
         let rows: Vec<ListRow> = self
             .on_conn(async |db| sqlx::query_as(LIST_SQL).fetch_all(db).await)
             .await?;
@@ -157,7 +156,7 @@ impl PgStore {
             .collect())
     }
 
-    pub(in crate::store) async fn change_webhook_endpoint(
+    async fn change_webhook_endpoint(
         &self,
         id: &str,
         change: EndpointChange<'_>,
@@ -200,7 +199,7 @@ impl PgStore {
         .await
     }
 
-    pub(in crate::store) async fn take_webhook_deliveries(
+    async fn take_webhook_deliveries(
         &self,
         limit: i64,
         lease: Duration,
@@ -219,7 +218,7 @@ impl PgStore {
         Ok(rows.into_iter().map(due).collect())
     }
 
-    pub(in crate::store) async fn finish_webhook_delivery(
+    async fn finish_webhook_delivery(
         &self,
         id: i64,
         attempt: i32,
@@ -242,7 +241,7 @@ impl PgStore {
         Ok(done.rows_affected() == 1)
     }
 
-    pub(in crate::store) async fn redeliver_webhook(
+    async fn redeliver_webhook(
         &self,
         event_id: &str,
         audit: &Audit<'_>,
@@ -262,10 +261,7 @@ impl PgStore {
         .await
     }
 
-    pub(in crate::store) async fn webhook_deliveries(
-        &self,
-        limit: i64,
-    ) -> Result<Vec<DeliveryInfo>, StoreError> {
+    async fn webhook_deliveries(&self, limit: i64) -> Result<Vec<DeliveryInfo>, StoreError> {
         self.on_conn(async |db| {
             sqlx::query_as(DELIVERIES_SQL)
                 .bind(limit)
@@ -275,7 +271,7 @@ impl PgStore {
         .await
     }
 
-    pub(in crate::store) async fn webhook_backlog(&self) -> Result<(i64, f64), StoreError> {
+    async fn webhook_backlog(&self) -> Result<(i64, f64), StoreError> {
         self.on_conn(async |db| {
             sqlx::query_as(
                 "select count(*),

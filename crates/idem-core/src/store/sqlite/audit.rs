@@ -6,6 +6,7 @@ use sqlx::SqliteConnection;
 
 use super::{from_millis, SqliteStore, NOW};
 use crate::store::model::{AuditEntry, AuditRecord};
+use crate::store::ops::AuditTrail;
 use crate::store::StoreError;
 
 const RECORD_SQL: &str = concatcp!(
@@ -40,15 +41,12 @@ type Row = (
     Option<String>,
 );
 
-impl SqliteStore {
-    pub(in crate::store) async fn record_audit(
-        &self,
-        entry: &AuditEntry<'_>,
-    ) -> Result<(), StoreError> {
+impl AuditTrail for SqliteStore {
+    async fn record_audit(&self, entry: &AuditEntry<'_>) -> Result<(), StoreError> {
         self.write(async |tx| record(tx, entry).await).await
     }
 
-    pub(in crate::store) async fn audit_trail(
+    async fn audit_trail(
         &self,
         subject: Option<&str>,
         limit: i64,

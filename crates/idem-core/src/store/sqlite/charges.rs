@@ -9,6 +9,7 @@ use crate::store::model::{
     ChargeDetail, ChargeFilter, ChargeRecord, ChargeSummary, KeyDetail, NewWebhook,
     ProcessingStats, StuckCharge,
 };
+use crate::store::ops::Charges;
 use crate::store::rows::ChargeRow;
 use crate::store::StoreError;
 
@@ -95,11 +96,8 @@ const KEY_DETAIL_SQL: &str = "
      where merchant_id = $1 and charge_id = $3
        and (idempotency_key = $2 or ($2 is null and state = 'in_flight'))";
 
-impl SqliteStore {
-    pub(in crate::store) async fn charges(
-        &self,
-        filter: &ChargeFilter,
-    ) -> Result<Vec<ChargeSummary>, StoreError> {
+impl Charges for SqliteStore {
+    async fn charges(&self, filter: &ChargeFilter) -> Result<Vec<ChargeSummary>, StoreError> {
         Ok(sqlx::query_as(LIST_SQL)
             .bind(filter.status.map(|s| s.as_str()))
             .bind(filter.awaiting_review)
@@ -111,10 +109,7 @@ impl SqliteStore {
             .await?)
     }
 
-    pub(in crate::store) async fn charge_record(
-        &self,
-        id: &str,
-    ) -> Result<Option<ChargeRecord>, StoreError> {
+    async fn charge_record(&self, id: &str) -> Result<Option<ChargeRecord>, StoreError> {
         let charge: Option<ChargeDetail> = sqlx::query_as(DETAIL_SQL)
             .bind(id)
             .fetch_optional(&self.pool)
@@ -131,11 +126,7 @@ impl SqliteStore {
         Ok(Some(ChargeRecord { charge, key }))
     }
 
-    pub(in crate::store) async fn charge(
-        &self,
-        merchant_id: i64,
-        id: &ChargeId,
-    ) -> Result<Option<Charge>, StoreError> {
+    async fn charge(&self, merchant_id: i64, id: &ChargeId) -> Result<Option<Charge>, StoreError> {
         let row: Option<ChargeRow> = sqlx::query_as(CHARGE_SQL)
             .bind(id.as_str())
             .bind(merchant_id)
@@ -144,23 +135,30 @@ impl SqliteStore {
         row.map(Charge::try_from).transpose()
     }
 
-    /// The merchant's charge made under this acquirer reference, if any.
-    pub(in crate::store) async fn charge_by_reference(
-        &self,
-        merchant_id: i64,
-        reference: &AcquirerReference,
-    ) -> Result<Option<ChargeId>, StoreError> {
-        let row: Option<(String,)> = sqlx::query_as(
-            "select id from charges where acquirer_reference = $1 and merchant_id = $2",
+    async fn stuck_charges(&self) -> Result<Vec<StuckCharge>, StoreError> {
+        Ok(sqlx::query_as(
+            "select c.id, m.name as merchant, c.order_id, c.amount_cents, c.currency,
+                    c.acquirer_reference,
+                    strftime('%Y-%m-%dT%H:%M:%fZ', c.created_at / 1000.0, 'unixepoch')
+                      as created_at,
+                    strftime('%Y-%m-%dT%H:%M:%fZ', c.review_since / 1000.0, 'unixepoch')
+                      as review_since,
+                    c.review_reason
+               from charges c join merchants m on m.id = c.merchant_id
+              where c.status = 'processing' and c.review_since is not null
+              order by c.created_at",
         )
-        .bind(reference.as_str())
-        .bind(merchant_id)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.map(|(id,)| ChargeId::from_trusted(id)))
+        .fetch_all(&self.pool)
+        .await?)
     }
 
-    pub(in crate::store) async fn mark_for_review(
+    async fn processing_stats(&self) -> Result<ProcessingStats, StoreError> {
+        Ok(sqlx::query_as(PROCESSING_STATS_SQL)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    async fn mark_for_review(
         &self,
         id: &ChargeId,
         reason: &str,
@@ -185,27 +183,22 @@ impl SqliteStore {
         })
         .await
     }
+}
 
-    pub(in crate::store) async fn stuck_charges(&self) -> Result<Vec<StuckCharge>, StoreError> {
-        Ok(sqlx::query_as(
-            "select c.id, m.name as merchant, c.order_id, c.amount_cents, c.currency,
-                    c.acquirer_reference,
-                    strftime('%Y-%m-%dT%H:%M:%fZ', c.created_at / 1000.0, 'unixepoch')
-                      as created_at,
-                    strftime('%Y-%m-%dT%H:%M:%fZ', c.review_since / 1000.0, 'unixepoch')
-                      as review_since,
-                    c.review_reason
-               from charges c join merchants m on m.id = c.merchant_id
-              where c.status = 'processing' and c.review_since is not null
-              order by c.created_at",
+impl SqliteStore {
+    /// The merchant's charge made under this acquirer reference, if any.
+    pub(in crate::store) async fn charge_by_reference(
+        &self,
+        merchant_id: i64,
+        reference: &AcquirerReference,
+    ) -> Result<Option<ChargeId>, StoreError> {
+        let row: Option<(String,)> = sqlx::query_as(
+            "select id from charges where acquirer_reference = $1 and merchant_id = $2",
         )
-        .fetch_all(&self.pool)
-        .await?)
-    }
-
-    pub(in crate::store) async fn processing_stats(&self) -> Result<ProcessingStats, StoreError> {
-        Ok(sqlx::query_as(PROCESSING_STATS_SQL)
-            .fetch_one(&self.pool)
-            .await?)
+        .bind(reference.as_str())
+        .bind(merchant_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|(id,)| ChargeId::from_trusted(id)))
     }
 }

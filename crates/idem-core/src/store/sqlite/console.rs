@@ -8,6 +8,7 @@ use const_format::concatcp;
 use super::{SqliteStore, NOW};
 use crate::domain::SecretHash;
 use crate::store::model::Audit;
+use crate::store::ops::Console;
 use crate::store::said;
 use crate::store::{millis, StoreError};
 
@@ -23,8 +24,8 @@ const OUTCOME_COUNTS_SQL: &str = concatcp!(
     " - $1 group by status order by status"
 );
 
-impl SqliteStore {
-    pub(in crate::store) async fn create_admin_token(
+impl Console for SqliteStore {
+    async fn create_admin_token(
         &self,
         name: &str,
         token_hash: &SecretHash,
@@ -42,7 +43,7 @@ impl SqliteStore {
         .await
     }
 
-    pub(in crate::store) async fn admin_token_name(
+    async fn admin_token_name(
         &self,
         token_hash: &SecretHash,
     ) -> Result<Option<String>, StoreError> {
@@ -54,10 +55,7 @@ impl SqliteStore {
         Ok(row.map(|(name,)| name))
     }
 
-    pub(in crate::store) async fn outcome_counts(
-        &self,
-        window: Duration,
-    ) -> Result<Vec<(String, i64)>, StoreError> {
+    async fn outcome_counts(&self, window: Duration) -> Result<Vec<(String, i64)>, StoreError> {
         Ok(sqlx::query_as(OUTCOME_COUNTS_SQL)
             .bind(millis(window))
             .fetch_all(&self.pool)

@@ -15,6 +15,7 @@ use super::{SqliteStore, NOW};
 use crate::domain::{ChargeId, IdempotencyKey};
 use crate::store::batch::Batched;
 use crate::store::model::{Claim, KeyRecord, KeyStatus, NewClaim, Orphan, Reschedule};
+use crate::store::ops::Keys;
 use crate::store::params::{arguments, ClaimRow, ClaimValues, FinalizeRow, FinalizeValues};
 use crate::store::rows::{KeyStatusRow, OrphanRow, RecordRow};
 use crate::store::{millis, StoreError};
@@ -255,34 +256,8 @@ const TOMBSTONE_SQL: &str = concatcp!(
     NOW
 );
 
-impl SqliteStore {
-    pub(in crate::store) async fn claim(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
-        // A live record answers a retry without the write lock, which SQLite
-        // has one of for the whole file: a 409 or a replay never queues behind
-        // other keys' writes. This read decides nothing: a record, once there,
-        // stays until it expires; when none is seen (or it expired), the
-        // insert below decides, against the unique key, as everywhere else.
-        if let Some(record) = self.key_record(new.merchant_id, new.key).await? {
-            if !record.expired {
-                return Ok(Claim::Lost(record));
-            }
-        }
-        match self.claims.submit(ClaimRow::new(new)).await {
-            Batched::Done(claim) => claim,
-            Batched::Alone => self.claim_alone(new).await,
-        }
-    }
-
-    /// A claim in a write transaction of its own, without the read first.
-    pub(in crate::store) async fn claim_alone(
-        &self,
-        new: &NewClaim<'_>,
-    ) -> Result<Claim, StoreError> {
-        self.write(async |tx| claim_in(tx, &ClaimValues::new(new)).await)
-            .await
-    }
-
-    pub(in crate::store) async fn key_record(
+impl Keys for SqliteStore {
+    async fn key_record(
         &self,
         merchant_id: i64,
         key: &IdempotencyKey,
@@ -290,7 +265,7 @@ impl SqliteStore {
         key_record(&self.pool, merchant_id, key.as_str()).await
     }
 
-    pub(in crate::store) async fn key_status(
+    async fn key_status(
         &self,
         merchant_id: i64,
         key: &IdempotencyKey,
@@ -303,7 +278,7 @@ impl SqliteStore {
         row.map(KeyStatus::try_from).transpose()
     }
 
-    pub(in crate::store) async fn take_over(
+    async fn take_over(
         &self,
         merchant_id: i64,
         key: &IdempotencyKey,
@@ -326,7 +301,78 @@ impl SqliteStore {
         .await
     }
 
-    pub(in crate::store) async fn release(
+    async fn renew(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        attempt: i64,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        self.write(async |tx| {
+            let done = sqlx::query(RENEW_SQL)
+                .bind(merchant_id)
+                .bind(key.as_str())
+                .bind(attempt)
+                .bind(millis(lease))
+                .execute(&mut *tx)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        })
+        .await
+    }
+
+    async fn orphans(
+        &self,
+        limit: i64,
+        settle_deadline: Duration,
+    ) -> Result<Vec<Orphan>, StoreError> {
+        let rows: Vec<OrphanRow> = sqlx::query_as(ORPHANS_SQL)
+            .bind(limit)
+            .bind(millis(settle_deadline))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter().map(Orphan::try_from).collect()
+    }
+
+    /// Deletes a batch of expired records and leaves each one's tombstone, in
+    /// one write transaction.
+    async fn sweep_expired_keys(
+        &self,
+        limit: i64,
+        tombstone_ttl: Duration,
+    ) -> Result<u64, StoreError> {
+        self.write(async |tx| {
+            let swept: Vec<(i64, String, Vec<u8>, String, i64)> = sqlx::query_as(SWEEP_SQL)
+                .bind(limit)
+                .fetch_all(&mut *tx)
+                .await?;
+            for (merchant_id, key, fingerprint, charge_id, expired_at) in &swept {
+                sqlx::query(INSERT_TOMBSTONE_SQL)
+                    .bind(merchant_id)
+                    .bind(key)
+                    .bind(fingerprint)
+                    .bind(charge_id)
+                    .bind(expired_at.saturating_add(millis(tombstone_ttl)))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            Ok(swept.len() as u64)
+        })
+        .await
+    }
+
+    async fn sweep_tombstones(&self, limit: i64) -> Result<u64, StoreError> {
+        self.write(async |tx| {
+            let done = sqlx::query(SWEEP_TOMBSTONES_SQL)
+                .bind(limit)
+                .execute(&mut *tx)
+                .await?;
+            Ok(done.rows_affected())
+        })
+        .await
+    }
+
+    async fn release(
         &self,
         merchant_id: i64,
         key: &IdempotencyKey,
@@ -355,25 +401,33 @@ impl SqliteStore {
         })
         .await
     }
+}
 
-    pub(in crate::store) async fn renew(
+impl SqliteStore {
+    pub(in crate::store) async fn claim(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
+        // A live record answers a retry without the write lock, which SQLite
+        // has one of for the whole file: a 409 or a replay never queues behind
+        // other keys' writes. This read decides nothing: a record, once there,
+        // stays until it expires; when none is seen (or it expired), the
+        // insert below decides, against the unique key, as everywhere else.
+        if let Some(record) = self.key_record(new.merchant_id, new.key).await? {
+            if !record.expired {
+                return Ok(Claim::Lost(record));
+            }
+        }
+        match self.claims.submit(ClaimRow::new(new)).await {
+            Batched::Done(claim) => claim,
+            Batched::Alone => self.claim_alone(new).await,
+        }
+    }
+
+    /// A claim in a write transaction of its own, without the read first.
+    pub(in crate::store) async fn claim_alone(
         &self,
-        merchant_id: i64,
-        key: &IdempotencyKey,
-        attempt: i64,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        self.write(async |tx| {
-            let done = sqlx::query(RENEW_SQL)
-                .bind(merchant_id)
-                .bind(key.as_str())
-                .bind(attempt)
-                .bind(millis(lease))
-                .execute(&mut *tx)
-                .await?;
-            Ok(done.rows_affected() == 1)
-        })
-        .await
+        new: &NewClaim<'_>,
+    ) -> Result<Claim, StoreError> {
+        self.write(async |tx| claim_in(tx, &ClaimValues::new(new)).await)
+            .await
     }
 
     pub(in crate::store) async fn finalize(
@@ -386,57 +440,6 @@ impl SqliteStore {
             }
         }
         self.write(async |tx| finalize_in(tx, values).await).await
-    }
-
-    pub(in crate::store) async fn orphans(
-        &self,
-        limit: i64,
-        settle_deadline: Duration,
-    ) -> Result<Vec<Orphan>, StoreError> {
-        let rows: Vec<OrphanRow> = sqlx::query_as(ORPHANS_SQL)
-            .bind(limit)
-            .bind(millis(settle_deadline))
-            .fetch_all(&self.pool)
-            .await?;
-        rows.into_iter().map(Orphan::try_from).collect()
-    }
-
-    /// Deletes a batch of expired records and leaves each one's tombstone, in
-    /// one write transaction.
-    pub(in crate::store) async fn sweep_expired_keys(
-        &self,
-        limit: i64,
-        tombstone_ttl: Duration,
-    ) -> Result<u64, StoreError> {
-        self.write(async |tx| {
-            let swept: Vec<(i64, String, Vec<u8>, String, i64)> = sqlx::query_as(SWEEP_SQL)
-                .bind(limit)
-                .fetch_all(&mut *tx)
-                .await?;
-            for (merchant_id, key, fingerprint, charge_id, expired_at) in &swept {
-                sqlx::query(INSERT_TOMBSTONE_SQL)
-                    .bind(merchant_id)
-                    .bind(key)
-                    .bind(fingerprint)
-                    .bind(charge_id)
-                    .bind(expired_at.saturating_add(millis(tombstone_ttl)))
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            Ok(swept.len() as u64)
-        })
-        .await
-    }
-
-    pub(in crate::store) async fn sweep_tombstones(&self, limit: i64) -> Result<u64, StoreError> {
-        self.write(async |tx| {
-            let done = sqlx::query(SWEEP_TOMBSTONES_SQL)
-                .bind(limit)
-                .execute(&mut *tx)
-                .await?;
-            Ok(done.rows_affected())
-        })
-        .await
     }
 }
 

@@ -9,6 +9,7 @@ use sqlx::SqliteConnection;
 use super::{from_millis, SqliteStore, NOW};
 use crate::domain::{Merchant, SecretHash};
 use crate::store::model::{Audit, MerchantError, MerchantListing, Rotation, SecretMatch};
+use crate::store::ops::Merchants;
 use crate::store::rows::{self, MerchantListingRow};
 use crate::store::said;
 use crate::store::{millis, StoreError};
@@ -78,8 +79,8 @@ fn name_taken(e: &StoreError) -> bool {
     db.is_unique_violation() && db.message().contains("merchants.name")
 }
 
-impl SqliteStore {
-    pub(in crate::store) async fn create_merchant(
+impl Merchants for SqliteStore {
+    async fn create_merchant(
         &self,
         name: &str,
         secret_hash: &SecretHash,
@@ -107,7 +108,7 @@ impl SqliteStore {
         }
     }
 
-    pub(in crate::store) async fn merchant_by_secret(
+    async fn merchant_by_secret(
         &self,
         secret_hash: &SecretHash,
     ) -> Result<Option<SecretMatch>, StoreError> {
@@ -121,10 +122,7 @@ impl SqliteStore {
         }))
     }
 
-    pub(in crate::store) async fn merchant_by_name(
-        &self,
-        name: &str,
-    ) -> Result<Option<Merchant>, StoreError> {
+    async fn merchant_by_name(&self, name: &str) -> Result<Option<Merchant>, StoreError> {
         let row: Option<(i64, String)> = sqlx::query_as(
             "select id, name from merchants where name = $1 and disabled_at is null",
         )
@@ -134,23 +132,21 @@ impl SqliteStore {
         Ok(row.map(|(id, name)| Merchant { id, name }))
     }
 
-    pub(in crate::store) async fn merchants_version(&self) -> Result<i64, StoreError> {
+    async fn merchants_version(&self) -> Result<i64, StoreError> {
         let (version,): (i64,) = sqlx::query_as("select merchants_version from settings")
             .fetch_one(&self.pool)
             .await?;
         Ok(version)
     }
 
-    pub(in crate::store) async fn merchant_listing(
-        &self,
-    ) -> Result<Vec<MerchantListing>, StoreError> {
+    async fn merchant_listing(&self) -> Result<Vec<MerchantListing>, StoreError> {
         let rows: Vec<MerchantListingRow> = sqlx::query_as(MERCHANT_LISTING_SQL)
             .fetch_all(&self.pool)
             .await?;
         Ok(rows::merchant_listing(rows))
     }
 
-    pub(in crate::store) async fn rotate_secret(
+    async fn rotate_secret(
         &self,
         name: &str,
         secret_hash: &SecretHash,
@@ -188,7 +184,7 @@ impl SqliteStore {
         rotated.ok_or_else(|| MerchantError::Unknown(name.to_owned()))
     }
 
-    pub(in crate::store) async fn set_merchant_disabled(
+    async fn set_merchant_disabled(
         &self,
         name: &str,
         disabled: bool,

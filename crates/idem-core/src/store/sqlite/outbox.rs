@@ -10,6 +10,7 @@ use const_format::concatcp;
 use super::{SqliteStore, NOW};
 use crate::domain::MessageId;
 use crate::store::model::{NewResult, OutboxMessage};
+use crate::store::ops::Outbox;
 use crate::store::outbox::{AnswerColumns, AWAITED_KEY, BATCH_COLUMNS};
 use crate::store::{millis, StoreError};
 
@@ -97,11 +98,8 @@ const BACKLOG_SQL: &str = concatcp!(
        from outbox where published_at is null and set_aside_at is null"
 );
 
-impl SqliteStore {
-    pub(in crate::store) async fn enqueue_result(
-        &self,
-        new: &NewResult<'_>,
-    ) -> Result<(), StoreError> {
+impl Outbox for SqliteStore {
+    async fn enqueue_result(&self, new: &NewResult<'_>) -> Result<(), StoreError> {
         let answer = AnswerColumns::of(&new.answer);
         self.write(async |tx| {
             sqlx::query(ENQUEUE_RESULT_SQL)
@@ -123,6 +121,42 @@ impl SqliteStore {
         .await
     }
 
+    async fn prune_outbox(&self, retention: Duration, limit: i64) -> Result<u64, StoreError> {
+        self.write(async |tx| {
+            let done = sqlx::query(PRUNE_SQL)
+                .bind(millis(retention))
+                .bind(limit)
+                .execute(&mut *tx)
+                .await?;
+            Ok(done.rows_affected())
+        })
+        .await
+    }
+
+    async fn events_enabled(&self) -> Result<bool, StoreError> {
+        let (enabled,): (bool,) = sqlx::query_as("select events_enabled from settings")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(enabled)
+    }
+
+    async fn set_events_enabled(&self, enabled: bool) -> Result<bool, StoreError> {
+        self.write(async |tx| {
+            let done = sqlx::query(SET_EVENTS_SQL)
+                .bind(enabled)
+                .execute(&mut *tx)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        })
+        .await
+    }
+
+    async fn outbox_backlog(&self) -> Result<(i64, f64), StoreError> {
+        Ok(sqlx::query_as(BACKLOG_SQL).fetch_one(&self.pool).await?)
+    }
+}
+
+impl SqliteStore {
     /// Leases and reads a batch in one write transaction, so two relays never
     /// lease the same row; it commits at once, before any publish.
     pub(in crate::store) async fn outbox_batch(
@@ -168,47 +202,6 @@ impl SqliteStore {
             Ok(())
         })
         .await
-    }
-
-    pub(in crate::store) async fn prune_outbox(
-        &self,
-        retention: Duration,
-        limit: i64,
-    ) -> Result<u64, StoreError> {
-        self.write(async |tx| {
-            let done = sqlx::query(PRUNE_SQL)
-                .bind(millis(retention))
-                .bind(limit)
-                .execute(&mut *tx)
-                .await?;
-            Ok(done.rows_affected())
-        })
-        .await
-    }
-
-    pub(in crate::store) async fn events_enabled(&self) -> Result<bool, StoreError> {
-        let (enabled,): (bool,) = sqlx::query_as("select events_enabled from settings")
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(enabled)
-    }
-
-    pub(in crate::store) async fn set_events_enabled(
-        &self,
-        enabled: bool,
-    ) -> Result<bool, StoreError> {
-        self.write(async |tx| {
-            let done = sqlx::query(SET_EVENTS_SQL)
-                .bind(enabled)
-                .execute(&mut *tx)
-                .await?;
-            Ok(done.rows_affected() == 1)
-        })
-        .await
-    }
-
-    pub(in crate::store) async fn outbox_backlog(&self) -> Result<(i64, f64), StoreError> {
-        Ok(sqlx::query_as(BACKLOG_SQL).fetch_one(&self.pool).await?)
     }
 }
 

@@ -14,6 +14,7 @@ use crate::store::model::{
     AttemptOutcome, Audit, DeliveryInfo, DueDelivery, EndpointChange, EndpointInfo, MerchantError,
     NewEndpoint,
 };
+use crate::store::ops::Webhooks;
 use crate::store::said;
 use crate::store::{millis, StoreError};
 
@@ -156,8 +157,8 @@ type ListRow = (
     Option<DateTime<Utc>>,
 );
 
-impl SqliteStore {
-    pub(in crate::store) async fn add_webhook_endpoint(
+impl Webhooks for SqliteStore {
+    async fn add_webhook_endpoint(
         &self,
         new: &NewEndpoint<'_>,
         audit: &Audit<'_>,
@@ -191,9 +192,7 @@ impl SqliteStore {
         }
     }
 
-    pub(in crate::store) async fn webhook_endpoints(
-        &self,
-    ) -> Result<Vec<EndpointInfo>, StoreError> {
+    async fn webhook_endpoints(&self) -> Result<Vec<EndpointInfo>, StoreError> {
         let rows: Vec<ListRow> = sqlx::query_as(LIST_SQL).fetch_all(&self.pool).await?;
         rows.into_iter()
             .map(
@@ -216,7 +215,7 @@ impl SqliteStore {
             .collect()
     }
 
-    pub(in crate::store) async fn change_webhook_endpoint(
+    async fn change_webhook_endpoint(
         &self,
         id: &str,
         change: EndpointChange<'_>,
@@ -248,7 +247,7 @@ impl SqliteStore {
         .await
     }
 
-    pub(in crate::store) async fn take_webhook_deliveries(
+    async fn take_webhook_deliveries(
         &self,
         limit: i64,
         lease: Duration,
@@ -305,7 +304,7 @@ impl SqliteStore {
         .await
     }
 
-    pub(in crate::store) async fn finish_webhook_delivery(
+    async fn finish_webhook_delivery(
         &self,
         id: i64,
         attempt: i32,
@@ -327,7 +326,7 @@ impl SqliteStore {
         .await
     }
 
-    pub(in crate::store) async fn redeliver_webhook(
+    async fn redeliver_webhook(
         &self,
         event_id: &str,
         audit: &Audit<'_>,
@@ -347,17 +346,14 @@ impl SqliteStore {
         .await
     }
 
-    pub(in crate::store) async fn webhook_deliveries(
-        &self,
-        limit: i64,
-    ) -> Result<Vec<DeliveryInfo>, StoreError> {
+    async fn webhook_deliveries(&self, limit: i64) -> Result<Vec<DeliveryInfo>, StoreError> {
         Ok(sqlx::query_as(DELIVERIES_SQL)
             .bind(limit)
             .fetch_all(&self.pool)
             .await?)
     }
 
-    pub(in crate::store) async fn webhook_backlog(&self) -> Result<(i64, f64), StoreError> {
+    async fn webhook_backlog(&self) -> Result<(i64, f64), StoreError> {
         Ok(sqlx::query_as(BACKLOG_SQL).fetch_one(&self.pool).await?)
     }
 }
