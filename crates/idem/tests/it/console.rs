@@ -6,7 +6,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fantoccini::{ClientBuilder, Locator};
-use idem::workers::{Reconciler, ReconcilerConfig};
 use idem_lab::sim::{Fault, Faults};
 
 use crate::helpers::*;
@@ -129,17 +128,7 @@ async fn a_person_resolves_a_charge_in_the_console_and_the_api_replays_it_resolv
     let (key, body) = (new_key(), body(42, 25_000));
     assert_eq!(client.charge(&key, &body).await.status, 503);
     sim.set_faults(Faults::default()).await;
-    let engine = test_engine(
-        db.store.clone(),
-        &sim,
-        test_config(),
-        Duration::from_secs(2),
-    );
-    let reconciler = Reconciler::new(
-        engine,
-        db.store.clone(),
-        ReconcilerConfig::new(Duration::from_millis(50), Duration::ZERO),
-    );
+    let reconciler = test_reconciler_with(&db, &sim, Duration::from_secs(2), Duration::ZERO);
     assert_eq!(reconciler.pass().await.unwrap().marked_for_review, 1);
     let (id,): (String,) = sqlx::query_as("select id from charges")
         .fetch_one(&db.pool)

@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use idem::workers::{Reconciler, ReconcilerConfig};
 use idem_core::domain::IdempotencyKey;
 use idem_lab::sim::{Fault, Faults};
 
@@ -31,17 +30,7 @@ async fn awaiting_review(env: &Env) -> (String, String, String) {
     assert_eq!(first.status, 503, "{:?}", first.body);
     let id = charge_id_of(&env.db, 1).await;
     env.sim.set_faults(Faults::default()).await;
-    let engine = test_engine(
-        env.db.store.clone(),
-        &env.sim,
-        test_config(),
-        Duration::from_secs(2),
-    );
-    let impatient = Reconciler::new(
-        engine,
-        env.db.store.clone(),
-        ReconcilerConfig::new(Duration::from_millis(50), Duration::ZERO),
-    );
+    let impatient = test_reconciler_with(&env.db, &env.sim, Duration::from_secs(2), Duration::ZERO);
     // The lease was released on the 503: the reconciler may look at once.
     let report = impatient.pass().await.expect("pass");
     assert_eq!(report.marked_for_review, 1, "{report:?}");

@@ -270,19 +270,7 @@ async fn reconcilers_racing_each_other_settle_each_charge_once() {
     sim.set_faults(Faults::default()).await;
 
     let reconcilers: Vec<_> = (0..3)
-        .map(|_| {
-            let engine = test_engine(
-                db.store.clone(),
-                &sim,
-                test_config(),
-                Duration::from_secs(1),
-            );
-            Reconciler::new(
-                engine,
-                db.store.clone(),
-                ReconcilerConfig::new(Duration::from_millis(50), Duration::from_secs(3600)),
-            )
-        })
+        .map(|_| test_reconciler_with(&db, &sim, Duration::from_secs(1), Duration::from_secs(3600)))
         .collect();
     let reports = futures_util::future::join_all(reconcilers.iter().map(|r| r.pass())).await;
     let settled: u32 = reports
@@ -321,16 +309,8 @@ async fn keys_that_start_with_a_quote_do_not_stop_the_reconciler() {
     }
     sim.set_faults(Faults::default()).await;
 
-    let reconciler = Reconciler::new(
-        test_engine(
-            db.store.clone(),
-            &sim,
-            test_config(),
-            Duration::from_secs(1),
-        ),
-        db.store.clone(),
-        ReconcilerConfig::new(Duration::from_millis(50), Duration::from_secs(3600)),
-    );
+    let reconciler =
+        test_reconciler_with(&db, &sim, Duration::from_secs(1), Duration::from_secs(3600));
     let report = reconciler
         .pass()
         .await

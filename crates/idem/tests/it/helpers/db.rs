@@ -1,0 +1,260 @@
+//! A database of a test's own (PostgreSQL or SQLite), a disk that fills up, and
+//! a claim to store.
+
+use std::process::Command;
+use std::time::Duration;
+
+use idem_core::domain::MerchantSecret;
+use idem_core::store::{Audit, Backend, Store};
+use idem_testkit::run::{admin_url, test_backend};
+use sqlx::Connection;
+
+/// A database of its own for one test, dropped when the test ends: a fresh
+/// PostgreSQL database, or a fresh SQLite file in a scratch directory.
+pub struct TestDb {
+    pub url: String,
+    pub backend: Backend,
+    pub store: Store,
+    /// For the tests' own SQL, on either backend.
+    pub pool: sqlx::AnyPool,
+    /// PostgreSQL: the database's name. SQLite: the scratch directory.
+    place: String,
+}
+
+impl TestDb {
+    pub async fn new() -> Self {
+        let db = Self::unmigrated().await;
+        db.store.migrate().await.expect("migrate test db");
+        db
+    }
+
+    /// A database of its own without idem's schema, for a test of the
+    /// migrations themselves.
+    pub async fn unmigrated() -> Self {
+        Self::unmigrated_on(test_backend(), &std::env::temp_dir()).await
+    }
+
+    /// A migrated SQLite database in a scratch directory under `parent` (a
+    /// [`SmallDisk`], say), whatever backend this run tests.
+    pub async fn sqlite_in(parent: &std::path::Path) -> Self {
+        let db = Self::unmigrated_on(Backend::Sqlite, parent).await;
+        db.store.migrate().await.expect("migrate test db");
+        db
+    }
+
+    async fn unmigrated_on(backend: Backend, parent: &std::path::Path) -> Self {
+        sqlx::any::install_default_drivers();
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let (url, place) = match backend {
+            Backend::Postgres => {
+                let name = format!("idem_test_{id}");
+                let admin = admin_url();
+                let mut conn = sqlx::PgConnection::connect(&admin)
+                    .await
+                    .expect("PostgreSQL must be reachable at IDEM_TEST_ADMIN_URL (see README)");
+                sqlx::query(&format!("create database {name}"))
+                    .execute(&mut conn)
+                    .await
+                    .expect("create test database");
+                conn.close().await.ok();
+                let url = match admin.rfind('/') {
+                    Some(i) => format!("{}/{name}", &admin[..i]),
+                    None => panic!("admin url has no database part"),
+                };
+                (url, name)
+            }
+            Backend::Sqlite => {
+                let dir = parent.join(format!("idem_test_{id}"));
+                std::fs::create_dir_all(&dir).expect("scratch directory");
+                let url = format!("sqlite://{}/idem.db", dir.display());
+                (url, dir.display().to_string())
+            }
+        };
+        let store = Store::connect(&url, 5).await.expect("connect test db");
+        let pool = sqlx::pool::PoolOptions::<sqlx::Any>::new()
+            .max_connections(4)
+            .connect(&url)
+            .await
+            .expect("connect the tests' own pool");
+        Self {
+            url,
+            backend,
+            store,
+            pool,
+            place,
+        }
+    }
+
+    /// A new merchant; returns its secret.
+    pub async fn merchant(&self, name: &str) -> String {
+        let secret = MerchantSecret::generate();
+        self.store
+            .create_merchant(
+                name,
+                &secret.hash(),
+                &Audit {
+                    actor: "test",
+                    reason: None,
+                },
+            )
+            .await
+            .expect("create merchant");
+        secret.expose().to_owned()
+    }
+
+    /// The store's id of the merchant named `name`.
+    pub async fn merchant_id(&self, name: &str) -> i64 {
+        let (id,): (i64,) = sqlx::query_as("select id from merchants where name = $1")
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await
+            .expect("merchant id");
+        id
+    }
+
+    pub async fn count(&self, table: &str) -> i64 {
+        let (n,): (i64,) = sqlx::query_as(&format!("select count(*) from {table}"))
+            .fetch_one(&self.pool)
+            .await
+            .expect("count");
+        n
+    }
+
+    /// Runs one SQL statement (for tests that set up scenarios by hand).
+    pub async fn exec(&self, sql: &str) {
+        sqlx::query(sql)
+            .execute(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// A trigger named `name` that makes the database refuse `event` (e.g.
+    /// `before update of status on charges`) for the rows matching `when`
+    /// (SQL on `new`), as a database can refuse what no parse foresaw.
+    pub async fn refuse(&self, name: &str, event: &str, when: Option<&str>) {
+        match self.backend {
+            Backend::Postgres => {
+                self.exec(&format!(
+                    "create function {name}() returns trigger language plpgsql as $$
+                     begin raise exception 'test: {name}'; end $$"
+                ))
+                .await;
+                let when = when.map(|w| format!("when ({w})")).unwrap_or_default();
+                self.exec(&format!(
+                    "create trigger {name} {event} for each row {when} execute function {name}()"
+                ))
+                .await;
+            }
+            Backend::Sqlite => {
+                let when = when.map(|w| format!("when {w}")).unwrap_or_default();
+                self.exec(&format!(
+                    "create trigger {name} {event} {when}
+                     begin select raise(abort, 'test: {name}'); end"
+                ))
+                .await;
+            }
+        }
+    }
+
+    /// This backend's SQL for "now" in its time columns, for tests' own SQL.
+    pub fn now(&self) -> &'static str {
+        match self.backend {
+            Backend::Postgres => "now()",
+            Backend::Sqlite => "cast(unixepoch('subsec') * 1000 as integer)",
+        }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let place = self.place.clone();
+        if self.backend == Backend::Sqlite {
+            let _ = std::fs::remove_dir_all(&place);
+            return;
+        }
+        // A runtime of its own: Drop cannot await, and the test's may be gone.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                if let Ok(mut conn) = sqlx::PgConnection::connect(&admin_url()).await {
+                    let _ = sqlx::query(&format!("drop database if exists {place} with (force)"))
+                        .execute(&mut conn)
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// A claim of `key` for `request`, as the engine makes it.
+pub fn new_claim<'a>(
+    merchant_id: i64,
+    key: &'a idem_core::domain::IdempotencyKey,
+    request: &'a idem_core::domain::ChargeRequest,
+    lease: Duration,
+    key_ttl: Duration,
+) -> idem_core::store::NewClaim<'a> {
+    idem_core::store::NewClaim {
+        merchant_id,
+        key,
+        fingerprint: idem_core::domain::Fingerprint::of_charge(request),
+        request,
+        lease,
+        key_ttl,
+    }
+}
+
+/// A small file system of its own (a tmpfs, mounted as root, as CI runs) that
+/// a test can fill to the last byte and free again: a full disk under a
+/// running server. Unmounted when dropped.
+pub struct SmallDisk {
+    pub dir: std::path::PathBuf,
+}
+
+impl SmallDisk {
+    pub fn mount(bytes: u64) -> Self {
+        let dir = std::env::temp_dir().join(format!("idem_disk_{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("mount point");
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(&dir)
+            .status()
+            .expect("run mount");
+        assert!(
+            status.success(),
+            "mounting a {bytes}-byte tmpfs at {} failed: this test needs root (as CI runs)",
+            dir.display()
+        );
+        Self { dir }
+    }
+
+    /// Writes a file until the disk refuses another byte.
+    pub fn fill(&self) {
+        use std::io::Write;
+        let mut filler = std::fs::File::create(self.filler()).expect("filler file");
+        let chunk = vec![0u8; 4096];
+        while filler.write_all(&chunk).is_ok() {}
+        while filler.write_all(&[0]).is_ok() {}
+        let _ = filler.sync_all();
+    }
+
+    /// Gives back what [`SmallDisk::fill`] took.
+    pub fn free(&self) {
+        std::fs::remove_file(self.filler()).expect("remove the filler");
+    }
+
+    fn filler(&self) -> std::path::PathBuf {
+        self.dir.join("filler")
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
