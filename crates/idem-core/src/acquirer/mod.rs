@@ -12,4 +12,6 @@ mod client;
 pub mod protocol;
 
 pub use client::describe as describe_transport_error;
-pub use client::{AcquirerClient, AcquirerError, Contradiction, Settled, Unknown};
+pub use client::{
+    AcquirerClient, AcquirerError, Captured, Contradiction, Declined, Settled, Unknown,
+};

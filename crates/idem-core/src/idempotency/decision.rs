@@ -1,13 +1,25 @@
-//! What a request does with the key record it found when its claim lost: a
-//! pure function of the record and of the request's fingerprint, so every
-//! branch is tested here, without a database. The engine carries it out.
-//! The lease's remaining time is read on the database's clock (the one clock
-//! every instance shares), so no clock of this process takes part.
+//! The engine's decisions as pure functions, so every branch is tested here,
+//! without a database or an acquirer; the engine carries them out.
+//!
+//! - [`found`]: what a request does with the key record it found when its
+//!   claim lost, from the record and the request's fingerprint. The lease's
+//!   remaining time is read on the database's clock (the one clock every
+//!   instance shares), so no clock of this process takes part.
+//! - [`verdict`]: what the attempt holding a record does with the acquirer's
+//!   answer: store a final outcome, release the record for later, or hand
+//!   the charge to a person.
 
 use std::time::Duration;
 
-use crate::domain::Fingerprint;
-use crate::store::KeyState;
+use crate::acquirer::{AcquirerError, Contradiction, Settled, Unknown};
+use crate::domain::{ChargeStatus, Fingerprint};
+use crate::store::{KeyState, Reschedule};
+
+/// What a client is told to wait after an unknown outcome, unless the
+/// acquirer asked for longer. The lease is released at once, so a retry may
+/// re-drive immediately; one second spares the acquirer a hot loop while it
+/// is failing.
+pub(super) const UNKNOWN_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The answer the found record calls for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +58,65 @@ pub(super) fn found(
         KeyState::InFlight { lease_remaining } => Found::InFlight {
             lease_remaining: *lease_remaining,
         },
+    }
+}
+
+/// What the attempt holding a record does with the acquirer's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Verdict {
+    /// Final: store it under the fencing token, and answer with it ever after.
+    Final {
+        status: ChargeStatus,
+        capture_id: Option<String>,
+        decline_reason: Option<String>,
+    },
+    /// Money may or may not have moved: release the record with
+    /// `reschedule`, and tell the client to retry after `retry_after`.
+    Unknown {
+        unknown: Unknown,
+        reschedule: Reschedule,
+        retry_after: Duration,
+    },
+    /// The capture's echo is not this charge's: to a person, at once.
+    Contradicted(Contradiction),
+}
+
+/// The verdict on `result`. `backoff` is the reconciler's next wait when it is
+/// the reconciler asking (`None` for a client's request): an unknown outcome
+/// then counts as one of its tries, and the acquirer's `Retry-After` can only
+/// lengthen the wait. A client is told to come back no sooner than
+/// [`UNKNOWN_RETRY_AFTER`], or the acquirer's `Retry-After` if longer.
+pub(super) fn verdict(result: Settled, backoff: Option<Duration>) -> Verdict {
+    let (status, capture_id, decline_reason) = match result {
+        Ok(captured) => (ChargeStatus::Captured, Some(captured.capture_id), None),
+        Err(AcquirerError::Declined(d)) => (ChargeStatus::Declined, None, Some(d.reason)),
+        Err(AcquirerError::Rejected { .. }) => (ChargeStatus::Failed, None, None),
+        Err(AcquirerError::Contradicted(c)) => return Verdict::Contradicted(c),
+        Err(AcquirerError::Unknown(unknown)) => {
+            let reschedule = match backoff {
+                None => Reschedule {
+                    not_before: unknown.retry_after,
+                    reconciler_try: false,
+                },
+                Some(backoff) => Reschedule {
+                    not_before: Some(backoff.max(unknown.retry_after.unwrap_or_default())),
+                    reconciler_try: true,
+                },
+            };
+            let retry_after = unknown
+                .retry_after
+                .map_or(UNKNOWN_RETRY_AFTER, |hint| hint.max(UNKNOWN_RETRY_AFTER));
+            return Verdict::Unknown {
+                unknown,
+                reschedule,
+                retry_after,
+            };
+        }
+    };
+    Verdict::Final {
+        status,
+        capture_id,
+        decline_reason,
     }
 }
 
@@ -115,5 +186,122 @@ mod tests {
             }
         );
         assert_eq!(found(&f, &in_flight(0), false, &f), Found::TakeOver);
+    }
+
+    fn unknown(retry_after: Option<u64>) -> Settled {
+        Err(AcquirerError::Unknown(Unknown {
+            why: "no answer".to_owned(),
+            cause: "timeout".to_owned(),
+            retry_after: retry_after.map(Duration::from_secs),
+        }))
+    }
+
+    #[test]
+    fn a_capture_a_decline_and_a_rejection_are_final() {
+        use crate::acquirer::{Captured, Declined};
+        let captured = Ok(Captured {
+            capture_id: "cap_1".to_owned(),
+        });
+        assert_eq!(
+            verdict(captured, None),
+            Verdict::Final {
+                status: ChargeStatus::Captured,
+                capture_id: Some("cap_1".to_owned()),
+                decline_reason: None
+            }
+        );
+        let declined = Err(AcquirerError::Declined(Declined {
+            reason: "insufficient_funds".to_owned(),
+        }));
+        assert_eq!(
+            verdict(declined, Some(Duration::from_secs(30))),
+            Verdict::Final {
+                status: ChargeStatus::Declined,
+                capture_id: None,
+                decline_reason: Some("insufficient_funds".to_owned())
+            }
+        );
+        let rejected = Err(AcquirerError::Rejected { status: 422 });
+        assert_eq!(
+            verdict(rejected, None),
+            Verdict::Final {
+                status: ChargeStatus::Failed,
+                capture_id: None,
+                decline_reason: None
+            }
+        );
+    }
+
+    #[test]
+    fn an_unknown_outcome_for_a_client_keeps_the_reconcilers_schedule_and_says_when_to_retry() {
+        let Verdict::Unknown {
+            reschedule,
+            retry_after,
+            ..
+        } = verdict(unknown(None), None)
+        else {
+            panic!("unknown")
+        };
+        assert_eq!(
+            reschedule,
+            Reschedule {
+                not_before: None,
+                reconciler_try: false
+            }
+        );
+        assert_eq!(retry_after, UNKNOWN_RETRY_AFTER);
+        // The acquirer's own Retry-After: longer is passed on, shorter is not.
+        let Verdict::Unknown {
+            reschedule,
+            retry_after,
+            ..
+        } = verdict(unknown(Some(7)), None)
+        else {
+            panic!("unknown")
+        };
+        assert_eq!(reschedule.not_before, Some(Duration::from_secs(7)));
+        assert_eq!(retry_after, Duration::from_secs(7));
+        let Verdict::Unknown { retry_after, .. } = verdict(unknown(Some(0)), None) else {
+            panic!("unknown")
+        };
+        assert_eq!(retry_after, UNKNOWN_RETRY_AFTER);
+    }
+
+    #[test]
+    fn an_unknown_outcome_for_the_reconciler_is_one_of_its_tries_and_waits_the_longer() {
+        let backoff = Some(Duration::from_secs(60));
+        let Verdict::Unknown { reschedule, .. } = verdict(unknown(Some(5)), backoff) else {
+            panic!("unknown")
+        };
+        assert_eq!(
+            reschedule,
+            Reschedule {
+                not_before: Some(Duration::from_secs(60)),
+                reconciler_try: true
+            }
+        );
+        let Verdict::Unknown { reschedule, .. } = verdict(unknown(Some(600)), backoff) else {
+            panic!("unknown")
+        };
+        assert_eq!(reschedule.not_before, Some(Duration::from_secs(600)));
+        let Verdict::Unknown { reschedule, .. } = verdict(unknown(None), backoff) else {
+            panic!("unknown")
+        };
+        assert_eq!(reschedule.not_before, Some(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn a_contradicting_capture_goes_to_a_person() {
+        let contradiction = Contradiction {
+            capture_id: "cap_2".to_owned(),
+            differences: vec!["amount_cents 4500 (asked 4400)".to_owned()],
+        };
+        assert_eq!(
+            verdict(
+                Err(AcquirerError::Contradicted(contradiction.clone())),
+                None
+            ),
+            Verdict::Contradicted(contradiction)
+        );
     }
 }

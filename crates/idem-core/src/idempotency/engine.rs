@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::decision::{found, Found};
+use super::decision::{found, verdict, Found, Verdict};
 use super::{InFlightMemo, ReplayCache};
 use crate::acquirer::protocol::CaptureRequest;
 use crate::acquirer::{AcquirerClient, AcquirerError, Contradiction, Settled, Unknown};
@@ -29,12 +29,6 @@ use crate::store::{
     AuditEntry, Claim, KeyRecord, KeyState, NewClaim, NewEvent, NewWebhook, Orphan, Reschedule,
     Settlement, Store, StoreError,
 };
-
-/// What a client is told to wait after an unknown outcome, unless the
-/// acquirer asked for longer. The lease is released at once, so a retry may
-/// re-drive immediately; one second spares the acquirer a hot loop while it
-/// is failing.
-const UNKNOWN_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// What a duplicate of an in-flight key is told to wait: about one acquirer
 /// call, after which the first attempt has usually stored its outcome. Not
@@ -373,17 +367,25 @@ impl Engine {
             Err(AcquirerError::Contradicted(_)) => "contradicted",
         };
         metrics::counter!(crate::metrics::ACQUIRER_CALLS, "outcome" => label).increment(1);
-        let (status, capture_id, decline_reason) = match result {
-            Ok(captured) => (ChargeStatus::Captured, Some(captured.capture_id), None),
-            Err(AcquirerError::Declined(d)) => (ChargeStatus::Declined, None, Some(d.reason)),
-            Err(AcquirerError::Rejected { status }) => {
-                tracing::error!(charge_id = %charge.id, status, "acquirer rejected the capture");
-                (ChargeStatus::Failed, None, None)
+        if let Err(AcquirerError::Rejected { status }) = &result {
+            tracing::error!(charge_id = %charge.id, status, "acquirer rejected the capture");
+        }
+        let (status, capture_id, decline_reason) = match verdict(result, backoff) {
+            Verdict::Final {
+                status,
+                capture_id,
+                decline_reason,
+            } => (status, capture_id, decline_reason),
+            Verdict::Unknown {
+                unknown,
+                reschedule,
+                retry_after,
+            } => {
+                return self
+                    .unknown(merchant, key, &record, unknown, &reschedule, retry_after)
+                    .await;
             }
-            Err(AcquirerError::Unknown(unknown)) => {
-                return self.unknown(merchant, key, &record, backoff, unknown).await;
-            }
-            Err(AcquirerError::Contradicted(contradiction)) => {
+            Verdict::Contradicted(contradiction) => {
                 return self
                     .contradicted(merchant, key, &record, contradiction)
                     .await;
@@ -491,32 +493,21 @@ impl Engine {
         merchant: &Merchant,
         key: &IdempotencyKey,
         record: &KeyRecord,
-        backoff: Option<Duration>,
         unknown: Unknown,
+        reschedule: &Reschedule,
+        retry_after: Duration,
     ) -> Result<Outcome, EngineError> {
         tracing::warn!(charge_id = %record.charge.id, cause = %unknown.cause, why = %unknown.why,
             "acquirer outcome unknown");
         metrics::counter!(crate::metrics::ACQUIRER_UNKNOWN, "cause" => unknown.cause).increment(1);
-        let reschedule = match backoff {
-            None => Reschedule {
-                not_before: unknown.retry_after,
-                reconciler_try: false,
-            },
-            Some(backoff) => Reschedule {
-                not_before: Some(backoff.max(unknown.retry_after.unwrap_or_default())),
-                reconciler_try: true,
-            },
-        };
         self.store
-            .release(merchant.id, key, record.attempt, &reschedule)
+            .release(merchant.id, key, record.attempt, reschedule)
             .await?;
         // The next duplicate here must re-drive at once, not hear 409.
         self.in_flight.forget(merchant.id, key);
         Ok(Outcome::Unknown {
             charge_id: record.charge.id.clone(),
-            retry_after: unknown
-                .retry_after
-                .map_or(UNKNOWN_RETRY_AFTER, |hint| hint.max(UNKNOWN_RETRY_AFTER)),
+            retry_after,
         })
     }
 
