@@ -7,6 +7,12 @@
 //!
 //! What the facade does itself (a late retry's answer, packing a finalize,
 //! holding a relay's batch) is in `mod.rs`, over backend methods of their own.
+//!
+//! Why a macro of our own rather than the `enum_dispatch` crate (which svix
+//! uses for the same shape): the dispatch is these twenty lines; it gives
+//! `Store` inherent methods, so callers import no trait; and the traits stay
+//! private to the store, where an `async fn` needs no `Send` promise spelt
+//! out (callers see the concrete futures, whose `Send` the compiler checks).
 
 use std::time::Duration;
 
