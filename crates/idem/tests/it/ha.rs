@@ -47,15 +47,37 @@ fn scripts(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// Seven consecutive free ports (the cluster's), from a random base.
-fn free_port_block() -> u16 {
+/// The ports `scripts/ha up DIR PORT` binds, as offsets from PORT: etcd's
+/// two, two PostgreSQL members, their two REST APIs, HAProxy.
+const HA_PORTS: [u16; 7] = [0, 1, 2, 3, 4, 5, 6];
+
+/// The ports `scripts/rabbit-cluster up DIR PORT` binds, as offsets from
+/// PORT: three AMQP listeners, and three Erlang distribution ports.
+const RABBIT_PORTS: [u16; 6] = [0, 1, 2, 10, 11, 12];
+
+/// A base port whose every `offset` is free now. Drawn below the kernel's
+/// ephemeral range (`ip_local_port_range`, 32768 and up by default), so that
+/// no outgoing connection, of this test or of another running beside it, is
+/// given one of them between this check and the cluster's own bind: a node
+/// that finds its port taken does not start.
+fn free_port_block(offsets: &[u16]) -> u16 {
+    const LOWEST: u16 = 10_000;
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let top = offsets.iter().max().copied().unwrap_or(0);
+    let span = ephemeral.saturating_sub(LOWEST + top).max(1);
     for _ in 0..50 {
-        let base = 20_000 + (rand::random::<u16>() % 30_000);
-        if (0..7).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
+        let base = LOWEST + rand::random::<u16>() % span;
+        if offsets
+            .iter()
+            .all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok())
+        {
             return base;
         }
     }
-    panic!("no block of seven free ports");
+    panic!("no block of free ports for offsets {offsets:?}");
 }
 
 impl HaCluster {
@@ -64,7 +86,7 @@ impl HaCluster {
         let out = Command::new(script())
             .arg("up")
             .arg(&dir)
-            .arg(free_port_block().to_string())
+            .arg(free_port_block(&HA_PORTS).to_string())
             .output()
             .expect("run scripts/ha up");
         let cluster = Self {
@@ -283,7 +305,7 @@ impl RabbitCluster {
         let out = Command::new(scripts("rabbit-cluster"))
             .arg("up")
             .arg(&dir)
-            .arg(free_port_block().to_string())
+            .arg(free_port_block(&RABBIT_PORTS).to_string())
             .output()
             .expect("run scripts/rabbit-cluster up");
         let cluster = Self {
