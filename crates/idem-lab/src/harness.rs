@@ -114,7 +114,9 @@ pub(crate) async fn start_idem(
             },
         )
         .await?;
-    let exe = std::env::current_exe().context("finding the idem binary")?;
+    // This binary carries `idem serve` (idem-lab offers every idem command).
+    let exe =
+        std::env::current_exe().context("finding this binary, to start idem serve from it")?;
     let mut endpoints = Vec::new();
     for _ in 0..instances {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
