@@ -1,8 +1,10 @@
 //! The `idem-lab` command line: the lab's subcommands (the simulator, the
-//! demo, the bench) beside every one of `idem`'s, so that the lab can start
+//! demo, the bench, verify, a teaching server) beside every one of `idem`'s, so that the lab can start
 //! `idem serve` processes from its own binary (`crate::harness`).
 
 use std::process::ExitCode;
+
+use futures_util::FutureExt;
 
 use clap::{Parser, Subcommand};
 use idem::cmd::{run_to_exit, shutdown_signal, Commands, LogFormat, DEFAULT_LOG_FILTER};
@@ -10,12 +12,14 @@ use idem::cmd::{run_to_exit, shutdown_signal, Commands, LogFormat, DEFAULT_LOG_F
 mod acquirer_sim;
 mod bench;
 mod demo;
+mod teaching_server;
+mod verify;
 
 #[derive(Parser, Debug)]
 #[command(
     name = "idem-lab",
     version,
-    about = "idem's lab: the acquirer simulator, the demo and the bench, beside idem's own commands."
+    about = "idem's lab: the acquirer simulator, the demo, the bench and verify, beside idem's own commands."
 )]
 pub struct Cli {
     /// Log format on stderr.
@@ -33,6 +37,11 @@ enum Command {
     Demo(demo::Args),
     /// Load a deployment (one it starts, or --url) and print throughput and latency.
     Bench(bench::Args),
+    /// Check the promise against a deployment: charge under faults, judge
+    /// seven invariants against the acquirer's ledger (docs/verify.md).
+    Verify(verify::Args),
+    /// Serve one of the article's wrong strategies on an address.
+    TeachingServer(teaching_server::Args),
     #[command(flatten)]
     Idem(Box<Commands>),
 }
@@ -46,11 +55,18 @@ pub fn main(cli: Cli) -> ExitCode {
     run_to_exit("idem-lab", cli.log_format, default_filter, run(cli.command))
 }
 
-async fn run(command: Command) -> anyhow::Result<()> {
+async fn run(command: Command) -> anyhow::Result<ExitCode> {
+    let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
     match command {
-        Command::AcquirerSim(args) => acquirer_sim::run(args, shutdown_signal()).await,
-        Command::Demo(args) => demo::run(args, shutdown_signal()).await,
-        Command::Bench(args) => bench::run(args).await,
-        Command::Idem(commands) => commands.run().await,
+        Command::AcquirerSim(args) => acquirer_sim::run(args, shutdown_signal()).map(done).await,
+        Command::Demo(args) => demo::run(args, shutdown_signal()).map(done).await,
+        Command::Bench(args) => bench::run(args).map(done).await,
+        Command::Verify(args) => verify::run(args, shutdown_signal()).await,
+        Command::TeachingServer(args) => {
+            teaching_server::run(args, shutdown_signal())
+                .map(done)
+                .await
+        }
+        Command::Idem(commands) => commands.run().map(done).await,
     }
 }

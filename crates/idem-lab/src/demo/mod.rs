@@ -12,12 +12,11 @@
 //! While a strategy runs, one progress line says how far it is ([`progress`]);
 //! the client side records every attempt's send and answer times, and the
 //! simulator's ledger the time of every capture, so the report can draw a few
-//! intents as a timeline ([`timeline`]).
+//! intents as a timeline ([`samples`], drawn by [`crate::timeline`]).
 
-mod progress;
 mod report;
-mod teaching;
-mod timeline;
+mod samples;
+pub mod teaching;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -31,18 +30,14 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::harness::{fresh_database, remove_scratch_dir, start_idem, Started};
+use crate::progress::Progress;
 use crate::sim::{self, Faults, Ledger};
+use crate::timeline::{self, AttemptEnd, AttemptSpan, IntentKind, IntentTrace};
 use idem_core::acquirer::AcquirerClient;
 use idem_core::store::Backend;
-use progress::Progress;
 use teaching::{ServerTrace, Teaching};
-use timeline::{AttemptEnd, AttemptSpan, IntentKind, IntentTrace};
 
 pub use report::write_html;
-
-/// How often a live progress line asks the simulator for its captures so far:
-/// often enough to see them climb, rare enough to cost nothing.
-const PROGRESS_POLL: Duration = Duration::from_millis(250);
 
 /// How often the sampler looks (`pg_stat_activity`, or SQLite's write lock):
 /// often enough to see a lock wait of a few milliseconds, cheap enough not to
@@ -272,11 +267,12 @@ async fn run_strategy(config: &DemoConfig, strategy: Strategy) -> anyhow::Result
     let done = Arc::new(AtomicUsize::new(0));
     let ticker = started.stop.child_token();
     if progress.is_live() {
-        tokio::spawn(tick(
+        let mine = merchant.clone();
+        tokio::spawn(crate::progress::follow(
             progress.clone(),
             done.clone(),
             format!("{sim_url}/_sim/ledger"),
-            merchant.clone(),
+            move |c| c.merchant == mine,
             ticker.clone(),
         ));
     }
@@ -333,7 +329,7 @@ async fn run_strategy(config: &DemoConfig, strategy: Strategy) -> anyhow::Result
             r.trace(t0, &endpoints, captures_ms, server)
         })
         .collect();
-    let samples = timeline::pick_samples(strategy, &traces);
+    let samples = samples::pick_samples(strategy, &traces);
     let (p50, p99) = (percentile(&retries, 0.50), percentile(&retries, 0.99));
     let verdict = if double_charged > 0 {
         format!(
@@ -369,38 +365,6 @@ async fn run_strategy(config: &DemoConfig, strategy: Strategy) -> anyhow::Result
 /// Milliseconds from `from` to `to` (0 if `to` is earlier).
 fn ms_since(from: Instant, to: Instant) -> f64 {
     to.saturating_duration_since(from).as_secs_f64() * 1000.0
-}
-
-/// Keeps a live progress line current until `stop` fires: intents done, and
-/// the captures the simulator's ledger shows for this strategy's merchant.
-async fn tick(
-    progress: Progress,
-    done: Arc<AtomicUsize>,
-    ledger_url: String,
-    merchant: String,
-    stop: CancellationToken,
-) {
-    let http = reqwest::Client::new();
-    let mut captures = 0;
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(PROGRESS_POLL) => {}
-        }
-        let ledger = match http.get(&ledger_url).send().await {
-            Ok(r) => r.json::<Ledger>().await.ok(),
-            Err(_) => None,
-        };
-        if let Some(ledger) = ledger {
-            captures = ledger
-                .counts
-                .iter()
-                .filter(|c| c.merchant == merchant)
-                .map(|c| c.captures as usize)
-                .sum();
-        }
-        progress.update(done.load(Ordering::SeqCst), captures);
-    }
 }
 
 /// Three in-process servers of a teaching strategy on its database; returns

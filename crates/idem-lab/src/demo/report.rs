@@ -6,8 +6,9 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::timeline::{self, escape};
+use super::samples;
 use super::{DemoReport, Strategy, StrategyResult};
+use crate::timeline::{self, escape};
 
 /// Bar colours per strategy, in the order the demo runs them.
 const COLOURS: [&str; 3] = ["#c0392b", "#d68910", "#1e8449"];
@@ -144,7 +145,7 @@ fn timelines(report: &DemoReport) -> String {
         };
         let _ = write!(out, "<h3>{}</h3>", escape(s.name));
         for sample in &s.samples {
-            out.push_str(&timeline::sample_svg(strategy, sample));
+            out.push_str(&samples::sample_svg(strategy, sample));
         }
     }
     out

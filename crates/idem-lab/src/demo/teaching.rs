@@ -1,5 +1,7 @@
-//! The article's two wrong answers, as small HTTP servers, for the demo only.
-//! `idem serve` cannot run them: nothing outside `demo` refers to this module.
+//! The article's two wrong answers, as small HTTP servers: three of each in
+//! the demo, or one on an address (`idem-lab teaching-server`, which
+//! `idem-lab verify`'s tests point at). `idem serve` cannot run them: this
+//! crate is the lab's.
 //!
 //! - **check-then-act** (the article's "first answer"): select by key; if absent,
 //!   insert and capture. No unique constraint. Two attempts that both check
@@ -49,7 +51,7 @@ fn note(trace: &ServerTrace, key: &IdempotencyKey, step: ServerStep) {
 /// a fraud score): the article's window, made as wide as it is in production.
 const CHECK_TO_INSERT: Duration = Duration::from_millis(20);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Teaching {
     CheckThenAct,
     HoldTransaction,
@@ -64,7 +66,41 @@ struct Ctx {
     trace: ServerTrace,
 }
 
-/// Creates the strategy's table, as the article writes it.
+impl Teaching {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::CheckThenAct => "check-then-act",
+            Self::HoldTransaction => "hold-transaction",
+        }
+    }
+}
+
+/// One server of `strategy` on `listener` until `shutdown` fires, its table
+/// made on `db_url` if it is not there yet.
+pub async fn serve(
+    strategy: Teaching,
+    listener: tokio::net::TcpListener,
+    db_url: &str,
+    acquirer_url: &str,
+    acquirer_timeout: Duration,
+    merchant: String,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::any::AnyPoolOptions::new()
+        .max_connections(20)
+        .connect(db_url)
+        .await?;
+    create_table(&pool, Backend::of_url(db_url)?, strategy).await?;
+    let acquirer = AcquirerClient::new(acquirer_url, acquirer_timeout, None)?;
+    let app = router(strategy, pool, acquirer, merchant, ServerTrace::default());
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await?;
+    Ok(())
+}
+
+/// Creates the strategy's table, as the article writes it, unless it is there.
 pub async fn create_table(
     pool: &AnyPool,
     backend: Backend,
@@ -81,7 +117,7 @@ pub async fn create_table(
         Backend::Sqlite => "integer primary key",
     };
     sqlx::query(&format!(
-        "create table cobranca (
+        "create table if not exists cobranca (
             id {id},
             idempotency_key text not null,
             order_id bigint not null,

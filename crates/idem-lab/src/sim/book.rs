@@ -70,6 +70,12 @@ pub struct Ledger {
     /// places every `at_micros` on the reader's time axis.
     #[serde(default)]
     pub now_micros: u64,
+    /// True when idem-lab's simulator wrote this ledger: its captures moved no
+    /// money. A ledger from anywhere else (an adapter in front of an
+    /// acquirer's sandbox) leaves it out, and `idem-lab verify` then asks for
+    /// `--allow-real-charges` before it charges anything.
+    #[serde(default)]
+    pub simulated: bool,
 }
 
 impl Book {
@@ -141,6 +147,7 @@ impl Book {
                 .collect(),
             declines: u64::try_from(self.by_reference.len() - self.captures.len()).unwrap_or(0),
             now_micros: self.micros_since_epoch(),
+            simulated: true,
         }
     }
 }
@@ -215,6 +222,10 @@ mod tests {
         let ledger: Ledger = serde_json::from_str(old).expect("an older ledger parses");
         assert_eq!(ledger.captures[0].at_micros, 0);
         assert_eq!(ledger.now_micros, 0);
+        assert!(
+            !ledger.simulated,
+            "a ledger that does not say so is not the simulator's"
+        );
     }
 
     #[test]

@@ -27,7 +27,7 @@ use axum::{Json, Router};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub use book::Ledger;
+pub use book::{Ledger, LedgerCapture};
 pub use faults::{Fault, Faults};
 
 use book::{Book, Recorded};

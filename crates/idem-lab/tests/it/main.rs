@@ -5,3 +5,4 @@
 
 mod bench;
 mod demo;
+mod verify;

@@ -92,7 +92,9 @@ pub(crate) enum Command {
 
 /// Runs a parsed command line to its exit code.
 pub fn main(cli: Cli) -> ExitCode {
-    run_to_exit("idem", cli.log_format, DEFAULT_LOG_FILTER, run(cli.command))
+    run_to_exit("idem", cli.log_format, DEFAULT_LOG_FILTER, async {
+        run(cli.command).await.map(|()| ExitCode::SUCCESS)
+    })
 }
 
 /// The `idem` binary's subcommands, for a binary that offers them beside its
@@ -134,12 +136,12 @@ impl Subcommand for Commands {
 
 /// Logs set up with `default_filter` (unless `IDEM_LOG` says otherwise), a
 /// runtime, `work` run on it, and its error printed once after `program`'s
-/// name: the exit code a command line returns.
+/// name: the exit code a command line returns (`work`'s own, or 1 on an error).
 pub fn run_to_exit(
     program: &str,
     log_format: LogFormat,
     default_filter: &str,
-    work: impl std::future::Future<Output = anyhow::Result<()>>,
+    work: impl std::future::Future<Output = anyhow::Result<ExitCode>>,
 ) -> ExitCode {
     init_tracing(log_format, default_filter);
     let runtime = match tokio::runtime::Runtime::new() {
@@ -150,7 +152,7 @@ pub fn run_to_exit(
         }
     };
     match runtime.block_on(work) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("{program}: {e:#}");
             ExitCode::FAILURE

@@ -1,16 +1,12 @@
-//! The race in time: what the demo recorded about each intent (its attempts as
-//! the client saw them, the acquirer's captures, and, under check-then-act, the
-//! teaching server's checks and inserts), the choice of a few telling intents
-//! per strategy, and their drawing as swimlanes in hand-written SVG.
-//!
-//! Every sample is picked from the recorded data, never named in advance: a
-//! double charge under check-then-act, a retry stuck behind the lock under
-//! hold-transaction, a retry answered `409` at once under idem. All text in the
-//! SVG is escaped; it needs no script, font or file from anywhere.
+//! One intent in time, drawn as swimlanes in hand-written SVG: its attempts
+//! as the client saw them (sent, waited, answered or timed out), the
+//! acquirer's captures and, where a teaching server kept them, its checks and
+//! inserts. The demo draws a few telling intents per strategy
+//! (`demo::samples`); `idem-lab verify` draws each intent that broke an
+//! invariant. All text in the SVG is escaped; it needs no script, font or
+//! file from anywhere.
 
 use std::fmt::Write as _;
-
-use super::Strategy;
 
 /// Which part of the workload an intent belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,7 +62,7 @@ pub struct IntentTrace {
 }
 
 impl IntentTrace {
-    fn checks_before_first_insert(&self) -> usize {
+    pub fn checks_before_first_insert(&self) -> usize {
         let first_insert = self
             .server
             .iter()
@@ -80,13 +76,13 @@ impl IntentTrace {
     }
 
     /// A retry (not a first attempt) that the client gave up on.
-    fn has_retry_timed_out(&self) -> bool {
+    pub fn has_retry_timed_out(&self) -> bool {
         self.attempts
             .iter()
             .any(|a| a.number > 0 && a.end == AttemptEnd::Timeout)
     }
 
-    fn has_status(&self, status: u16) -> bool {
+    pub fn has_status(&self, status: u16) -> bool {
         self.attempts
             .iter()
             .any(|a| a.end == AttemptEnd::Status(status))
@@ -99,40 +95,6 @@ const MAX_LANES: usize = 12;
 /// Roughly how wide a character of the 12 px labels is, to leave a label out
 /// rather than draw it over the next attempt.
 const CHAR_W: f64 = 7.0;
-
-/// How telling an intent is for its strategy; the highest of each kind is drawn.
-fn score(strategy: Strategy, t: &IntentTrace) -> i64 {
-    let captures = t.captures_ms.len() as i64;
-    let telling = match strategy {
-        Strategy::CheckThenAct => captures >= 2,
-        Strategy::HoldTransaction => captures == 1 && t.has_retry_timed_out(),
-        Strategy::Idem => {
-            captures == 1
-                && t.has_status(409)
-                && t.attempts.iter().any(|a| a.number > 0)
-                && t.attempts
-                    .iter()
-                    .all(|a| a.end != AttemptEnd::Timeout || a.number == 0)
-        }
-    };
-    // Then the fewest attempts: the story is easier to read with fewer lanes.
-    i64::from(telling) * 1_000_000 - t.attempts.len() as i64
-}
-
-/// A few intents of one strategy worth drawing: the most telling retried
-/// intent and the most telling burst.
-pub(super) fn pick_samples(strategy: Strategy, traces: &[IntentTrace]) -> Vec<IntentTrace> {
-    [IntentKind::Retried, IntentKind::Burst]
-        .into_iter()
-        .filter_map(|kind| {
-            traces
-                .iter()
-                .filter(|t| t.kind == kind && !t.attempts.is_empty())
-                .max_by_key(|t| (score(strategy, t), -t.order_id))
-                .cloned()
-        })
-        .collect()
-}
 
 /// Width of a timeline, in px: fits a 1280 px window beside the page margins.
 const WIDTH: f64 = 940.0;
@@ -238,39 +200,11 @@ fn tick_step(span: f64) -> f64 {
     .unwrap_or(10_000.0)
 }
 
-/// What the sample's heading says happened.
-fn headline(strategy: Strategy, t: &IntentTrace) -> String {
-    let kind = match t.kind {
-        IntentKind::Retried => "a client that timed out and retried on the next instance",
-        IntentKind::Burst => "simultaneous duplicates from several clients",
-    };
-    let captures = t.captures_ms.len();
-    let outcome = match captures {
-        0 => "never captured".to_owned(),
-        1 => "captured once".to_owned(),
-        n => format!("captured {n} times: a double charge"),
-    };
-    let why = match strategy {
-        Strategy::CheckThenAct if captures > 1 => {
-            let checks = t.checks_before_first_insert();
-            format!("; {checks} checks found no row before the first insert")
-        }
-        Strategy::HoldTransaction if t.has_retry_timed_out() => {
-            "; its retries waited on the lock held across the acquirer call until the client gave up".to_owned()
-        }
-        Strategy::Idem if t.has_status(409) => {
-            "; a retry in flight is answered 409 at once, then the stored answer".to_owned()
-        }
-        _ => String::new(),
-    };
-    format!("order {} — {kind}: {outcome}{why}", t.order_id)
-}
-
 /// One sample as a figure, on one time axis: for a retried intent a lane per
 /// attempt; for a burst a lane per client, its attempts in a row; then one
 /// lane for the database's steps (check-then-act only) and one for the
 /// acquirer's captures.
-pub(super) fn sample_svg(strategy: Strategy, t: &IntentTrace) -> String {
+pub fn sample_svg(caption: &str, group: &str, t: &IntentTrace) -> String {
     let mut attempts: Vec<&AttemptSpan> = t.attempts.iter().collect();
     attempts.sort_by(|a, b| a.sent_ms.total_cmp(&b.sent_ms));
     let mut lanes: Vec<(String, Vec<&AttemptSpan>)> = match t.kind {
@@ -326,8 +260,8 @@ pub(super) fn sample_svg(strategy: Strategy, t: &IntentTrace) -> String {
         "<figure class=\"sample\"><figcaption>{}</figcaption>\
          <svg class=\"timeline\" data-strategy=\"{}\" data-order=\"{}\" data-captures=\"{}\" \
          xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height:.0}\" role=\"img\" font-size=\"12\">",
-        escape(&headline(strategy, t)),
-        escape(strategy.name()),
+        escape(caption),
+        escape(group),
         t.order_id,
         t.captures_ms.len(),
     );
@@ -438,7 +372,8 @@ pub(super) fn sample_svg(strategy: Strategy, t: &IntentTrace) -> String {
     svg
 }
 
-fn instance_name(i: usize) -> String {
+/// An instance by its place: A, B, C, then numbers.
+pub fn instance_name(i: usize) -> String {
     const NAMES: [&str; 3] = ["A", "B", "C"];
     NAMES
         .get(i)
@@ -446,7 +381,7 @@ fn instance_name(i: usize) -> String {
 }
 
 /// Text made safe inside HTML and SVG, in an element or a quoted attribute.
-pub(super) fn escape(s: &str) -> String {
+pub fn escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -454,10 +389,16 @@ pub(super) fn escape(s: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn span(copy: usize, number: usize, sent: f64, ended: f64, end: AttemptEnd) -> AttemptSpan {
+    pub(crate) fn span(
+        copy: usize,
+        number: usize,
+        sent: f64,
+        ended: f64,
+        end: AttemptEnd,
+    ) -> AttemptSpan {
         AttemptSpan {
             copy,
             number,
@@ -468,7 +409,7 @@ mod tests {
         }
     }
 
-    fn trace(order_id: i64, attempts: Vec<AttemptSpan>, captures: usize) -> IntentTrace {
+    pub(crate) fn trace(order_id: i64, attempts: Vec<AttemptSpan>, captures: usize) -> IntentTrace {
         IntentTrace {
             kind: IntentKind::Retried,
             order_id,
@@ -476,64 +417,6 @@ mod tests {
             captures_ms: vec![600.0; captures],
             server: Vec::new(),
         }
-    }
-
-    #[test]
-    fn the_double_charge_is_picked_under_check_then_act() {
-        let once = trace(1, vec![span(0, 0, 0.0, 5.0, AttemptEnd::Status(201))], 1);
-        let twice = trace(
-            2,
-            vec![
-                span(0, 0, 0.0, 250.0, AttemptEnd::Timeout),
-                span(0, 1, 270.0, 880.0, AttemptEnd::Status(201)),
-            ],
-            2,
-        );
-        let picked = pick_samples(Strategy::CheckThenAct, &[once, twice]);
-        assert_eq!(picked.len(), 1);
-        assert_eq!(picked[0].order_id, 2);
-    }
-
-    #[test]
-    fn a_retry_answered_409_is_picked_under_idem() {
-        let plain = trace(1, vec![span(0, 0, 0.0, 600.0, AttemptEnd::Status(201))], 1);
-        let retried = trace(
-            2,
-            vec![
-                span(0, 0, 0.0, 250.0, AttemptEnd::Timeout),
-                span(0, 1, 270.0, 272.0, AttemptEnd::Status(409)),
-                span(0, 2, 300.0, 302.0, AttemptEnd::Status(201)),
-            ],
-            1,
-        );
-        let picked = pick_samples(Strategy::Idem, &[plain, retried]);
-        assert_eq!(picked[0].order_id, 2);
-        let svg = sample_svg(Strategy::Idem, &picked[0]);
-        assert_eq!(svg.matches("class=\"lane attempt\"").count(), 3);
-        assert!(svg.contains(">409</text>") && svg.contains("class=\"capture\""));
-    }
-
-    #[test]
-    fn the_window_is_drawn_when_two_checks_precede_the_first_insert() {
-        let mut t = trace(
-            3,
-            vec![
-                span(0, 0, 0.0, 620.0, AttemptEnd::Status(201)),
-                span(1, 0, 1.0, 622.0, AttemptEnd::Status(201)),
-            ],
-            2,
-        );
-        t.kind = IntentKind::Burst;
-        t.server = vec![
-            (ServerStep::CheckedEmpty, 1.0),
-            (ServerStep::CheckedEmpty, 2.0),
-            (ServerStep::Inserted, 21.0),
-            (ServerStep::Inserted, 22.0),
-        ];
-        let svg = sample_svg(Strategy::CheckThenAct, &t);
-        assert!(svg.contains("class=\"window\""), "{svg}");
-        assert!(svg.contains("2 checks found no row before the first insert"));
-        assert!(svg.contains("data-captures=\"2\""));
     }
 
     #[test]
@@ -545,7 +428,7 @@ mod tests {
             })
             .collect();
         attempts.push(span(0, 20, 5400.0, 5401.0, AttemptEnd::Status(201)));
-        let svg = sample_svg(Strategy::HoldTransaction, &trace(4, attempts, 1));
+        let svg = sample_svg("order 4", "test", &trace(4, attempts, 1));
         assert_eq!(svg.matches("class=\"lane attempt\"").count(), MAX_LANES);
         assert!(svg.contains("attempt 21 →") && svg.contains(">201</text>"));
         assert!(svg.contains("9 lanes before the last are left out"));

@@ -1,13 +1,23 @@
-//! What the demo shows while a strategy runs, on stderr (stdout keeps the
-//! table or the JSON): one progress line per strategy with the intents done,
-//! the captures so far and the time spent. At a terminal it is a live bar
+//! What the demo (per strategy) and `idem-lab verify` show while they run, on
+//! stderr (stdout keeps the table or the JSON): one progress line with the
+//! intents done, the captures so far and the time spent. At a terminal it is a live bar
 //! (indicatif); otherwise, one plain line when the strategy ends, never an
 //! escape code.
 
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tokio_util::sync::CancellationToken;
+
+use crate::sim::{Ledger, LedgerCapture};
+
+/// How often a live progress line asks the ledger for its captures so far:
+/// often enough to see them climb, rare enough to cost nothing.
+const LEDGER_POLL: Duration = Duration::from_millis(250);
 
 /// How often a live bar is redrawn: smooth enough to see it move, cheap
 /// beside the workload.
@@ -80,5 +90,32 @@ impl Progress {
             self.total,
             self.started.elapsed().as_secs_f64()
         )
+    }
+}
+
+/// Keeps a live progress line current until `stop` fires: `done` intents,
+/// and the captures the ledger at `ledger_url` shows that are `mine`.
+pub async fn follow(
+    progress: Progress,
+    done: Arc<AtomicUsize>,
+    ledger_url: String,
+    mine: impl Fn(&LedgerCapture) -> bool,
+    stop: CancellationToken,
+) {
+    let http = reqwest::Client::new();
+    let mut captures = 0;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(LEDGER_POLL) => {}
+        }
+        let ledger = match http.get(&ledger_url).send().await {
+            Ok(r) => r.json::<Ledger>().await.ok(),
+            Err(_) => None,
+        };
+        if let Some(ledger) = ledger {
+            captures = ledger.captures.iter().filter(|c| mine(c)).count();
+        }
+        progress.update(done.load(Ordering::SeqCst), captures);
     }
 }

@@ -1,0 +1,188 @@
+//! What a verify run did and saw, recorded as it happened: every intent, every
+//! request with its answer, every fault. The invariants are judged on this and
+//! the ledger alone; `--history FILE` writes it as JSON lines.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// How an intent is sent during the workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    /// One client that gives up after `--client-timeout` and retries with the
+    /// same key on the next URL.
+    Retried,
+    /// `--duplicates` clients at once, one key, each starting on another URL.
+    Burst,
+}
+
+/// One charge the run meant to make once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Intent {
+    pub index: usize,
+    pub kind: Kind,
+    pub key: String,
+    pub order_id: i64,
+    pub amount_cents: i64,
+    /// The body every charge request of this intent sends, byte for byte.
+    pub body: String,
+}
+
+/// What a request was for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Purpose {
+    /// The intent's charge during the workload (a burst's copies included).
+    Charge,
+    /// The same charge after the workload, until it settles.
+    Settle,
+    /// The same charge once more after it settled, on another URL.
+    LateReplay,
+    /// The intent's key with another amount: must be `422`.
+    Reuse,
+    /// `GET /v1/idempotency-keys/{key}`.
+    KeyRead,
+}
+
+impl Purpose {
+    /// Sends the intent's own request (not the reuse, not a key read).
+    pub fn is_the_charge(self) -> bool {
+        matches!(self, Self::Charge | Self::Settle | Self::LateReplay)
+    }
+}
+
+/// One request and how it ended, on the run's clock (ms since it began).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    pub intent: usize,
+    pub purpose: Purpose,
+    /// Which of a burst's clients sent it (0 otherwise).
+    pub copy: usize,
+    /// Its place among that client's attempts, from 0.
+    pub attempt: usize,
+    /// Which `--url` it went to, from 0.
+    pub instance: usize,
+    pub sent_ms: f64,
+    pub received_ms: f64,
+    /// `None` when no answer came: see `error`.
+    pub status: Option<u16>,
+    /// `timeout` (no answer within `--client-timeout`) or the connection's error.
+    pub error: Option<String>,
+    /// The answer's body as sent, hex SHA-256.
+    pub body_sha256: Option<String>,
+    /// The body as text (invalid UTF-8 replaced), for the report.
+    pub body: Option<String>,
+    /// Every response header, names in lower case.
+    pub headers: BTreeMap<String, String>,
+}
+
+impl Request {
+    pub fn latency_ms(&self) -> f64 {
+        self.received_ms - self.sent_ms
+    }
+
+    /// The problem's `type` of an error answer, if it has one.
+    pub fn problem_type(&self) -> Option<String> {
+        let body: serde_json::Value = serde_json::from_str(self.body.as_deref()?).ok()?;
+        body.get("type")?.as_str().map(str::to_owned)
+    }
+
+    /// The intent's final outcome: a capture (`201`), a decline (`402`), or
+    /// the acquirer's refusal (`502` `acquirer-rejected`); what the contract
+    /// stores and replays.
+    pub fn is_final(&self) -> bool {
+        match self.status {
+            Some(201 | 402) => true,
+            Some(502) => self.problem_type().as_deref() == Some(ACQUIRER_REJECTED),
+            _ => false,
+        }
+    }
+
+    /// What the answer was, in a word: its status, `timeout`, or `failed`.
+    pub fn outcome(&self) -> String {
+        match (self.status, &self.error) {
+            (Some(s), _) => s.to_string(),
+            (None, Some(e)) if e == TIMEOUT => TIMEOUT.to_owned(),
+            (None, _) => "failed".to_owned(),
+        }
+    }
+}
+
+/// The `error` of a request that had no answer within `--client-timeout`.
+pub const TIMEOUT: &str = "timeout";
+
+/// The problem type of the contract's one final `502`.
+pub const ACQUIRER_REJECTED: &str = "urn:idem:problem:acquirer-rejected";
+
+/// Hex SHA-256 of an answer's body.
+pub fn digest(body: &[u8]) -> String {
+    Sha256::digest(body)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// One run of `--fault-cmd`, or one step of the simulator's script.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fault {
+    pub at_ms: u64,
+    /// `fault-cmd` or `simulator`.
+    pub source: String,
+    /// The simulator's settings set, or how the command ended.
+    pub what: String,
+    pub ok: bool,
+}
+
+/// Everything recorded, in the order it happened within each list.
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    pub run: String,
+    pub intents: Vec<Intent>,
+    pub requests: Vec<Request>,
+    pub faults: Vec<Fault>,
+}
+
+/// One line of `--history`: `{"event": "intent" | "request" | "fault", ...}`.
+#[derive(Serialize)]
+#[serde(tag = "event", rename_all = "kebab-case")]
+enum Line<'a> {
+    Run { run: &'a str },
+    Intent(&'a Intent),
+    Request(&'a Request),
+    Fault(&'a Fault),
+}
+
+impl History {
+    /// The intent's requests, in the order they were sent.
+    pub fn of(&self, intent: usize) -> Vec<&Request> {
+        let mut mine: Vec<&Request> = self
+            .requests
+            .iter()
+            .filter(|r| r.intent == intent)
+            .collect();
+        mine.sort_by(|a, b| a.sent_ms.total_cmp(&b.sent_ms));
+        mine
+    }
+
+    /// Writes the history as JSON lines: the run, the intents, the requests
+    /// in the order they were sent, the faults.
+    pub fn write_jsonl(&self, path: &Path) -> anyhow::Result<()> {
+        let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+        let mut requests: Vec<&Request> = self.requests.iter().collect();
+        requests.sort_by(|a, b| a.sent_ms.total_cmp(&b.sent_ms));
+        let lines = std::iter::once(Line::Run { run: &self.run })
+            .chain(self.intents.iter().map(Line::Intent))
+            .chain(requests.into_iter().map(Line::Request))
+            .chain(self.faults.iter().map(Line::Fault));
+        for line in lines {
+            serde_json::to_writer(&mut out, &line)?;
+            out.write_all(b"\n")?;
+        }
+        out.flush()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,341 @@
+//! The verdicts, for a terminal (one line per invariant, then a few
+//! counterexamples with the intent's requests and what the ledger holds for
+//! it), as JSON, and as an HTML page that draws each violating intent on a
+//! time axis.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::history::{History, Kind, Request};
+use super::invariants::{what, Verdict};
+use super::{all_hold, Outcome, Phases, VerifyConfig};
+use crate::sim::LedgerCapture;
+use crate::timeline::{
+    self, escape, instance_name, AttemptEnd, AttemptSpan, IntentKind, IntentTrace,
+};
+
+/// Counterexamples the terminal shows per broken invariant (the HTML shows more).
+const SHOWN: usize = 3;
+/// Counterexamples the HTML page draws per broken invariant.
+const DRAWN: usize = 10;
+
+/// A run's figures and verdicts (`--json` prints this).
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub run: String,
+    #[serde(skip)]
+    pub run_id: u64,
+    pub urls: Vec<String>,
+    pub ledger: String,
+    pub intents: usize,
+    pub requests: usize,
+    pub fault_cmd_runs: usize,
+    pub fault_cmd_failed: usize,
+    pub simulator_steps: usize,
+    pub unsettled_after_workload: usize,
+    pub settled_later: usize,
+    pub late_replays: usize,
+    pub seconds: f64,
+    pub verdicts: Vec<Verdict>,
+    /// Every invariant held.
+    pub holds: bool,
+}
+
+impl Report {
+    pub(super) fn new(
+        run_id: u64,
+        config: &VerifyConfig,
+        history: &History,
+        verdicts: &[Verdict],
+        phases: Phases,
+        took: Duration,
+    ) -> Self {
+        let runs = |source: &'static str| history.faults.iter().filter(move |f| f.source == source);
+        Self {
+            run: run_id.to_string(),
+            run_id,
+            urls: config.urls.clone(),
+            ledger: config.ledger_url.clone(),
+            intents: history.intents.len(),
+            requests: history.requests.len(),
+            fault_cmd_runs: runs("fault-cmd").count(),
+            fault_cmd_failed: runs("fault-cmd").filter(|f| !f.ok).count(),
+            simulator_steps: runs("simulator").count(),
+            unsettled_after_workload: phases.unsettled_after_workload,
+            settled_later: phases.settled_later,
+            late_replays: phases.late_replays,
+            seconds: took.as_secs_f64(),
+            verdicts: verdicts.to_vec(),
+            holds: all_hold(verdicts),
+        }
+    }
+
+    /// The last line: all hold, or which do not.
+    pub fn verdict_line(&self) -> String {
+        let broken: Vec<&str> = self
+            .verdicts
+            .iter()
+            .filter(|v| !v.holds)
+            .map(|v| v.name)
+            .collect();
+        if broken.is_empty() {
+            format!(
+                "verdict: all {} invariants hold (run {}, {:.1} s)",
+                self.verdicts.len(),
+                self.run,
+                self.seconds
+            )
+        } else {
+            format!(
+                "verdict: BROKEN, {} of {} invariants do not hold: {} (run {}, {:.1} s)",
+                broken.len(),
+                self.verdicts.len(),
+                broken.join(", "),
+                self.run,
+                self.seconds
+            )
+        }
+    }
+}
+
+/// What happened, one line per invariant, the counterexamples, the verdict.
+pub(super) fn text(outcome: &Outcome) -> String {
+    let r = &outcome.report;
+    let mut out = String::new();
+    for (i, url) in r.urls.iter().enumerate() {
+        let _ = writeln!(out, "{} = {url}", instance_name(i));
+    }
+    let failed = if r.fault_cmd_failed == 0 {
+        "none failed".to_owned()
+    } else {
+        let last = outcome
+            .history
+            .faults
+            .iter()
+            .rfind(|f| f.source == "fault-cmd" && !f.ok)
+            .map_or(String::new(), |f| format!(", the last: {}", f.what));
+        format!("{} FAILED{last}", r.fault_cmd_failed)
+    };
+    let _ = writeln!(
+        out,
+        "faults: --fault-cmd ran {} times ({failed}); the simulator's script took {} steps",
+        r.fault_cmd_runs, r.simulator_steps
+    );
+    let _ = writeln!(
+        out,
+        "requests: {} for {} intents; {} without a final answer when the faults stopped, {} of them settled after; {} late replays\n",
+        r.requests, r.intents, r.unsettled_after_workload, r.settled_later, r.late_replays
+    );
+    for v in &r.verdicts {
+        let _ = writeln!(
+            out,
+            "{:<26} {:<7} {}{}",
+            v.name,
+            if v.holds { "holds" } else { "BROKEN" },
+            v.detail,
+            if v.holds {
+                String::new()
+            } else {
+                format!("; {} intent(s) break it", v.counterexamples.len())
+            }
+        );
+    }
+    for v in r.verdicts.iter().filter(|v| !v.holds) {
+        let _ = writeln!(out, "\n{}:", v.name);
+        for c in v.counterexamples.iter().take(SHOWN) {
+            out.push_str(&counterexample_text(outcome, c.intent, &c.why));
+        }
+        if v.counterexamples.len() > SHOWN {
+            let _ = writeln!(
+                out,
+                "  ... and {} more (the HTML report and --history have them all)",
+                v.counterexamples.len() - SHOWN
+            );
+        }
+    }
+    let _ = writeln!(out, "\n{}", r.verdict_line());
+    out
+}
+
+/// One intent that broke an invariant: why, its requests in time order,
+/// what the ledger holds for it.
+fn counterexample_text(outcome: &Outcome, index: usize, why: &str) -> String {
+    let Some(intent) = outcome.history.intents.get(index) else {
+        return String::new();
+    };
+    let mut out = format!(
+        "  intent {index} (key {}, order {}, {} cents): {why}\n",
+        intent.key, intent.order_id, intent.amount_cents
+    );
+    for r in outcome.history.of(index) {
+        let _ = writeln!(out, "    {}", request_line(r));
+    }
+    let captures = captures_of(outcome, intent.order_id);
+    if captures.is_empty() {
+        out.push_str("    ledger: no capture\n");
+    }
+    for (c, at) in captures {
+        let at = at.map_or(String::new(), |ms| format!(" at {ms:.1} ms"));
+        let _ = writeln!(
+            out,
+            "    ledger: {} of {} {}, reference {}{at}",
+            c.capture_id, c.amount_cents, c.currency, c.reference
+        );
+    }
+    out
+}
+
+fn request_line(r: &Request) -> String {
+    let digest = r.body_sha256.as_deref().map_or(String::new(), |d| {
+        format!(", body sha256 {}", &d[..12.min(d.len())])
+    });
+    let error = match (&r.error, r.status) {
+        (Some(e), None) if e != super::history::TIMEOUT => format!(" ({e})"),
+        _ => String::new(),
+    };
+    format!(
+        "{:>9.1} ms  {}: {}{error} after {:.1} ms{digest}",
+        r.sent_ms,
+        what(r),
+        r.outcome(),
+        r.latency_ms()
+    )
+}
+
+fn captures_of(outcome: &Outcome, order_id: i64) -> Vec<(&LedgerCapture, Option<f64>)> {
+    outcome
+        .captures()
+        .into_iter()
+        .filter(|(c, _)| c.order_id == order_id)
+        .collect()
+}
+
+/// The intent as the timeline draws it: its charge requests, its captures.
+fn trace(outcome: &Outcome, index: usize) -> Option<IntentTrace> {
+    let intent = outcome.history.intents.get(index)?;
+    let mut per_copy = std::collections::HashMap::<usize, usize>::new();
+    let attempts = outcome
+        .history
+        .of(index)
+        .into_iter()
+        .filter(|r| r.purpose.is_the_charge())
+        .map(|r| {
+            let number = per_copy.entry(r.copy).or_default();
+            let span = AttemptSpan {
+                copy: r.copy,
+                number: *number,
+                instance: r.instance,
+                sent_ms: r.sent_ms,
+                ended_ms: r.received_ms,
+                end: match (r.status, r.error.as_deref()) {
+                    (Some(s), _) => AttemptEnd::Status(s),
+                    (None, Some(super::history::TIMEOUT)) => AttemptEnd::Timeout,
+                    (None, _) => AttemptEnd::Failed,
+                },
+            };
+            *number += 1;
+            span
+        })
+        .collect();
+    Some(IntentTrace {
+        kind: match intent.kind {
+            Kind::Retried => IntentKind::Retried,
+            Kind::Burst => IntentKind::Burst,
+        },
+        order_id: intent.order_id,
+        attempts,
+        captures_ms: captures_of(outcome, intent.order_id)
+            .into_iter()
+            .filter_map(|(_, at)| at)
+            .collect(),
+        server: Vec::new(),
+    })
+}
+
+pub(super) fn write_html(outcome: &Outcome, path: &Path) -> anyhow::Result<()> {
+    std::fs::write(path, html(outcome))?;
+    Ok(())
+}
+
+fn html(outcome: &Outcome) -> String {
+    let r = &outcome.report;
+    let mut out = format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <title>idem-lab verify: run {run}</title><style>\
+         body{{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}}\
+         table{{border-collapse:collapse}}td,th{{padding:2px 8px;text-align:left;border-bottom:1px solid #ddd}}\
+         .broken{{color:#c0392b;font-weight:bold}}.holds{{color:#1e8449}}\
+         pre{{background:#f6f6f6;padding:6px;overflow-x:auto;font-size:12px}}\
+         </style></head><body><h1>idem-lab verify: run {run}</h1><p class=\"verdict\">{verdict}</p>\
+         <p>{intents} intents, {requests} requests against {urls}; ledger {ledger}. \
+         --fault-cmd ran {runs} times ({failed} failed); the simulator's script took {steps} steps.</p>\
+         <table><tr><th>invariant</th><th>verdict</th><th>checked</th><th>intents that break it</th></tr>",
+        run = escape(&r.run),
+        verdict = escape(&r.verdict_line()),
+        intents = r.intents,
+        requests = r.requests,
+        urls = escape(
+            &r.urls
+                .iter()
+                .enumerate()
+                .map(|(i, u)| format!("{} = {u}", instance_name(i)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        ledger = escape(&r.ledger),
+        runs = r.fault_cmd_runs,
+        failed = r.fault_cmd_failed,
+        steps = r.simulator_steps,
+    );
+    for v in &r.verdicts {
+        let class = if v.holds { "holds" } else { "broken" };
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td class=\"{class}\">{}</td><td>{}</td><td>{}</td></tr>",
+            escape(v.name),
+            if v.holds { "holds" } else { "BROKEN" },
+            escape(&v.detail),
+            v.counterexamples.len()
+        );
+    }
+    out.push_str("</table>");
+    if !r.holds {
+        out.push_str(
+            "<h2>Counterexamples</h2><p>Each intent that broke an invariant, on the run's clock \
+             (ms since it began): one lane per request as the client saw it, the acquirer's \
+             captures below.</p>",
+        );
+        out.push_str(&timeline::legend());
+    }
+    for v in r.verdicts.iter().filter(|v| !v.holds) {
+        let _ = write!(
+            out,
+            "<section class=\"invariant\" data-name=\"{0}\"><h3>{0}</h3>",
+            escape(v.name)
+        );
+        for c in v.counterexamples.iter().take(DRAWN) {
+            if let Some(t) = trace(outcome, c.intent) {
+                let caption = format!("intent {}: {}", c.intent, c.why);
+                out.push_str(&timeline::sample_svg(&caption, v.name, &t));
+            }
+            let _ = write!(
+                out,
+                "<pre>{}</pre>",
+                escape(&counterexample_text(outcome, c.intent, &c.why))
+            );
+        }
+        if v.counterexamples.len() > DRAWN {
+            let _ = write!(
+                out,
+                "<p>... and {} more in --history.</p>",
+                v.counterexamples.len() - DRAWN
+            );
+        }
+        out.push_str("</section>");
+    }
+    out.push_str("</body></html>\n");
+    out
+}
