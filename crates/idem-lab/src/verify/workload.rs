@@ -34,6 +34,12 @@ pub fn workload_patience(client_timeout: Duration) -> Duration {
     (client_timeout * 20).max(Duration::from_secs(10))
 }
 
+/// The first `--concurrency` intents start this far apart: a ramp of a
+/// third of a second for 32 clients, rather than every client in the same
+/// millisecond on instances that may have just started (whose first requests
+/// each open a database connection).
+const RAMP_STEP: Duration = Duration::from_millis(10);
+
 /// How long the late replay of one settled intent may take.
 const REPLAY_PATIENCE: Duration = Duration::from_secs(10);
 
@@ -180,6 +186,10 @@ pub async fn run(
     let sessions = intents.iter().map(|intent| {
         let permits = &permits;
         async move {
+            // The first clients arrive over a moment, not in one millisecond.
+            if intent.index < concurrency {
+                tokio::time::sleep(RAMP_STEP * u32::try_from(intent.index).unwrap_or(0)).await;
+            }
             let _permit = permits.acquire().await;
             let deadline = Instant::now() + patience;
             let copies = match intent.kind {
