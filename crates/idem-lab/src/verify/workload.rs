@@ -183,14 +183,16 @@ pub async fn run(
     done: &AtomicUsize,
 ) -> Vec<Progress> {
     let permits = Semaphore::new(concurrency.max(1));
+    let started = &AtomicUsize::new(0);
     let sessions = intents.iter().map(|intent| {
         let permits = &permits;
         async move {
-            // The first clients arrive over a moment, not in one millisecond.
-            if intent.index < concurrency {
-                tokio::time::sleep(RAMP_STEP * u32::try_from(intent.index).unwrap_or(0)).await;
-            }
             let _permit = permits.acquire().await;
+            // The first clients arrive over a moment, not in one millisecond.
+            let nth = started.fetch_add(1, Ordering::SeqCst);
+            if (1..concurrency).contains(&nth) {
+                tokio::time::sleep(RAMP_STEP * u32::try_from(nth).unwrap_or(0)).await;
+            }
             let deadline = Instant::now() + patience;
             let copies = match intent.kind {
                 Kind::Retried => 1,
