@@ -113,12 +113,10 @@ const OTHER_COLOUR: &str = "#8e44ad";
 const CAPTURE_COLOUR: &str = "#c0392b";
 const CHECK_COLOUR: &str = "#2471a3";
 
-/// The legend, once above all the timelines.
-pub fn legend() -> String {
-    let mut svg = format!(
-        "<svg class=\"legend\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"44\" role=\"img\" font-size=\"12\">"
-    );
-    let items: [(&str, String); 7] = [
+/// The legend, once above all the timelines; with the teaching server's
+/// marks when `server_steps` (the demo), without them for verify.
+pub fn legend(server_steps: bool) -> String {
+    let mut items: Vec<(&str, String)> = vec![
         ("attempt answered", bar(0.0, 8.0, 30.0, OK_COLOUR, "")),
         (
             "409: in flight, try later",
@@ -136,6 +134,13 @@ pub fn legend() -> String {
             window_rect(0.0, 30.0, 6.0, 16.0),
         ),
     ];
+    if !server_steps {
+        items.truncate(4);
+    }
+    let height = if items.len() > 4 { 44 } else { 22 };
+    let mut svg = format!(
+        "<svg class=\"legend\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height}\" role=\"img\" font-size=\"12\">"
+    );
     for (i, (label, mark)) in items.iter().enumerate() {
         let (x, y) = (
             f64::from((i % 4) as u8) * 232.0,

@@ -138,7 +138,7 @@ fn timelines(report: &DemoReport) -> String {
          inserts. A, B, C are the three instances; time is in ms since the strategy's workload \
          began.</p>",
     );
-    out.push_str(&timeline::legend());
+    out.push_str(&timeline::legend(true));
     for s in &report.strategies {
         let Some(strategy) = Strategy::from_name(s.name) else {
             continue;

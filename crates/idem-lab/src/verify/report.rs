@@ -308,7 +308,7 @@ fn html(outcome: &Outcome) -> String {
              (ms since it began): one lane per request as the client saw it, the acquirer's \
              captures below.</p>",
         );
-        out.push_str(&timeline::legend());
+        out.push_str(&timeline::legend(false));
     }
     for v in r.verdicts.iter().filter(|v| !v.holds) {
         let _ = write!(
