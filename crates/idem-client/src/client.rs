@@ -295,7 +295,7 @@ fn give_up(key: &str, attempts: Vec<Attempt>, reason: &str) -> ClientError {
 
 /// An error and all its causes, `: `-separated: reqwest's own message alone
 /// ("error sending request") hides whether the port was closed or the peer reset.
-fn error_chain(error: &dyn std::error::Error) -> String {
+pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

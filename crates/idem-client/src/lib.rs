@@ -39,6 +39,6 @@ pub mod error;
 pub mod policy;
 
 pub use answer::{Attempt, AttemptOutcome, ChargeAnswer, ChargeRequest};
-pub use client::Client;
+pub use client::{error_chain, Client};
 pub use error::ClientError;
 pub use policy::{backoff_delay, RetryPolicy};

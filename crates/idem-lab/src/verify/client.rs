@@ -151,7 +151,7 @@ impl Client {
                 record.headers = headers;
             }
             Err(e) if e.is_timeout() => record.error = Some(TIMEOUT.to_owned()),
-            Err(e) => record.error = Some(error_chain(&e)),
+            Err(e) => record.error = Some(idem_client::error_chain(&e)),
         }
         record
     }
@@ -168,19 +168,6 @@ impl Client {
     pub fn take_log(&self) -> Vec<Request> {
         std::mem::take(&mut *self.log.lock().unwrap_or_else(|p| p.into_inner()))
     }
-}
-
-/// An error with its causes, as one line (reqwest's own says only "error
-/// sending request").
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// The wait an answer asks for in `Retry-After` (seconds), if any.
