@@ -101,6 +101,19 @@ async fn a_correct_server_keeps_every_invariant() {
         outcome.report.late_replays > 0,
         "settled intents were replayed late"
     );
+    let json = serde_json::to_value(&outcome.report).unwrap();
+    let names: Vec<&str> = json["verdicts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        verify::invariants::NAMES,
+        "--json names every invariant"
+    );
+    assert_eq!(json["holds"], true);
 }
 
 #[tokio::test]
