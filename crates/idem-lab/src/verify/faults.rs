@@ -77,15 +77,8 @@ impl Driver {
     ) -> anyhow::Result<Self> {
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
-        if let Some(cmd) = fault_cmd {
-            tasks.push(tokio::spawn(run_command(
-                cmd,
-                every,
-                client.clone(),
-                stop.clone(),
-            )));
-        }
         let mut restore = None;
+        // The simulator first: if it cannot be read, nothing has started.
         if let Some(sim) = sim {
             let http = reqwest::Client::new();
             let url = format!("{sim}/_sim/faults");
@@ -101,9 +94,12 @@ impl Driver {
                 http,
                 url,
                 script(client_timeout),
-                client,
+                client.clone(),
                 stop.clone(),
             )));
+        }
+        if let Some(cmd) = fault_cmd {
+            tasks.push(tokio::spawn(run_command(cmd, every, client, stop.clone())));
         }
         Ok(Self {
             stop,
