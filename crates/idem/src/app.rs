@@ -101,6 +101,8 @@ pub(crate) struct Serve {
     pub(crate) header_read_timeout: Duration,
     /// /v1 requests worked at once.
     pub(crate) max_in_flight: usize,
+    /// Of those, requests waiting on a duplicate's outcome (`Prefer: wait`).
+    pub(crate) max_waiters: usize,
     /// The outbox relay on this broker, when there is one.
     pub(crate) queue: Option<Queue>,
     /// Also consume charge commands (only with `queue`).
@@ -198,6 +200,7 @@ pub(crate) async fn serve(config: Serve, shutdown: CancellationToken) -> anyhow:
         request_timeout: http::request_timeout(config.engine.acquirer_timeout),
         header_read_timeout: config.header_read_timeout,
         max_in_flight: config.max_in_flight,
+        max_waiters: config.max_waiters,
     };
     let with_metrics = config.metrics_listen.is_none();
     let served = http::serve_with(listener, state, limits, with_metrics, shutdown).await;

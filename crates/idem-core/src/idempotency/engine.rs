@@ -26,9 +26,16 @@ use crate::domain::{
 };
 use crate::problem::{Problem, ProblemKind};
 use crate::store::{
-    AuditEntry, Claim, KeyRecord, KeyState, NewClaim, NewEvent, NewWebhook, Orphan, Reschedule,
-    Settlement, Store, StoreError,
+    AuditEntry, Claim, KeyRecord, KeyState, KeyStatus, NewClaim, NewEvent, NewWebhook, Orphan,
+    Reschedule, Settlement, Store, StoreError,
 };
+
+/// A duplicate that waits for a key in flight (`Prefer: wait`) looks at the
+/// key again after this long, then twice as long each time, up to
+/// [`WAIT_POLL_MAX`]: an outcome that comes soon is answered within tens of
+/// milliseconds, and a long wait costs a read every fifth of a second.
+const WAIT_POLL_FIRST: Duration = Duration::from_millis(20);
+const WAIT_POLL_MAX: Duration = Duration::from_millis(200);
 
 /// What a duplicate of an in-flight key is told to wait: about one acquirer
 /// call, after which the first attempt has usually stored its outcome. Not
@@ -148,6 +155,48 @@ impl Engine {
             in_flight: InFlightMemo::default(),
             replays: ReplayCache::new(config.replay_cache_bytes),
         }
+    }
+
+    /// A request whose key was found in flight (`in_flight`, from
+    /// [`Engine::submit`]), waited on until another attempt's outcome is
+    /// stored or `until` passes (`Prefer: wait`). Between looks nothing is
+    /// held: no connection, no lock, no lease. Each look reads the key's
+    /// state; once no live attempt holds it (its outcome is stored, here or on
+    /// another instance, or its holder released it or died), the request is
+    /// submitted again past the in-flight memo and answered as any retry would
+    /// be: the stored outcome replayed, or, when there is none, this request
+    /// drives the charge under the same reference (so, like `submit`, not to
+    /// be cancelled once it may have claimed). At `until`, still in flight:
+    /// the last `409`.
+    pub async fn await_outcome(
+        &self,
+        merchant: &Merchant,
+        key: &IdempotencyKey,
+        request: &ChargeRequest,
+        in_flight: Outcome,
+        until: Instant,
+    ) -> Result<Outcome, EngineError> {
+        let mut outcome = in_flight;
+        let mut poll = WAIT_POLL_FIRST;
+        while matches!(outcome, Outcome::InFlight { .. }) {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            tokio::time::sleep(poll.min(left)).await;
+            poll = (poll * 2).min(WAIT_POLL_MAX);
+            if let Some(KeyStatus::InFlight {
+                lease_remaining, ..
+            }) = self.store.key_status(merchant.id, key).await?
+            {
+                if !lease_remaining.is_zero() {
+                    continue;
+                }
+            }
+            self.in_flight.forget(merchant.id, key);
+            outcome = self.submit(merchant, key, request).await?;
+        }
+        Ok(outcome)
     }
 
     /// Runs one attempt of one intent to completion.

@@ -49,6 +49,10 @@ pub(crate) struct Args {
     /// /v1 requests worked at once; more are answered at once with 503 and Retry-After.
     #[arg(long, env = "IDEM_MAX_IN_FLIGHT", default_value_t = http::MAX_IN_FLIGHT, value_parser = parse_positive)]
     pub(crate) max_in_flight: usize,
+    /// Of those, requests that wait for a duplicate's outcome (`Prefer:
+    /// wait`) at once; one more is answered `503` at once.
+    #[arg(long, env = "IDEM_MAX_WAITERS", default_value_t = http::MAX_WAITERS, value_parser = parse_positive)]
+    pub(crate) max_waiters: usize,
     #[command(flatten)]
     pub(crate) queue: QueueArgs,
     #[command(flatten)]
@@ -77,6 +81,7 @@ pub(crate) async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Resu
         }),
         header_read_timeout: args.header_read_timeout,
         max_in_flight: args.max_in_flight,
+        max_waiters: args.max_waiters,
         queue: args.amqp_url.map(|url| args.queue.queue(url)),
         consume: args.consume,
         workers: args.workers.workers(),
@@ -99,6 +104,7 @@ mod tests {
         };
         assert_eq!(args.header_read_timeout, http::HEADER_READ_TIMEOUT);
         assert_eq!(args.max_in_flight, http::MAX_IN_FLIGHT);
+        assert_eq!(args.max_waiters, http::MAX_WAITERS);
         assert_eq!(args.metrics_listen, None);
     }
 }

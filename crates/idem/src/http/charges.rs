@@ -6,6 +6,8 @@
 //! client that hangs up mid-call (the article's timeout) cannot cut the attempt
 //! short between claim and finalize.
 
+use std::time::{Duration, Instant};
+
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
@@ -24,6 +26,12 @@ use idem_core::problem::{self, Problem, PROBLEM_JSON};
 
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+pub const PREFER: HeaderName = HeaderName::from_static("prefer");
+pub const PREFERENCE_APPLIED: HeaderName = HeaderName::from_static("preference-applied");
+
+/// The longest `Prefer: wait` honoured: a duplicate that waits longer would
+/// hold its request slot past any client's patience; it retries instead.
+pub const MAX_WAIT: Duration = Duration::from_secs(10);
 
 /// Charge once per `Idempotency-Key`.
 ///
@@ -44,6 +52,10 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
         ("Idempotency-Key" = inline(IdempotencyKey), Header,
             description = "One key per intent, chosen by the client (a UUID is a good choice) and \
                 sent again, unchanged, on every retry of that intent. Scoped to the merchant."),
+        ("Prefer" = Option<String>, Header,
+            description = "`wait=N` (RFC 7240): if another attempt with this key is in flight, wait \
+                up to N seconds (at most 10) for its outcome and answer with it, instead of `409` at \
+                once. Other preferences are ignored."),
     ),
     request_body(content = ChargeRequest, content_type = "application/json"),
     responses(
@@ -52,6 +64,7 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
             headers(
                 ("Location" = String, description = "`/v1/charges/{id}` of the charge."),
                 ("Idempotent-Replayed" = inline(Replayed), description = "`true` when this is a stored outcome answered again; absent on the first answer."),
+                ("Preference-Applied" = String, description = "`wait=N` when the request waited (up to N seconds) for a duplicate's outcome (`Prefer: wait`)."),
             )),
         (status = BAD_REQUEST, description = "`missing-idempotency-key`, `malformed-idempotency-key` \
             or `invalid-body` (`field` names the field at fault; also a body with anything but \
@@ -64,11 +77,18 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
             holds the charge (`status: declined`, `decline_reason`). Stored as the key's outcome: a new \
             attempt needs a new key.",
             body = inline(ChargeProblem), content_type = PROBLEM_JSON,
-            headers(("Idempotent-Replayed" = inline(Replayed), description = "`true` when this is a stored outcome answered again; absent on the first answer."))),
+            headers(
+                ("Idempotent-Replayed" = inline(Replayed), description = "`true` when this is a stored outcome answered again; absent on the first answer."),
+                ("Preference-Applied" = String, description = "`wait=N` when the request waited (up to N seconds) for a duplicate's outcome (`Prefer: wait`)."),
+            )),
         (status = CONFLICT, description = "`request-in-flight`: another attempt with this key is at the \
-            acquirer. Answered at once, never after waiting on a lock. Nothing stored.",
+            acquirer. Answered at once, never after waiting on a lock; with `Prefer: wait=N`, after \
+            waiting N seconds for its outcome in vain. Nothing stored.",
             body = Problem, content_type = PROBLEM_JSON,
-            headers(("Retry-After" = inline(RetryAfter), description = "A short hint (1 s): about one acquirer call."))),
+            headers(
+                ("Retry-After" = inline(RetryAfter), description = "A short hint (1 s): about one acquirer call."),
+                ("Preference-Applied" = String, description = "`wait=N` when the request waited (up to N seconds) for a duplicate's outcome (`Prefer: wait`)."),
+            )),
         (status = PAYLOAD_TOO_LARGE, description = "`body-too-large`: the body is over 16 KiB. Nothing stored.",
             body = Problem, content_type = PROBLEM_JSON),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "`unsupported-media-type`: `Content-Type` is not \
@@ -87,7 +107,10 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
             the reference with other data) and refused the request; `charge` holds the charge \
             (`status: failed`), no money moved. Stored as the key's outcome.",
             body = inline(ChargeProblem), content_type = PROBLEM_JSON,
-            headers(("Idempotent-Replayed" = inline(Replayed), description = "`true` when this is a stored outcome answered again; absent on the first answer."))),
+            headers(
+                ("Idempotent-Replayed" = inline(Replayed), description = "`true` when this is a stored outcome answered again; absent on the first answer."),
+                ("Preference-Applied" = String, description = "`wait=N` when the request waited (up to N seconds) for a duplicate's outcome (`Prefer: wait`)."),
+            )),
         (status = SERVICE_UNAVAILABLE, description = "`outcome-unknown`: the acquirer gave no answer that \
             is its word (a timeout, a dropped connection, or any status but `201`, `402` and `422`, such as \
             `409` while a POST of the reference is in flight, `429` or a `5xx`), and the charge stays \
@@ -95,7 +118,8 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
             the database cannot be reached, or gave no answer within 8 s (a partition). Or \
             `store-unwritable`: the database cannot take writes now (a full disk, read-only). Or \
             `overloaded`: this instance has as many requests in flight as it works at once, and \
-            refused this one before reading it. Or `charge-under-review`: the charge awaits a \
+            refused this one before reading it, or as many waiting for a duplicate's outcome \
+            (`Prefer: wait`) as it lets wait. Or `charge-under-review`: the charge awaits a \
             person's decision (the acquirer's capture contradicted it, or it had no outcome by the \
             settle deadline); `charge_id` names it, no retry calls the acquirer for it, and once an \
             operator resolves it the key replays that decision (`Retry-After: 60`). Nothing stored.",
@@ -125,19 +149,45 @@ pub async fn create(
         _ => ApiError::UnreadableBody(e.body_text()),
     })?;
     let request = ChargeRequest::from_json(&body).map_err(ApiError::InvalidBody)?;
+    let wait = preferred_wait(&headers);
 
     let engine = state.engine.clone();
+    let waiters = state.waiters.clone();
     // The request's span goes along, so the engine's log lines carry its fields.
     // Boxed: the attempt's future is large, and tokio moves a task's whole
     // state several times as it spawns and completes it; a box moves as a pointer.
+    // A wait runs on the task too: a look that finds the key free may claim it.
     let task = state.tasks.spawn(Box::pin(
-        async move { engine.submit(&merchant, &key, &request).await }
-            .instrument(tracing::Span::current()),
+        async move {
+            let outcome = engine.submit(&merchant, &key, &request).await?;
+            let (Some(wait), Outcome::InFlight { .. }) = (wait, &outcome) else {
+                return Ok((outcome, None));
+            };
+            let Ok(_waiting) = waiters.try_acquire_owned() else {
+                return Err(ApiError::Overloaded);
+            };
+            let until = Instant::now() + wait;
+            let outcome = engine
+                .await_outcome(&merchant, &key, &request, outcome, until)
+                .await?;
+            Ok((outcome, Some(wait)))
+        }
+        .instrument(tracing::Span::current()),
     ));
-    let outcome = task
+    let (outcome, waited) = task
         .await
         .map_err(|e| ApiError::Internal(format!("charge task failed: {e}")))??;
+    let mut response = answer(outcome).into_response();
+    if let Some(waited) = waited {
+        if let Ok(applied) = HeaderValue::try_from(format!("wait={}", waited.as_secs())) {
+            response.headers_mut().insert(PREFERENCE_APPLIED, applied);
+        }
+    }
+    Ok(response)
+}
 
+/// The answer to an attempt's outcome.
+fn answer(outcome: Outcome) -> Result<Response, ApiError> {
     metrics::counter!(idem_core::metrics::CHARGE_OUTCOMES, "outcome" => outcome.label())
         .increment(1);
     match outcome {
@@ -251,6 +301,29 @@ fn is_json(headers: &HeaderMap) -> bool {
         .is_some_and(problem::is_json)
 }
 
+/// How long the client asks to wait for a duplicate's outcome (RFC 7240
+/// `Prefer: wait=N`, in seconds), at most [`MAX_WAIT`]; `None` when it does
+/// not ask, or asks for 0. Preferences idem does not know, and a `wait` it
+/// cannot read, are ignored, as RFC 7240 says a server may.
+fn preferred_wait(headers: &HeaderMap) -> Option<Duration> {
+    headers
+        .get_all(PREFER)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|preference| {
+            let preference = preference.split(';').next()?;
+            let (name, value) = preference.split_once('=')?;
+            let value = value.trim().trim_matches('"');
+            let digits = !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit());
+            (name.trim().eq_ignore_ascii_case("wait") && digits)
+                .then(|| value.parse::<u64>().unwrap_or(u64::MAX))
+        })
+        .next()
+        .filter(|&seconds| seconds > 0)
+        .map(|seconds| Duration::from_secs(seconds.min(MAX_WAIT.as_secs())))
+}
+
 fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
     let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
     let value = values.next().ok_or(ApiError::MissingKey)?;
@@ -258,4 +331,37 @@ fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
         return Err(ApiError::MalformedKey(KeyError::Repeated));
     }
     IdempotencyKey::parse(value.as_bytes()).map_err(ApiError::MalformedKey)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wait_of(values: &[&str]) -> Option<u64> {
+        let mut headers = HeaderMap::new();
+        for v in values {
+            headers.append(PREFER, HeaderValue::from_str(v).unwrap());
+        }
+        preferred_wait(&headers).map(|d| d.as_secs())
+    }
+
+    #[test]
+    fn prefer_wait_is_read_as_rfc_7240_writes_it() {
+        assert_eq!(wait_of(&["wait=5"]), Some(5));
+        assert_eq!(wait_of(&["respond-async, WAIT = 3"]), Some(3));
+        assert_eq!(wait_of(&["return=minimal", "wait=\"2\"; x=y"]), Some(2));
+        assert_eq!(wait_of(&["wait=600"]), Some(10), "at most ten seconds");
+        assert_eq!(wait_of(&["wait=99999999999999999999999"]), Some(10));
+        for ignored in [
+            "wait=0",
+            "wait=abc",
+            "wait=-1",
+            "wait",
+            "handling=lenient",
+            "",
+        ] {
+            assert_eq!(wait_of(&[ignored]), None, "{ignored}");
+        }
+        assert_eq!(wait_of(&[]), None);
+    }
 }

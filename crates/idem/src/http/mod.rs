@@ -43,7 +43,7 @@ pub use auth::SecretCache;
 pub use console::serve_console;
 pub use error::ApiError;
 pub use openapi::document_json as openapi_json;
-pub use server::{run as run_server, Limits, Tls, HEADER_READ_TIMEOUT, MAX_IN_FLIGHT};
+pub use server::{run as run_server, Limits, Tls, HEADER_READ_TIMEOUT, MAX_IN_FLIGHT, MAX_WAITERS};
 
 use idem_core::idempotency::Engine;
 use idem_core::problem::{Problem, ProblemKind, PROBLEM_JSON};
@@ -63,6 +63,9 @@ pub struct AppState {
     pub merchants: SecretCache,
     /// Charge attempts in progress, awaited on shutdown so none is cut short.
     pub tasks: TaskTracker,
+    /// Room for requests waiting on a duplicate's outcome (`Prefer: wait`);
+    /// [`router_with`] sizes it from its limits.
+    pub waiters: Arc<tokio::sync::Semaphore>,
 }
 
 impl AppState {
@@ -73,14 +76,16 @@ impl AppState {
             store,
             merchants: SecretCache::default(),
             tasks: TaskTracker::new(),
+            waiters: Arc::new(tokio::sync::Semaphore::new(MAX_WAITERS)),
         }
     }
 }
 
 /// The routes and middleware under `limits`, with `GET /metrics` unless it is
 /// served on a listener of its own ([`serve_ops`]).
-pub fn router_with(state: AppState, limits: &Limits, with_metrics: bool) -> Router {
+pub fn router_with(mut state: AppState, limits: &Limits, with_metrics: bool) -> Router {
     let request_timeout = limits.request_timeout;
+    state.waiters = Arc::new(tokio::sync::Semaphore::new(limits.max_waiters));
     // `LoadShed` answers at once when the limit has no permit left, instead
     // of waiting for one; its error becomes the 503. A *global* limit: a
     // route layer is applied once per route and method, so a plain

@@ -62,6 +62,12 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// then the instance answers at once instead of piling up work it cannot finish.
 pub const MAX_IN_FLIGHT: usize = 1024;
 
+/// Requests that wait at once for a duplicate's outcome (`Prefer: wait`)
+/// before more are shed with `503`: a quarter of [`MAX_IN_FLIGHT`], so that
+/// waiting, which holds a request slot but no database connection, can never
+/// take more than a quarter of the instance's room for work.
+pub const MAX_WAITERS: usize = MAX_IN_FLIGHT / 4;
+
 /// After a failed `accept` that is not the client's doing (out of file
 /// descriptors, say), the pause before the next: long enough not to spin on
 /// the error, short enough to be back as soon as descriptors free up.
@@ -77,6 +83,8 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     /// See [`MAX_IN_FLIGHT`].
     pub max_in_flight: usize,
+    /// See [`MAX_WAITERS`].
+    pub max_waiters: usize,
 }
 
 impl Limits {
@@ -86,6 +94,7 @@ impl Limits {
             request_timeout,
             header_read_timeout: HEADER_READ_TIMEOUT,
             max_in_flight: MAX_IN_FLIGHT,
+            max_waiters: MAX_WAITERS,
         }
     }
 }

@@ -28,4 +28,5 @@ mod rolling;
 mod store;
 mod tenant;
 mod tls;
+mod wait;
 mod webhooks;

@@ -77,6 +77,20 @@ impl Client {
         .await
     }
 
+    /// `POST /v1/charges` with a `Prefer` header (`wait=N`).
+    pub async fn charge_preferring(&self, key: &str, body: &str, prefer: &str) -> Answer {
+        self.send(
+            self.http
+                .post(format!("{}/v1/charges", self.base))
+                .bearer_auth(&self.secret)
+                .header("Idempotency-Key", key)
+                .header("Content-Type", "application/json")
+                .header("Prefer", prefer)
+                .body(body.to_owned()),
+        )
+        .await
+    }
+
     pub async fn get_charge(&self, id: &str) -> Answer {
         self.send(
             self.http
