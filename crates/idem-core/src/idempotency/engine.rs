@@ -78,6 +78,9 @@ pub enum Outcome {
         charge_id: ChargeId,
         response: StoredResponse,
         replayed: bool,
+        /// Until when, at least, the key is honoured (on this process's
+        /// clock): a replay gets this same answer until then.
+        honoured_until: Instant,
     },
     /// Another attempt holds the key; ask again after `retry_after`.
     InFlight {
@@ -211,11 +214,15 @@ impl Engine {
         request: &ChargeRequest,
     ) -> Result<Outcome, EngineError> {
         let fingerprint = Fingerprint::of_charge(request);
-        if let Some((charge_id, response)) = self.replays.replay(merchant.id, key, &fingerprint) {
+        if let Some((charge_id, response, until)) =
+            self.replays.replay(merchant.id, key, &fingerprint)
+        {
+            // The memory ends before the key (by a margin): the key lives at least that long.
             return Ok(Outcome::Completed {
                 charge_id,
                 response,
                 replayed: true,
+                honoured_until: until,
             });
         }
         if let Some(held) = self.in_flight.get(merchant.id, key) {
@@ -521,10 +528,13 @@ impl Engine {
                 &response,
                 asked + self.config.key_ttl,
             );
+            // Sent at `asked`, the statement set the expiry `key_ttl` from
+            // the database's now, which came after.
             return Ok(Outcome::Completed {
                 charge_id: settled.id,
                 response,
                 replayed: false,
+                honoured_until: asked + self.config.key_ttl,
             });
         }
         // Fenced out: our lease ran out and another attempt took over. Its answer
@@ -626,6 +636,7 @@ impl Engine {
                     charge_id: record.charge.id,
                     response,
                     replayed: true,
+                    honoured_until: asked + expires_in,
                 }
             }
             KeyState::InFlight { .. } if record.under_review => Outcome::UnderReview {

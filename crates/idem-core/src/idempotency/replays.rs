@@ -90,14 +90,14 @@ impl ReplayCache {
         merchant_id: i64,
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
-    ) -> Option<(ChargeId, StoredResponse)> {
+    ) -> Option<(ChargeId, StoredResponse, Instant)> {
         let entries = self.entries.as_ref()?;
         let done = entries
             .get(&(merchant_id, key.as_str().to_owned()))
             .filter(|d| d.until > Instant::now() && d.fingerprint == *fingerprint);
         let result = if done.is_some() { "hit" } else { "miss" };
         metrics::counter!(crate::metrics::REPLAY_CACHE, "result" => result).increment(1);
-        done.map(|d| (d.charge_id, d.response))
+        done.map(|d| (d.charge_id, d.response, d.until))
     }
 
     /// Remembers a completed outcome whose key lives at least until

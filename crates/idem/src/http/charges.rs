@@ -26,6 +26,13 @@ use idem_core::problem::{self, Problem, PROBLEM_JSON};
 
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+/// Seconds for which, at least, this answer's key is still honoured: a
+/// retry within them gets this same answer. The name issue 49 of the IETF
+/// draft's tracker proposes (`Idempotency-TTL: 3600`) for what issue 35 asks
+/// for: a response header that tells the client how long its key is honoured.
+/// Seconds from now rather than a date, so that no clock but the client's
+/// own is involved (a replay says what is left, not the key's first TTL).
+pub const IDEMPOTENCY_TTL: HeaderName = HeaderName::from_static("idempotency-ttl");
 pub const PREFER: HeaderName = HeaderName::from_static("prefer");
 pub const PREFERENCE_APPLIED: HeaderName = HeaderName::from_static("preference-applied");
 
@@ -64,6 +71,7 @@ pub const MAX_WAIT: Duration = Duration::from_secs(10);
             headers(
                 ("Location" = String, description = "`/v1/charges/{id}` of the charge."),
                 ("Idempotent-Replayed" = inline(Replayed), description = "`true` when this is a stored outcome answered again; absent on the first answer."),
+                ("Idempotency-TTL" = u64, description = "Seconds for which, at least, the key is still honoured: a retry within them gets this answer again (`--key-ttl` from when the outcome was stored, less the time since)."),
                 ("Preference-Applied" = String, description = "`wait=N` when the request waited (up to N seconds) for a duplicate's outcome (`Prefer: wait`)."),
             )),
         (status = BAD_REQUEST, description = "`missing-idempotency-key`, `malformed-idempotency-key` \
@@ -79,6 +87,7 @@ pub const MAX_WAIT: Duration = Duration::from_secs(10);
             body = inline(ChargeProblem), content_type = PROBLEM_JSON,
             headers(
                 ("Idempotent-Replayed" = inline(Replayed), description = "`true` when this is a stored outcome answered again; absent on the first answer."),
+                ("Idempotency-TTL" = u64, description = "Seconds for which, at least, the key is still honoured: a retry within them gets this answer again (`--key-ttl` from when the outcome was stored, less the time since)."),
                 ("Preference-Applied" = String, description = "`wait=N` when the request waited (up to N seconds) for a duplicate's outcome (`Prefer: wait`)."),
             )),
         (status = CONFLICT, description = "`request-in-flight`: another attempt with this key is at the \
@@ -109,6 +118,7 @@ pub const MAX_WAIT: Duration = Duration::from_secs(10);
             body = inline(ChargeProblem), content_type = PROBLEM_JSON,
             headers(
                 ("Idempotent-Replayed" = inline(Replayed), description = "`true` when this is a stored outcome answered again; absent on the first answer."),
+                ("Idempotency-TTL" = u64, description = "Seconds for which, at least, the key is still honoured: a retry within them gets this answer again (`--key-ttl` from when the outcome was stored, less the time since)."),
                 ("Preference-Applied" = String, description = "`wait=N` when the request waited (up to N seconds) for a duplicate's outcome (`Prefer: wait`)."),
             )),
         (status = SERVICE_UNAVAILABLE, description = "`outcome-unknown`: the acquirer gave no answer that \
@@ -195,6 +205,7 @@ fn answer(outcome: Outcome) -> Result<Response, ApiError> {
             charge_id,
             response,
             replayed,
+            honoured_until,
         } => {
             tracing::Span::current().record("charge_id", charge_id.as_str());
             let status = StatusCode::from_u16(response.status)
@@ -215,6 +226,9 @@ fn answer(outcome: Outcome) -> Result<Response, ApiError> {
                 r.headers_mut()
                     .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
             }
+            let ttl = honoured_until.saturating_duration_since(Instant::now());
+            r.headers_mut()
+                .insert(IDEMPOTENCY_TTL, HeaderValue::from(ttl.as_secs()));
             Ok(r)
         }
         Outcome::InFlight { retry_after, .. } => Err(ApiError::InFlight { retry_after }),

@@ -316,6 +316,7 @@ impl Consumer {
                 charge_id,
                 response,
                 replayed,
+                ..
             } => {
                 tracing::Span::current().record("charge_id", charge_id.as_str());
                 (ResultAnswer::Now(response), *replayed)

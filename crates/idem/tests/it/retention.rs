@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use idem::workers::Sweeper;
+use idem_core::idempotency::EngineConfig;
 use idem_lab::sim::{Fault, Faults};
 
 use crate::helpers::*;
@@ -131,4 +132,62 @@ async fn another_request_under_an_expired_key_is_a_new_intent_past_the_tombstone
     let replay = c.charge(&key, &body(2, 200)).await;
     assert!(replay.replayed());
     assert_eq!(replay.body, other.body);
+}
+
+/// Every stored outcome's answer says for how many seconds, at least, its key
+/// is still honoured (`Idempotency-TTL`): the key's TTL on the first answer,
+/// what is left of it on a replay, from memory or from the database; answers
+/// that store nothing say nothing.
+#[tokio::test]
+async fn every_stored_outcome_says_how_long_its_key_is_honoured() {
+    const TTL: u64 = 30;
+    for replay_cache_bytes in [8 << 20, 0] {
+        let config = EngineConfig {
+            key_ttl: Duration::from_secs(TTL),
+            replay_cache_bytes,
+            ..test_config()
+        };
+        let Env {
+            db: _db,
+            sim,
+            app: _app,
+            client: c,
+        } = Env::start_with(Faults::default(), config, Duration::from_secs(2)).await;
+        let ttl_of = |a: &Answer| -> u64 {
+            a.header("idempotency-ttl")
+                .unwrap_or_else(|| panic!("Idempotency-TTL on a {}", a.status))
+                .parse()
+                .expect("whole seconds")
+        };
+        let key = new_key();
+        let first = c.charge(&key, &body(1, 100)).await;
+        assert_eq!(first.status, 201);
+        let at_first = ttl_of(&first);
+        assert!((TTL - 2..=TTL).contains(&at_first), "{at_first}");
+        tokio::time::sleep(Duration::from_millis(2_100)).await;
+        let replay = c.charge(&key, &body(1, 100)).await;
+        assert!(replay.replayed());
+        let later = ttl_of(&replay);
+        assert!(
+            later < at_first && later >= at_first.saturating_sub(4),
+            "what is left: {at_first} then {later} (cache {replay_cache_bytes})"
+        );
+
+        sim.set_faults(Faults {
+            decline_rate: 1.0,
+            ..Faults::default()
+        })
+        .await;
+        let declined = c.charge(&new_key(), &body(2, 100)).await;
+        assert_eq!(declined.status, 402);
+        assert!(ttl_of(&declined) >= TTL - 2, "a decline is stored too");
+
+        sim.set_faults(failing(Fault::ErrorBefore)).await;
+        let unknown = c.charge(&new_key(), &body(3, 100)).await;
+        assert_eq!(unknown.status, 503);
+        assert_eq!(unknown.header("idempotency-ttl"), None, "nothing stored");
+        let reused = c.charge(&key, &body(1, 999)).await;
+        assert_eq!(reused.status, 422);
+        assert_eq!(reused.header("idempotency-ttl"), None);
+    }
 }
