@@ -271,7 +271,8 @@ fn replay_detail(requests: &[Vec<&Request>]) -> String {
     let stale = if stale == 0 {
         String::new()
     } else {
-        format!(" ({stale} were a 409 sent after the outcome was seen, the latest {stalest:.0} ms after)")
+        let were = if stale == 1 { "was" } else { "were" };
+        format!(" ({stale} {were} a 409 sent after the outcome was seen, the latest {stalest:.0} ms after)")
     };
     format!("{later} answers to settled intents{stale}")
 }
@@ -570,7 +571,7 @@ mod tests {
         assert!(
             verdicts["replays-identical"]
                 .detail
-                .contains("1 were a 409 sent after the outcome was seen, the latest 68 ms after"),
+                .contains("1 was a 409 sent after the outcome was seen, the latest 68 ms after"),
             "{}",
             verdicts["replays-identical"].detail
         );
