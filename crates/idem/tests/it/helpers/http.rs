@@ -66,29 +66,22 @@ impl Client {
 
     /// `POST /v1/charges` with a JSON body given as text (so tests can send any bytes).
     pub async fn charge(&self, key: &str, body: &str) -> Answer {
-        self.send(
-            self.http
-                .post(format!("{}/v1/charges", self.base))
-                .bearer_auth(&self.secret)
-                .header("Idempotency-Key", key)
-                .header("Content-Type", "application/json")
-                .body(body.to_owned()),
-        )
-        .await
+        self.send(self.charge_request(key, body)).await
     }
 
     /// `POST /v1/charges` with a `Prefer` header (`wait=N`).
     pub async fn charge_preferring(&self, key: &str, body: &str, prefer: &str) -> Answer {
-        self.send(
-            self.http
-                .post(format!("{}/v1/charges", self.base))
-                .bearer_auth(&self.secret)
-                .header("Idempotency-Key", key)
-                .header("Content-Type", "application/json")
-                .header("Prefer", prefer)
-                .body(body.to_owned()),
-        )
-        .await
+        self.send(self.charge_request(key, body).header("Prefer", prefer))
+            .await
+    }
+
+    fn charge_request(&self, key: &str, body: &str) -> reqwest::RequestBuilder {
+        self.http
+            .post(format!("{}/v1/charges", self.base))
+            .bearer_auth(&self.secret)
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(body.to_owned())
     }
 
     pub async fn get_charge(&self, id: &str) -> Answer {
