@@ -74,11 +74,7 @@ pub struct Outcome {
 impl Outcome {
     /// The run's captures, on the run's clock (ms), when the ledger has times.
     pub fn captures(&self) -> Vec<(&LedgerCapture, Option<f64>)> {
-        let run = self.report.run_id;
-        self.ledger
-            .captures
-            .iter()
-            .filter(|c| workload::is_runs(run, c.order_id))
+        runs_captures(&self.ledger, self.report.run_id)
             .map(|c| {
                 let at = (self.ledger.now_micros > 0).then(|| {
                     let ago_ms = self.ledger.now_micros.saturating_sub(c.at_micros) as f64 / 1000.0;
@@ -159,12 +155,7 @@ pub async fn run(config: &VerifyConfig, shutdown: CancellationToken) -> anyhow::
     };
     let ledger_read_ms = client.now_ms();
     let ledger = read_ledger(&config.ledger_url).await?;
-    let captures: Vec<LedgerCapture> = ledger
-        .captures
-        .iter()
-        .filter(|c| workload::is_runs(run_id, c.order_id))
-        .cloned()
-        .collect();
+    let captures: Vec<LedgerCapture> = runs_captures(&ledger, run_id).cloned().collect();
     let verdicts = invariants::judge(&Evidence {
         history: &history,
         captures: &captures,
@@ -230,11 +221,9 @@ async fn work(
         .await
         .context("putting the simulator's faults back")?;
     let unsettled = progress.iter().filter(|p| p.settled_on.is_none()).count();
-    let captured = read_ledger(&config.ledger_url).await.map_or(0, |l| {
-        let mine = l.captures.iter();
-        mine.filter(|c| workload::is_runs(run_id, c.order_id))
-            .count()
-    });
+    let captured = read_ledger(&config.ledger_url)
+        .await
+        .map_or(0, |l| runs_captures(&l, run_id).count());
     bar.finish(done.load(Ordering::SeqCst), captured);
     let settle_start = Instant::now();
     let settled_later = workload::settle(
@@ -267,6 +256,14 @@ async fn work(
             settle_seconds,
         },
     ))
+}
+
+/// The captures in `ledger` of the run `run` (by their order ids).
+fn runs_captures(ledger: &Ledger, run: u64) -> impl Iterator<Item = &LedgerCapture> {
+    ledger
+        .captures
+        .iter()
+        .filter(move |c| workload::is_runs(run, c.order_id))
 }
 
 async fn read_ledger(url: &str) -> anyhow::Result<Ledger> {
