@@ -71,6 +71,10 @@ pub struct ChargeAnswer {
     /// `Idempotent-Replayed: true` was on the final answer: it was stored by an
     /// earlier attempt of this intent, not produced by this one.
     pub replayed: bool,
+    /// `Idempotency-TTL` on the final answer: how much longer the server
+    /// honours the key (it replays this answer until then). Present on every
+    /// stored outcome (`201`, `402`, `502` `acquirer-rejected`).
+    pub idempotency_ttl: Option<Duration>,
     /// Every attempt in order, the final one last.
     pub attempts: Vec<Attempt>,
 }

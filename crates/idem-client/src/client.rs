@@ -4,8 +4,9 @@
 //! Owns sending one attempt and classifying how it ended. Invariants: every
 //! attempt of an intent carries the same `Idempotency-Key` and byte-identical
 //! body; attempt `i` goes to `endpoints[i % len]`; no wait and no attempt runs
-//! past `max_elapsed`; only `409`, `502`, `503`, `504`, timeouts and connection
-//! failures are retried.
+//! past `max_elapsed`; only `409`, `429`, `503`, `504`, a `502` that is not
+//! idem's stored `acquirer-rejected`, timeouts and connection failures are
+//! retried.
 
 use std::fmt;
 use std::sync::Arc;
@@ -16,7 +17,9 @@ use reqwest::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETR
 
 use crate::answer::{Attempt, AttemptOutcome, ChargeAnswer, ChargeRequest};
 use crate::error::ClientError;
-use crate::policy::{backoff_delay, is_retryable_status, parse_retry_after, RetryPolicy};
+use crate::policy::{
+    backoff_delay, is_retryable, parse_retry_after, prefer_wait_secs, RetryPolicy,
+};
 
 /// Where charges are created, relative to an endpoint's base URL.
 const CHARGES_PATH: &str = "/v1/charges";
@@ -26,6 +29,12 @@ const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// The answer header the server sets when it replays a stored outcome.
 const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The answer header saying how many more seconds a stored outcome's key is honoured.
+const IDEMPOTENCY_TTL: HeaderName = HeaderName::from_static("idempotency-ttl");
+
+/// RFC 7240's request header, for `wait=N`.
+const PREFER: HeaderName = HeaderName::from_static("prefer");
 
 /// A charge client bound to a set of instances and one merchant's secret.
 ///
@@ -60,6 +69,7 @@ struct Reply {
     body: Bytes,
     replayed: bool,
     retry_after: Option<Duration>,
+    idempotency_ttl: Option<Duration>,
 }
 
 impl Client {
@@ -149,13 +159,10 @@ impl Client {
 
             let endpoint = &self.inner.endpoints[number as usize % self.inner.endpoints.len()];
             let sent = Instant::now();
+            let timeout = policy.attempt_timeout.min(remaining);
+            let wait = prefer_wait_secs(policy, timeout);
             let result = self
-                .attempt(
-                    endpoint,
-                    &key_header,
-                    &body,
-                    policy.attempt_timeout.min(remaining),
-                )
+                .attempt(endpoint, &key_header, &body, timeout, wait)
                 .await;
             attempts.push(Attempt {
                 endpoint: endpoint.base.clone(),
@@ -167,12 +174,13 @@ impl Client {
                 elapsed: sent.elapsed(),
             });
             match result {
-                Ok(reply) if !is_retryable_status(reply.status) => {
+                Ok(reply) if !is_retryable(reply.status, &reply.body) => {
                     return Ok(ChargeAnswer {
                         key: key.to_owned(),
                         status: reply.status,
                         body: reply.body,
                         replayed: reply.replayed,
+                        idempotency_ttl: reply.idempotency_ttl,
                         attempts,
                     });
                 }
@@ -184,25 +192,28 @@ impl Client {
         Err(give_up(key, attempts, &reason))
     }
 
-    /// Sends one attempt and reads the whole answer, all within `timeout`.
+    /// Sends one attempt (asking to wait `wait` seconds for an in-flight
+    /// duplicate's outcome) and reads the whole answer, all within `timeout`.
     async fn attempt(
         &self,
         endpoint: &Endpoint,
         key: &HeaderValue,
         body: &Bytes,
         timeout: Duration,
+        wait: Option<u64>,
     ) -> Result<Reply, AttemptOutcome> {
         let exchange = async {
-            let response = self
+            let mut request = self
                 .inner
                 .http
                 .post(endpoint.charges.clone())
                 .header(AUTHORIZATION, self.inner.authorization.clone())
                 .header(IDEMPOTENCY_KEY, key.clone())
-                .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-                .body(body.clone())
-                .send()
-                .await?;
+                .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            if let Some(secs) = wait {
+                request = request.header(PREFER, format!("wait={secs}"));
+            }
+            let response = request.body(body.clone()).send().await?;
             let status = response.status().as_u16();
             let headers = response.headers();
             let replayed = headers
@@ -211,6 +222,10 @@ impl Client {
             let retry_after = headers
                 .get(RETRY_AFTER)
                 .and_then(|value| parse_retry_after(value.as_bytes()));
+            // The same form as Retry-After: whole seconds.
+            let idempotency_ttl = headers
+                .get(IDEMPOTENCY_TTL)
+                .and_then(|value| parse_retry_after(value.as_bytes()));
             // A body cut off half way is a lost answer, not a final one.
             let body = response.bytes().await?;
             Ok::<_, reqwest::Error>(Reply {
@@ -218,6 +233,7 @@ impl Client {
                 body,
                 replayed,
                 retry_after,
+                idempotency_ttl,
             })
         };
         match tokio::time::timeout(timeout, exchange).await {

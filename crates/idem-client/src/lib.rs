@@ -3,10 +3,13 @@
 //! One call to [`Client::charge`] is one payment intent: it picks one
 //! idempotency key and sends the same key with the same bytes on every attempt,
 //! so however often it retries, the server charges at most once. It retries only
-//! what may succeed on a retry (timeouts, lost connections, `409`, `502`, `503`,
-//! `504`), waits with full-jitter exponential backoff that never undercuts the
-//! server's `Retry-After`, spreads attempts over the given instances, and never
-//! runs past its time budget.
+//! what may succeed on a retry (timeouts, lost connections, `409`, `429`, `503`,
+//! `504`, a gateway's `502`), waits with full-jitter exponential backoff that
+//! never undercuts the server's `Retry-After`, asks an in-flight duplicate to
+//! wait for the first attempt's outcome (`Prefer: wait`), spreads attempts over
+//! the given instances, and never runs past its time budget. It behaves as the
+//! Python and TypeScript clients do (`clients/README.md`), and all three pass one
+//! conformance suite (`clients/conformance/`).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), idem_client::ClientError> {
@@ -41,4 +44,4 @@ pub mod policy;
 pub use answer::{Attempt, AttemptOutcome, ChargeAnswer, ChargeRequest};
 pub use client::{error_chain, Client};
 pub use error::ClientError;
-pub use policy::{backoff_delay, RetryPolicy};
+pub use policy::{backoff_delay, prefer_wait_secs, RetryPolicy};

@@ -29,6 +29,11 @@ pub const DEFAULT_BASE_DELAY: Duration = Duration::from_millis(100);
 /// the server's `Retry-After` is the way to ask for more.
 pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(5);
 
+/// Default `Prefer: wait`: an in-flight duplicate waits up to this long for
+/// the first attempt's outcome (about one slow acquirer call) instead of
+/// being answered `409` at once.
+pub const DEFAULT_PREFER_WAIT: Duration = Duration::from_secs(5);
+
 /// How hard one intent tries before giving up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryPolicy {
@@ -45,6 +50,10 @@ pub struct RetryPolicy {
     pub base_delay: Duration,
     /// Backoff cap, so waits stop growing once retries are far apart anyway.
     pub max_delay: Duration,
+    /// What each attempt asks for with `Prefer: wait` (whole seconds; the
+    /// server caps it at 10): shortened to leave a second of the attempt's
+    /// timeout, and not sent below one second ([`prefer_wait_secs`]).
+    pub prefer_wait: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -55,6 +64,7 @@ impl Default for RetryPolicy {
             attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
             base_delay: DEFAULT_BASE_DELAY,
             max_delay: DEFAULT_MAX_DELAY,
+            prefer_wait: DEFAULT_PREFER_WAIT,
         }
     }
 }
@@ -84,14 +94,44 @@ fn backoff_ceiling(policy: &RetryPolicy, retry: u32) -> Duration {
     grown.min(policy.max_delay)
 }
 
-/// Whether an answer with this status may turn out differently on a retry.
+/// The `Prefer: wait` of an attempt whose timeout is `attempt_timeout`: the
+/// policy's wait, but a second short of the timeout so that the server's
+/// answer after a full wait still arrives in time; `None` below one second.
+pub fn prefer_wait_secs(policy: &RetryPolicy, attempt_timeout: Duration) -> Option<u64> {
+    let secs = policy
+        .prefer_wait
+        .as_secs()
+        .min(attempt_timeout.as_secs().saturating_sub(1));
+    (secs > 0).then_some(secs)
+}
+
+/// The problem `type` of idem's stored `502`: the acquirer refused the
+/// charge, which is failed, and the key replays that.
+const ACQUIRER_REJECTED: &str = "urn:idem:problem:acquirer-rejected";
+
+/// Whether an answer may turn out differently on a retry.
 ///
-/// `409`: the first attempt is still in flight. `503`: the outcome is unknown
-/// or the database is down. `502`/`504`: a gateway lost the answer, so the
-/// outcome is unknown too. Everything else (2xx, `402`, `422`, other 4xx and
-/// 5xx) is the server's final word for this key and is returned as is.
-pub(crate) fn is_retryable_status(status: u16) -> bool {
-    matches!(status, 409 | 502 | 503 | 504)
+/// `409`: the first attempt is still in flight. `429`: too many requests now.
+/// `503`: the outcome is unknown or the database is down. `504`, and a `502`
+/// that is not idem's stored `acquirer-rejected`: a gateway lost the answer,
+/// so the outcome is unknown too. Everything else (2xx, `402`, `422`, other
+/// 4xx and 5xx) is the server's final word for this key and is returned as is.
+pub(crate) fn is_retryable(status: u16, body: &[u8]) -> bool {
+    match status {
+        409 | 429 | 503 | 504 => true,
+        502 => !is_acquirer_rejected(body),
+        _ => false,
+    }
+}
+
+fn is_acquirer_rejected(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Problem<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: Option<std::borrow::Cow<'a, str>>,
+    }
+    serde_json::from_slice::<Problem<'_>>(body)
+        .is_ok_and(|p| p.kind.as_deref() == Some(ACQUIRER_REJECTED))
 }
 
 /// `Retry-After` as the contract sends it: whole seconds. The HTTP-date form is
@@ -233,13 +273,34 @@ mod tests {
     }
 
     #[test]
-    fn only_unknown_or_in_flight_statuses_are_retried() {
-        for status in [409, 502, 503, 504] {
-            assert!(is_retryable_status(status), "{status}");
+    fn only_unknown_in_flight_or_throttled_answers_are_retried() {
+        let gateway = b"<html>502 Bad Gateway</html>";
+        for status in [409, 429, 502, 503, 504] {
+            assert!(is_retryable(status, gateway), "{status}");
         }
-        for status in [200, 201, 400, 401, 402, 404, 413, 415, 422, 429, 500, 501] {
-            assert!(!is_retryable_status(status), "{status}");
+        for status in [200, 201, 400, 401, 402, 404, 410, 413, 415, 422, 500, 501] {
+            assert!(!is_retryable(status, gateway), "{status}");
         }
+        let rejected = br#"{"type":"urn:idem:problem:acquirer-rejected","status":502}"#;
+        assert!(!is_retryable(502, rejected), "idem's stored 502 is final");
+        let other = br#"{"type":"urn:idem:problem:internal","status":502}"#;
+        assert!(is_retryable(502, other));
+    }
+
+    #[test]
+    fn the_wait_asked_for_leaves_a_second_of_the_attempt() {
+        let p = RetryPolicy::default();
+        let secs = |ms| prefer_wait_secs(&p, Duration::from_millis(ms));
+        assert_eq!(secs(10_000), Some(5));
+        assert_eq!(secs(4_500), Some(3));
+        assert_eq!(secs(2_000), Some(1));
+        assert_eq!(secs(1_999), None);
+        assert_eq!(secs(250), None);
+        let never = RetryPolicy {
+            prefer_wait: Duration::ZERO,
+            ..p
+        };
+        assert_eq!(prefer_wait_secs(&never, Duration::from_secs(60)), None);
     }
 
     #[test]
@@ -250,5 +311,6 @@ mod tests {
         assert_eq!(p.attempt_timeout, Duration::from_secs(10));
         assert_eq!(p.base_delay, Duration::from_millis(100));
         assert_eq!(p.max_delay, Duration::from_secs(5));
+        assert_eq!(p.prefer_wait, Duration::from_secs(5));
     }
 }

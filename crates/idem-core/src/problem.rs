@@ -186,7 +186,9 @@ pub struct Problem<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Charge)]
     pub charge: Option<&'a Charge>,
-    /// The charge an expired key's request made (`key-expired`).
+    /// The charge the key made: an expired key's request (`key-expired`), the
+    /// first request of a reused key (`idempotency-key-reused`), a charge
+    /// awaiting review.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = String)]
     pub charge_id: Option<&'a str>,
@@ -223,10 +225,12 @@ impl<'a> Problem<'a> {
         }
     }
 
-    /// The `422` of a key first used for another request, naming the fields
-    /// that differ: the same body over HTTP and in a queue command's result.
-    pub fn key_reused(fields: &'a [&'static str]) -> Self {
+    /// The `422` of a key first used for another request, naming the charge
+    /// that request made and the fields that differ: the same body over HTTP
+    /// and in a queue command's result.
+    pub fn key_reused(charge_id: &'a str, fields: &'a [&'static str]) -> Self {
         Self {
+            charge_id: Some(charge_id),
             differing_fields: Some(fields),
             ..Self::new(ProblemKind::KeyReused, key_reused_detail(fields))
         }

@@ -19,6 +19,7 @@ fn fast_policy() -> RetryPolicy {
         attempt_timeout: Duration::from_secs(2),
         base_delay: Duration::from_millis(1),
         max_delay: Duration::from_millis(5),
+        prefer_wait: Duration::ZERO,
     }
 }
 
@@ -81,12 +82,14 @@ async fn retries_409_in_flight_then_returns_the_capture() {
     );
 }
 
-/// 502 and 504 come from a gateway that lost the answer: unknown, so retried.
+/// 502 and 504 come from a gateway that lost the answer: unknown, so
+/// retried; 429 asks the client to slow down.
 #[tokio::test]
-async fn retries_gateway_errors() {
+async fn retries_gateway_errors_and_throttling() {
     let server = Scripted::start(vec![
         Step::status(502),
         Step::status(504),
+        Step::status(429).header("retry-after", "0"),
         Step::status(201),
     ])
     .await;
@@ -99,9 +102,33 @@ async fn retries_gateway_errors() {
         [
             AttemptOutcome::Status(502),
             AttemptOutcome::Status(504),
+            AttemptOutcome::Status(429),
             AttemptOutcome::Status(201)
         ]
     );
+}
+
+/// idem's own 502 is a stored outcome (the acquirer refused the charge): the
+/// result, not a lost answer.
+#[tokio::test]
+async fn an_acquirer_rejected_502_is_final() {
+    let problem = r#"{"type":"urn:idem:problem:acquirer-rejected","status":502}"#;
+    let server = Scripted::start(vec![
+        Step::status(502)
+            .header("content-type", "application/problem+json")
+            .header("idempotency-ttl", "86399")
+            .body(problem),
+        Step::status(201),
+    ])
+    .await;
+    let answer = client(&[&server.base], fast_policy())
+        .charge(&request())
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 502);
+    assert_eq!(&answer.body[..], problem.as_bytes());
+    assert_eq!(answer.idempotency_ttl, Some(Duration::from_secs(86_399)));
+    assert_eq!(server.received().len(), 1);
 }
 
 /// The first attempt hangs past attempt_timeout; the client cuts it off and
@@ -168,7 +195,7 @@ async fn decline_402_is_final() {
 /// Every other status is final too, including 500 and redirects (not followed).
 #[tokio::test]
 async fn other_statuses_are_final_after_one_attempt() {
-    for status in [200, 302, 400, 401, 404, 413, 415, 429, 500] {
+    for status in [200, 302, 400, 401, 404, 410, 413, 415, 500] {
         let mut first = Step::status(status);
         if status == 302 {
             first = first.header("location", "/elsewhere");
@@ -267,6 +294,43 @@ async fn every_attempt_sends_the_same_key_and_body() {
     );
     let key = uuid::Uuid::parse_str(&answer.key).unwrap();
     assert_eq!(key.get_version_num(), 4);
+}
+
+/// Every attempt asks to wait for an in-flight duplicate's outcome, a second
+/// short of its timeout (the last one's shortened by `max_elapsed`).
+#[tokio::test]
+async fn attempts_ask_to_wait_within_their_timeout() {
+    let server = Scripted::start(vec![
+        Step::status(409).header("retry-after", "0"),
+        Step::status(201),
+    ])
+    .await;
+    let policy = RetryPolicy {
+        attempt_timeout: Duration::from_millis(4_500),
+        max_elapsed: Duration::from_secs(30),
+        prefer_wait: Duration::from_secs(5),
+        ..fast_policy()
+    };
+    client(&[&server.base], policy)
+        .charge(&request())
+        .await
+        .unwrap();
+    let asked: Vec<_> = server.received().into_iter().map(|r| r.prefer).collect();
+    assert_eq!(
+        asked,
+        [Some("wait=3".to_owned()), Some("wait=3".to_owned())]
+    );
+
+    let server = Scripted::start(vec![Step::status(201)]).await;
+    client(&[&server.base], fast_policy())
+        .charge(&request())
+        .await
+        .unwrap();
+    assert_eq!(
+        server.received()[0].prefer,
+        None,
+        "a zero wait is not asked for"
+    );
 }
 
 /// Two intents are two keys; absent optional fields are left out of the body.

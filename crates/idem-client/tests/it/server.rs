@@ -56,6 +56,7 @@ pub struct Received {
     pub idempotency_key: Option<String>,
     pub authorization: Option<String>,
     pub content_type: Option<String>,
+    pub prefer: Option<String>,
     pub body: Bytes,
 }
 
@@ -103,6 +104,7 @@ async fn answer(State(script): State<Arc<Script>>, headers: HeaderMap, body: Byt
         idempotency_key: text("idempotency-key"),
         authorization: text("authorization"),
         content_type: text("content-type"),
+        prefer: text("prefer"),
         body,
     });
     let step = {

@@ -87,8 +87,11 @@ pub enum Outcome {
         charge_id: ChargeId,
         retry_after: Duration,
     },
-    /// The key was first used for a different request.
-    Mismatch { fields: Vec<&'static str> },
+    /// The key was first used for a different request, which made `charge_id`.
+    Mismatch {
+        charge_id: ChargeId,
+        fields: Vec<&'static str>,
+    },
     /// The key expired after storing the outcome of this very request: a late
     /// retry, answered `410` naming the charge; nothing was claimed or charged.
     Expired { charge_id: ChargeId },
@@ -261,6 +264,7 @@ impl Engine {
             &fingerprint,
         ) {
             Found::Mismatch => Ok(Outcome::Mismatch {
+                charge_id: record.charge.id.clone(),
                 fields: record.charge.request().differing_fields(request),
             }),
             Found::TakeOver => {
@@ -720,6 +724,7 @@ fn waiting_or_mismatch(
 ) -> Outcome {
     if *held_fingerprint != fingerprint {
         return Outcome::Mismatch {
+            charge_id,
             fields: held_request.differing_fields(request),
         };
     }

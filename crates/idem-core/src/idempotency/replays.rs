@@ -46,6 +46,9 @@ struct Done {
     response: StoredResponse,
     /// When this instance stops answering from memory.
     until: Instant,
+    /// Until when, at least, the key lives: what a replay says of it
+    /// (`Idempotency-TTL`), the same as a replay read from the database would.
+    key_lives_until: Instant,
 }
 
 /// Entries live until their own deadline.
@@ -84,7 +87,8 @@ impl ReplayCache {
         Self { entries }
     }
 
-    /// The stored answer for this very request, while the key surely lives.
+    /// The stored answer for this very request, while the key surely lives,
+    /// and until when, at least, the key lives.
     pub fn replay(
         &self,
         merchant_id: i64,
@@ -97,7 +101,7 @@ impl ReplayCache {
             .filter(|d| d.until > Instant::now() && d.fingerprint == *fingerprint);
         let result = if done.is_some() { "hit" } else { "miss" };
         metrics::counter!(crate::metrics::REPLAY_CACHE, "result" => result).increment(1);
-        done.map(|d| (d.charge_id, d.response, d.until))
+        done.map(|d| (d.charge_id, d.response, d.key_lives_until))
     }
 
     /// Remembers a completed outcome whose key lives at least until
@@ -127,6 +131,7 @@ impl ReplayCache {
                 charge_id: charge_id.clone(),
                 response: response.clone(),
                 until,
+                key_lives_until,
             },
         );
     }

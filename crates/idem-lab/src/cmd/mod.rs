@@ -1,5 +1,6 @@
 //! The `idem-lab` command line: the lab's subcommands (the simulator, the
-//! demo, the bench, verify, a teaching server) beside every one of `idem`'s, so that the lab can start
+//! demo, the bench, verify, a teaching server, the clients' conformance
+//! environment) beside every one of `idem`'s, so that the lab can start
 //! `idem serve` processes from its own binary (`crate::harness`).
 
 use std::process::ExitCode;
@@ -11,6 +12,7 @@ use idem::cmd::{run_to_exit, shutdown_signal, Commands, LogFormat, DEFAULT_LOG_F
 
 mod acquirer_sim;
 mod bench;
+mod conformance_env;
 mod demo;
 mod teaching_server;
 mod verify;
@@ -42,6 +44,9 @@ enum Command {
     Verify(verify::Args),
     /// Serve one of the article's wrong strategies on an address.
     TeachingServer(teaching_server::Args),
+    /// Start what the clients' conformance suite runs against (idem, the
+    /// simulator, a lossy and a refusing endpoint) and print where, as JSON.
+    ConformanceEnv(conformance_env::Args),
     #[command(flatten)]
     Idem(Box<Commands>),
 }
@@ -64,6 +69,11 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Verify(args) => verify::run(args, shutdown_signal()).await,
         Command::TeachingServer(args) => {
             teaching_server::run(args, shutdown_signal())
+                .map(done)
+                .await
+        }
+        Command::ConformanceEnv(args) => {
+            conformance_env::run(args, shutdown_signal())
                 .map(done)
                 .await
         }

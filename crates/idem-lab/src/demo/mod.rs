@@ -473,6 +473,8 @@ async fn workload(
         attempt_timeout: config.client_timeout,
         base_delay: Duration::from_millis(20),
         max_delay: Duration::from_millis(500),
+        // The demo draws the race as it is: a duplicate meets the 409.
+        prefer_wait: Duration::ZERO,
     };
     // A client per starting instance: intent i starts on instance i % 3 and
     // retries on the next, as a load balancer would spread them.

@@ -4,5 +4,6 @@
 //! `IDEM_TEST_STORE=sqlite`, SQLite files of their own.
 
 mod bench;
+mod conformance;
 mod demo;
 mod verify;

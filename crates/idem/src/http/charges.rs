@@ -232,7 +232,7 @@ fn answer(outcome: Outcome) -> Result<Response, ApiError> {
             Ok(r)
         }
         Outcome::InFlight { retry_after, .. } => Err(ApiError::InFlight { retry_after }),
-        Outcome::Mismatch { fields } => Err(ApiError::KeyReused(fields)),
+        Outcome::Mismatch { charge_id, fields } => Err(ApiError::KeyReused(charge_id, fields)),
         Outcome::Expired { charge_id } => Err(ApiError::KeyExpired(charge_id)),
         Outcome::Unknown {
             charge_id,

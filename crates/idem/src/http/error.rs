@@ -36,9 +36,9 @@ pub enum ApiError {
     /// that hung up mid-body).
     #[error("the request body could not be read: {0}")]
     UnreadableBody(String),
-    /// 422: the key was first used for another request.
-    #[error("{}", idem_core::problem::key_reused_detail(.0))]
-    KeyReused(Vec<&'static str>),
+    /// 422: the key was first used for another request, which made the charge.
+    #[error("{}", idem_core::problem::key_reused_detail(.1))]
+    KeyReused(ChargeId, Vec<&'static str>),
     #[error("{}", idem_core::problem::key_expired_detail(.0.as_str()))]
     KeyExpired(ChargeId),
     /// 409: another attempt with this key is still working.
@@ -131,7 +131,7 @@ impl ApiError {
             Self::UnsupportedMediaType => ProblemKind::UnsupportedMediaType,
             Self::BodyTooLarge(_) => ProblemKind::BodyTooLarge,
             Self::InvalidBody(_) | Self::UnreadableBody(_) => ProblemKind::InvalidBody,
-            Self::KeyReused(_) => ProblemKind::KeyReused,
+            Self::KeyReused(..) => ProblemKind::KeyReused,
             Self::KeyExpired(_) => ProblemKind::KeyExpired,
             Self::InFlight { .. } => ProblemKind::RequestInFlight,
             Self::OutcomeUnknown { .. } => ProblemKind::OutcomeUnknown,
@@ -170,7 +170,7 @@ impl ApiError {
             other => other.to_string(),
         };
         let mut problem = match self {
-            Self::KeyReused(fields) => Problem::key_reused(fields),
+            Self::KeyReused(charge_id, fields) => Problem::key_reused(charge_id.as_str(), fields),
             Self::KeyExpired(charge_id) => Problem::key_expired(charge_id.as_str()),
             _ => Problem::new(kind, detail),
         };

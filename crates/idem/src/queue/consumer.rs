@@ -321,8 +321,8 @@ impl Consumer {
                 tracing::Span::current().record("charge_id", charge_id.as_str());
                 (ResultAnswer::Now(response), *replayed)
             }
-            Outcome::Mismatch { fields } => {
-                let problem = Problem::key_reused(fields);
+            Outcome::Mismatch { charge_id, fields } => {
+                let problem = Problem::key_reused(charge_id.as_str(), fields);
                 mismatch = StoredResponse {
                     status: problem.status,
                     body: problem.to_bytes().into(),
@@ -384,6 +384,7 @@ fn charge_of(outcome: &Outcome) -> Option<&str> {
         | Outcome::Unknown { charge_id, .. }
         | Outcome::UnderReview { charge_id, .. }
         | Outcome::Expired { charge_id } => Some(charge_id.as_str()),
+        // Another request's charge: this command made none.
         Outcome::Mismatch { .. } => None,
     }
 }

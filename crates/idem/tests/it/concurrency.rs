@@ -92,7 +92,9 @@ async fn a_retry_while_the_first_attempt_waits_on_the_acquirer_gets_409_at_once(
         "slowest 409 took {slowest:?}"
     );
     // Another request under the key in flight is still a 422 (the later
-    // duplicates above were answered from the in-flight memo).
+    // duplicates above were answered from the in-flight memo), naming the
+    // charge in flight.
+    let mut named = Vec::new();
     for _ in 0..2 {
         let other = c.charge(&key, &body(123, 1)).await;
         assert_eq!(other.status, 422, "{:?}", other.body);
@@ -100,11 +102,16 @@ async fn a_retry_while_the_first_attempt_waits_on_the_acquirer_gets_409_at_once(
             other.json()["differing_fields"],
             serde_json::json!(["amount_cents"])
         );
+        named.push(other.json()["charge_id"].clone());
     }
 
     let first = first.await.expect("first");
     assert_eq!(first.status, 201);
     assert!(first.elapsed >= Duration::from_millis(1_000));
+    assert_eq!(
+        named,
+        [first.json()["id"].clone(), first.json()["id"].clone()]
+    );
     // At once: the instance that answered 409 forgot the key when it stored the outcome.
     let replay = c.charge(&key, &body(123, 25000)).await;
     assert_eq!(replay.status, 201);

@@ -89,7 +89,7 @@ async fn a_decline_is_final_stored_and_replayed() {
 }
 
 #[tokio::test]
-async fn a_reused_key_with_another_request_is_422_naming_the_fields() {
+async fn a_reused_key_with_another_request_is_422_naming_the_charge_and_the_fields() {
     let Env {
         db,
         sim,
@@ -97,7 +97,8 @@ async fn a_reused_key_with_another_request_is_422_naming_the_fields() {
         client: c,
     } = Env::start(Faults::default()).await;
     let key = new_key();
-    assert_eq!(c.charge(&key, &body(123, 25000)).await.status, 201);
+    let first = c.charge(&key, &body(123, 25000)).await;
+    assert_eq!(first.status, 201);
 
     let a = c
         .charge(
@@ -110,6 +111,11 @@ async fn a_reused_key_with_another_request_is_422_naming_the_fields() {
     assert_eq!(
         a.json()["differing_fields"],
         serde_json::json!(["amount_cents", "currency"])
+    );
+    assert_eq!(
+        a.json()["charge_id"],
+        first.json()["id"],
+        "names the key's charge"
     );
     let a = c
         .charge(

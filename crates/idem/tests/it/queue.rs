@@ -159,6 +159,11 @@ async fn the_same_key_over_http_and_over_the_queue_is_one_charge() {
         "urn:idem:problem:idempotency-key-reused"
     );
     assert_eq!(
+        mismatch.json()["charge_id"],
+        serde_json::from_slice::<serde_json::Value>(&first.body).unwrap()["id"],
+        "names the key's charge"
+    );
+    assert_eq!(
         mismatch
             .properties
             .content_type()

@@ -1,0 +1,116 @@
+"""The asyncio client: a thin loop that carries out what a :class:`ChargeCall` decides."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import TracebackType
+from typing import ClassVar, Optional, Sequence, Tuple, Type, Union
+
+import httpx
+
+from ._core import ChargeCall, Config, Send, Sleep
+from ._types import ChargeResult, RetryPolicy
+
+
+class AsyncClient:
+    """The asyncio twin of :class:`Client`, with the same behaviour and API
+    (``await client.charge(...)``). Close it with ``await client.aclose()`` or
+    ``async with``; an ``http_client`` given to it stays open, as its owner's.
+    """
+
+    _call_type: ClassVar[Type[ChargeCall]] = ChargeCall
+
+    def __init__(
+        self,
+        base_url: Union[str, Sequence[str]],
+        secret: str,
+        *,
+        policy: RetryPolicy = RetryPolicy(),
+        http_client: Optional[httpx.AsyncClient] = None,
+        transport: Optional[httpx.AsyncBaseTransport] = None,
+    ) -> None:
+        self._config = Config.build(base_url, secret, policy)
+        if http_client is not None and transport is not None:
+            raise ValueError("give http_client or transport, not both")
+        self._owns_http = http_client is None
+        self._http = http_client if http_client is not None else httpx.AsyncClient(transport=transport)
+
+    @property
+    def policy(self) -> RetryPolicy:
+        return self._config.policy
+
+    async def charge(
+        self,
+        *,
+        order_id: int,
+        amount_cents: int,
+        currency: Optional[str] = None,
+        description: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> ChargeResult:
+        """Charges ``amount_cents`` for ``order_id``: one payment intent
+        (see :meth:`Client.charge`)."""
+        call = self._call_type(
+            self._config,
+            order_id=order_id,
+            amount_cents=amount_cents,
+            currency=currency,
+            description=description,
+            idempotency_key=idempotency_key,
+            now=time.monotonic(),
+        )
+        while True:
+            action = call.next(time.monotonic())
+            if isinstance(action, Send):
+                await self._attempt(call, action)
+            elif isinstance(action, Sleep):
+                await asyncio.sleep(action.seconds)
+            else:
+                return action.unwrap()
+
+    async def _attempt(self, call: ChargeCall, send: Send) -> None:
+        try:
+            # The timeout covers the whole exchange: connect to the last byte of the body.
+            status, headers, body = await asyncio.wait_for(self._exchange(send), send.timeout)
+        except (asyncio.TimeoutError, httpx.TimeoutException):
+            call.timed_out(time.monotonic())
+        except httpx.RequestError as error:
+            call.failed(time.monotonic(), error)
+        else:
+            call.answered(time.monotonic(), status, headers, body)
+
+    async def _exchange(self, send: Send) -> Tuple[int, httpx.Headers, bytes]:
+        async with self._http.stream(
+            "POST",
+            send.url,
+            headers=send.headers,
+            content=send.body,
+            timeout=send.timeout,
+            follow_redirects=False,
+        ) as response:
+            body = await response.aread()
+        return response.status_code, response.headers, body
+
+    async def aclose(self) -> None:
+        """Closes the connections (not those of an ``http_client`` given to it)."""
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def close(self) -> None:
+        """The same as :meth:`aclose`."""
+        await self.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"AsyncClient({self._config!r})"

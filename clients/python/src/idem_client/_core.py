@@ -1,0 +1,562 @@
+"""Everything a charge call decides, and no I/O: the one place of the client's logic.
+
+:class:`Client` and :class:`AsyncClient` are thin loops around a
+:class:`ChargeCall`: they ask it what to do next (:meth:`ChargeCall.next`:
+send an attempt, sleep, or finish), do it, and tell it how the attempt ended
+(:meth:`ChargeCall.answered`, :meth:`ChargeCall.timed_out`,
+:meth:`ChargeCall.failed`). Time comes in as ``now`` (a monotonic clock, in
+seconds) and randomness as a function, so every decision can be tested
+without a network or a clock.
+
+Owned here: the checks on what the caller gives (base URLs, secret, key,
+request), the key's quoting, the body's encoding (once per call), the headers
+(``Prefer: wait``), which answers are final (a result or a typed error) and
+which are retried, the backoff with full jitter under the ``Retry-After``
+floor, the deadline, and the give-up message.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import random
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from urllib.parse import urlsplit
+
+from ._errors import ApiError, GaveUpError, IdemError, KeyExpiredError, KeyReusedError
+from ._types import Attempt, Charge, ChargeResult, RetryPolicy
+from ._version import __version__
+
+CHARGES_PATH = "/v1/charges"
+USER_AGENT = f"idem-client-python/{__version__}"
+
+PROBLEM = "urn:idem:problem:"
+ACQUIRER_REJECTED = PROBLEM + "acquirer-rejected"
+KEY_REUSED = PROBLEM + "idempotency-key-reused"
+KEY_EXPIRED = PROBLEM + "key-expired"
+
+#: Statuses a retry can change: in flight (``409``), too many requests
+#: (``429``), unknown outcome or unavailable (``503``), a gateway's timeout
+#: (``504``). A ``502`` is retried too unless it is idem's stored
+#: ``acquirer-rejected`` (see :func:`classify`).
+RETRIED_STATUSES = frozenset({409, 429, 502, 503, 504})
+
+
+def new_key() -> str:
+    """A new idempotency key: a random UUID v4. One per payment intent."""
+    return str(uuid.uuid4())
+
+
+# --- What the caller gives ---------------------------------------------------
+
+
+def quote_key(key: str) -> str:
+    """The key as an IETF Structured Field string: ``"`` + the key with ``\\``
+    and ``"`` escaped + ``"``.
+
+    Such a string holds only printable ASCII (``0x20`` to ``0x7e``); a key with
+    any other character (or no character) is refused with :class:`ValueError`.
+    Whether it is a good key (1 to 255 visible characters) is the server's to
+    judge: it answers ``400`` ``malformed-idempotency-key``.
+    """
+    if not isinstance(key, str):
+        raise TypeError(f"an idempotency key is a str, not {type(key).__name__}")
+    if not key:
+        raise ValueError("an idempotency key cannot be empty")
+    bad = [c for c in key if not " " <= c <= "~"]
+    if bad:
+        raise ValueError(
+            f"the idempotency key {key!r} has {bad[0]!r}: a key is printable ASCII, so it cannot be sent"
+        )
+    return '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    base: str
+    """The base URL as the caller gave it (what :attr:`Attempt.endpoint` reports)."""
+    charges_url: str
+    """``base`` + ``/v1/charges``."""
+
+
+def parse_endpoints(base_url: Union[str, Sequence[str]]) -> Tuple[Endpoint, ...]:
+    """The base URLs, checked: ``http://`` or ``https://``, a host, no query,
+    fragment or credentials. Attempt ``i`` goes to the ``i % n``-th."""
+    bases = [base_url] if isinstance(base_url, str) else list(base_url)
+    if not bases:
+        raise ValueError("no base URL given: a client needs at least one idem endpoint")
+    return tuple(_endpoint(base) for base in bases)
+
+
+def _endpoint(base: str) -> Endpoint:
+    if not isinstance(base, str):
+        raise TypeError(f"a base URL is a str, not {type(base).__name__}")
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"base URL {base!r}: {why}")
+
+    if not base or base != base.strip() or any(c.isspace() or not c.isprintable() for c in base):
+        raise bad("blank, or has white space or control characters")
+    try:
+        parts = urlsplit(base)
+        parts.port  # raises ValueError for a port out of range
+    except ValueError as e:
+        raise bad(str(e)) from None
+    if parts.scheme.lower() not in ("http", "https"):
+        raise bad("only http:// and https:// URLs are supported")
+    if not parts.hostname:
+        raise bad("no host")
+    if parts.username is not None or parts.password is not None:
+        raise bad("credentials belong in the secret, not the URL")
+    if parts.query or parts.fragment or base.endswith(("?", "#")):
+        raise bad("a base URL takes no query or fragment")
+    return Endpoint(base=base, charges_url=base.rstrip("/") + CHARGES_PATH)
+
+
+def authorization(secret: str) -> str:
+    """``Bearer <secret>``; a secret is visible ASCII (never shown in a message)."""
+    if not isinstance(secret, str):
+        raise TypeError(f"the secret is a str, not {type(secret).__name__}")
+    if not secret or not all("!" <= c <= "~" for c in secret):
+        raise ValueError("the secret must be non-empty visible ASCII (no spaces)")
+    return f"Bearer {secret}"
+
+
+def encode_body(
+    *, order_id: int, amount_cents: int, currency: Optional[str] = None, description: Optional[str] = None
+) -> bytes:
+    """The JSON body of ``POST /v1/charges``, encoded once per call so that every
+    attempt carries the very same bytes. ``currency`` and ``description`` are
+    left out when ``None`` (the server reads ``BRL`` for no currency). Ranges
+    and shapes are the server's to judge (``400`` ``invalid-body``)."""
+    for name, value in (("order_id", order_id), ("amount_cents", amount_cents)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} is an int, not {type(value).__name__}")
+    document: Dict[str, Any] = {"order_id": order_id, "amount_cents": amount_cents}
+    for name, text in (("currency", currency), ("description", description)):
+        if text is not None:
+            if not isinstance(text, str):
+                raise TypeError(f"{name} is a str or None, not {type(text).__name__}")
+            document[name] = text
+    return json.dumps(document, separators=(",", ":")).encode("ascii")
+
+
+@dataclass(frozen=True)
+class Config:
+    """What a client is built with, checked once."""
+
+    endpoints: Tuple[Endpoint, ...]
+    authorization: str
+    policy: RetryPolicy
+
+    @classmethod
+    def build(cls, base_url: Union[str, Sequence[str]], secret: str, policy: RetryPolicy) -> Config:
+        if not isinstance(policy, RetryPolicy):
+            raise TypeError(f"policy is a RetryPolicy, not {type(policy).__name__}")
+        return cls(endpoints=parse_endpoints(base_url), authorization=authorization(secret), policy=policy)
+
+    def __repr__(self) -> str:
+        bases = [e.base for e in self.endpoints]
+        return f"Config(endpoints={bases!r}, secret=<redacted>, policy={self.policy!r})"
+
+
+# --- Waiting -----------------------------------------------------------------
+
+
+def backoff_ceiling(policy: RetryPolicy, retry: int) -> float:
+    """``min(max_delay, base_delay * 2**retry)``, without overflow for any ``retry``."""
+    if policy.base_delay <= 0 or policy.max_delay <= 0:
+        return 0.0
+    if retry >= 1000:  # 2.0**1000 is near float's end; any base is past the cap by far
+        return float(policy.max_delay)
+    return float(min(policy.max_delay, policy.base_delay * 2.0**retry))
+
+
+def backoff_delay(
+    policy: RetryPolicy,
+    retry: int,
+    retry_after: Optional[float] = None,
+    uniform: Callable[[], float] = random.random,
+) -> float:
+    """The wait before retry number ``retry`` (0-based): uniform in
+    ``[0, min(max_delay, base_delay * 2**retry)]`` (full jitter, so clients
+    that failed together do not come back together), and never less than the
+    server's ``Retry-After``. ``uniform`` draws from ``[0, 1]``."""
+    wait = uniform() * backoff_ceiling(policy, retry)
+    return wait if retry_after is None else max(wait, retry_after)
+
+
+def parse_retry_after(value: Optional[str]) -> Optional[float]:
+    """``Retry-After`` as idem sends it: whole seconds. Anything else (an HTTP
+    date, a fraction, a negative number) is ignored (``None``): the backoff still applies."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not text or not text.isascii() or not text.isdigit():
+        return None
+    if len(text) > 15:  # far past any deadline: as good as forever
+        return math.inf
+    return float(int(text))
+
+
+def prefer_wait(configured: int, attempt_timeout: float) -> Optional[int]:
+    """The ``Prefer: wait=N`` of an attempt: the configured wait, at most one
+    second less than the attempt's timeout (so the answer arrives before the
+    client stops listening); ``None`` (not sent) below 1."""
+    wait = configured if math.isinf(attempt_timeout) else min(configured, math.floor(attempt_timeout) - 1)
+    return wait if wait >= 1 else None
+
+
+# --- What an answer means ------------------------------------------------------
+
+
+class Verdict(enum.Enum):
+    RESULT = "result"
+    """A stored outcome: captured (201), declined (402), failed (502 acquirer-rejected)."""
+    RETRY = "retry"
+    KEY_REUSED = "key-reused"
+    KEY_EXPIRED = "key-expired"
+    API_ERROR = "api-error"
+
+
+def classify(status: int, problem_type: Optional[str]) -> Verdict:
+    """What an answer with this status (and problem ``type``) means for the call."""
+    if status in (201, 402):
+        return Verdict.RESULT
+    if status == 502 and problem_type == ACQUIRER_REJECTED:
+        return Verdict.RESULT
+    if status in RETRIED_STATUSES:
+        return Verdict.RETRY
+    if status == 422 and problem_type == KEY_REUSED:
+        return Verdict.KEY_REUSED
+    if status == 410 and problem_type == KEY_EXPIRED:
+        return Verdict.KEY_EXPIRED
+    return Verdict.API_ERROR
+
+
+def parse_problem(body: bytes) -> Optional[Dict[str, Any]]:
+    """The body as a JSON object (a problem document), or ``None``."""
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    return document if isinstance(document, dict) else None
+
+
+def parse_charge(document: Any) -> Optional[Charge]:
+    """A charge from its JSON object; ``None`` if it is not one. Unknown fields are ignored."""
+    if not isinstance(document, dict):
+        return None
+    d = document
+
+    def text(name: str) -> bool:
+        return isinstance(d.get(name), str)
+
+    def integer(name: str) -> bool:
+        return isinstance(d.get(name), int) and not isinstance(d.get(name), bool)
+
+    if not (text("id") and integer("order_id") and integer("amount_cents") and text("currency")):
+        return None
+    if not (text("status") and text("acquirer_reference") and text("created_at")):
+        return None
+    if d.get("decline_reason") is not None and not text("decline_reason"):
+        return None
+    return Charge(
+        id=d["id"],
+        order_id=d["order_id"],
+        amount_cents=d["amount_cents"],
+        currency=d["currency"],
+        status=d["status"],
+        acquirer_reference=d["acquirer_reference"],
+        decline_reason=d.get("decline_reason"),
+        created_at=d["created_at"],
+    )
+
+
+def parse_ttl(value: Optional[str]) -> Optional[int]:
+    """``Idempotency-TTL``: whole seconds, else ``None``."""
+    if value is None:
+        return None
+    text = value.strip()
+    return int(text) if text and text.isascii() and text.isdigit() else None
+
+
+def describe_failure(error: BaseException) -> str:
+    """A connection failure as an attempt records it: the exception's class and
+    message, and its causes' where they add something."""
+    parts: List[str] = []
+    seen = set()
+    current: Optional[BaseException] = error
+    while current is not None and id(current) not in seen and len(parts) < 4:
+        seen.add(id(current))
+        text = str(current)
+        part = f"{type(current).__name__}: {text}" if text else type(current).__name__
+        if not any(text and text in p for p in parts):
+            parts.append(part)
+        current = current.__cause__ or current.__context__
+    return "connection failed: " + " <- ".join(parts)
+
+
+# --- One call ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Send:
+    """Send attempt ``number`` (0-based) and read the whole answer within ``timeout`` seconds."""
+
+    number: int
+    endpoint: str
+    url: str
+    headers: Dict[str, str]
+    body: bytes
+    timeout: float
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Wait this many seconds, then ask again."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The call is over: a result or an error."""
+
+    result: Optional[ChargeResult] = None
+    error: Optional[IdemError] = None
+
+    def unwrap(self) -> ChargeResult:
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+Action = Union[Send, Sleep, Finish]
+
+
+class ChargeCall:
+    """One payment intent: one key, one body, as many attempts as the policy allows.
+
+    The driver loops: ``action = call.next(now)``; on :class:`Send` it sends and
+    reports with :meth:`answered`, :meth:`timed_out` or :meth:`failed`; on
+    :class:`Sleep` it sleeps; on :class:`Finish` it returns ``action.unwrap()``.
+    Bad input raises :class:`ValueError` or :class:`TypeError` here, before any attempt.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        order_id: int,
+        amount_cents: int,
+        currency: Optional[str] = None,
+        description: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
+        now: float,
+        uniform: Callable[[], float] = random.random,
+    ) -> None:
+        self.key = new_key() if idempotency_key is None else idempotency_key
+        self._key_header = quote_key(self.key)
+        self.body = encode_body(
+            order_id=order_id, amount_cents=amount_cents, currency=currency, description=description
+        )
+        self._config = config
+        self._policy = config.policy
+        self._started = now
+        self._uniform = uniform
+        self.attempts: List[Attempt] = []
+        self._sending: Optional[Tuple[Send, float]] = None
+        self._sleep: Optional[float] = None
+        self._finish: Optional[Finish] = None
+
+    # The driver's side.
+
+    def next(self, now: float) -> Action:
+        """What to do now."""
+        if self._sending is not None:
+            raise RuntimeError("the attempt in flight has not been reported")
+        if self._finish is not None:
+            return self._finish
+        if self._sleep is not None:
+            seconds, self._sleep = self._sleep, None
+            return Sleep(seconds)
+        remaining = self._remaining(now)
+        if remaining <= 0:
+            return self._give_up(f"the deadline ({self._policy.deadline:g} s) is spent")
+        send = self._send(len(self.attempts), min(self._policy.attempt_timeout, remaining))
+        self._sending = (send, now)
+        return send
+
+    def answered(self, now: float, status: int, headers: Mapping[str, str], body: bytes) -> None:
+        """The attempt in flight got a whole answer."""
+        send, sent = self._take_sending()
+        fields = {name.lower(): value for name, value in headers.items()}
+        problem = parse_problem(body) if status >= 300 else None
+        problem_type = problem.get("type") if problem is not None else None
+        if not isinstance(problem_type, str):
+            problem_type = None
+        self.attempts.append(
+            Attempt(
+                endpoint=send.endpoint,
+                status=status,
+                error=None,
+                elapsed=max(0.0, now - sent),
+                problem_type=problem_type,
+                preference_applied=fields.get("preference-applied"),
+            )
+        )
+        verdict = classify(status, problem_type)
+        if verdict is Verdict.RETRY:
+            self._after_retryable(now, parse_retry_after(fields.get("retry-after")))
+        else:
+            self._finish = self._final(verdict, status, fields, body, problem)
+
+    def timed_out(self, now: float) -> None:
+        """The attempt in flight got no whole answer within its timeout."""
+        send, sent = self._take_sending()
+        error = f"timed out after {send.timeout:g} s"
+        self.attempts.append(Attempt(endpoint=send.endpoint, status=None, error=error, elapsed=max(0.0, now - sent)))
+        self._after_retryable(now, None)
+
+    def failed(self, now: float, error: Union[BaseException, str]) -> None:
+        """The attempt in flight's connection failed: refused, reset, or closed
+        before the whole answer was read (a body cut off half way is one)."""
+        send, sent = self._take_sending()
+        text = error if isinstance(error, str) else describe_failure(error)
+        self.attempts.append(Attempt(endpoint=send.endpoint, status=None, error=text, elapsed=max(0.0, now - sent)))
+        self._after_retryable(now, None)
+
+    # The decisions.
+
+    def _remaining(self, now: float) -> float:
+        return self._policy.deadline - (now - self._started)
+
+    def _send(self, number: int, timeout: float) -> Send:
+        endpoint = self._config.endpoints[number % len(self._config.endpoints)]
+        headers = {
+            "Authorization": self._config.authorization,
+            "Content-Type": "application/json",
+            "Accept": "application/json, application/problem+json",
+            "Idempotency-Key": self._key_header,
+            "User-Agent": USER_AGENT,
+        }
+        wait = prefer_wait(self._policy.prefer_wait, timeout)
+        if wait is not None:
+            headers["Prefer"] = f"wait={wait}"
+        return Send(
+            number=number,
+            endpoint=endpoint.base,
+            url=endpoint.charges_url,
+            headers=headers,
+            body=self.body,
+            timeout=timeout,
+        )
+
+    def _take_sending(self) -> Tuple[Send, float]:
+        if self._sending is None:
+            raise RuntimeError("no attempt is in flight")
+        sending, self._sending = self._sending, None
+        return sending
+
+    def _after_retryable(self, now: float, retry_after: Optional[float]) -> None:
+        if len(self.attempts) >= self._policy.max_attempts:
+            self._finish = self._give_up(f"max_attempts ({self._policy.max_attempts}) reached")
+            return
+        wait = backoff_delay(self._policy, len(self.attempts) - 1, retry_after, self._uniform)
+        if wait >= self._remaining(now):
+            self._finish = self._give_up(
+                f"the next wait ({wait:.3f} s) would pass the deadline ({self._policy.deadline:g} s)"
+            )
+            return
+        self._sleep = wait
+
+    def _give_up(self, reason: str) -> Finish:
+        last = f"{self.attempts[-1]} from {self.attempts[-1].endpoint}; {reason}" if self.attempts else reason
+        n = len(self.attempts)
+        message = (
+            f"gave up on idempotency key {self.key!r} after {n} attempt{'' if n == 1 else 's'}: {last}. "
+            "The outcome is unknown: the charge may have happened. Charge again with the same key "
+            "and the same request to learn it; that never charges twice."
+        )
+        self._finish = Finish(error=GaveUpError(message, key=self.key, attempts=self.attempts, last=last))
+        return self._finish
+
+    def _final(
+        self,
+        verdict: Verdict,
+        status: int,
+        headers: Mapping[str, str],
+        body: bytes,
+        problem: Optional[Dict[str, Any]],
+    ) -> Finish:
+        key, attempts = self.key, self.attempts
+        if verdict is Verdict.RESULT:
+            document = parse_problem(body) if status == 201 else (problem or {}).get("charge")
+            charge = parse_charge(document)
+            if charge is not None:
+                replayed = headers.get("idempotent-replayed", "").strip().lower() == "true"
+                return Finish(
+                    result=ChargeResult(
+                        status=status,
+                        charge=charge,
+                        key=key,
+                        replayed=replayed,
+                        idempotency_ttl=parse_ttl(headers.get("idempotency-ttl")),
+                        body=body,
+                        attempts=attempts,
+                        problem=problem,
+                    )
+                )
+            return Finish(error=self._api_error(status, body, problem, "an answer without its charge"))
+        if verdict is Verdict.KEY_REUSED and problem is not None:
+            charge_id = _optional_str(problem.get("charge_id"))
+            fields = problem.get("differing_fields")
+            differing = [f for f in fields if isinstance(f, str)] if isinstance(fields, list) else []
+            message = (
+                f"idempotency key {key!r} was first used with another request"
+                + (f" (it differs in {', '.join(differing)})" if differing else "")
+                + (f", which made charge {charge_id}" if charge_id else "")
+                + ": nothing was charged. A new intent needs a new key; a retry must send the same request."
+            )
+            error: IdemError = KeyReusedError(
+                message,
+                key=key,
+                attempts=attempts,
+                charge_id=charge_id,
+                differing_fields=differing,
+                problem=problem,
+            )
+            return Finish(error=error)
+        if verdict is Verdict.KEY_EXPIRED and problem is not None:
+            charge_id = _optional_str(problem.get("charge_id"))
+            message = (
+                f"idempotency key {key!r} has expired; this same request made charge {charge_id} before, "
+                "and nothing was charged again"
+            )
+            return Finish(
+                error=KeyExpiredError(message, key=key, attempts=attempts, charge_id=charge_id, problem=problem)
+            )
+        return Finish(error=self._api_error(status, body, problem, None))
+
+    def _api_error(
+        self, status: int, body: bytes, problem: Optional[Dict[str, Any]], why: Optional[str]
+    ) -> ApiError:
+        kind = _optional_str((problem or {}).get("type"))
+        detail = _optional_str((problem or {}).get("detail"))
+        message = (
+            f"idem answered {status}"
+            + (f" {kind}" if kind else "")
+            + (f": {detail}" if detail else "")
+            + (f" ({why})" if why else "")
+            + f" [idempotency key {self.key!r}]"
+        )
+        return ApiError(message, key=self.key, attempts=self.attempts, status=status, problem=problem, body=body)
+
+
+def _optional_str(value: Any) -> Optional[str]:
+    return value if isinstance(value, str) else None

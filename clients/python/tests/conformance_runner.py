@@ -1,0 +1,509 @@
+"""The conformance suite's runner for the Python clients
+(``clients/conformance/README.md`` says what it must do; this follows it step
+by step).
+
+A scenario run returns what went wrong as a list of failures, each naming the
+scenario, the call and the field, with the outcome, instead of asserting deep
+inside: the test that runs the suite with a client that breaks the rules
+inspects them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Type
+
+import httpx
+
+from idem_client import (
+    ApiError,
+    AsyncClient,
+    ChargeResult,
+    Client,
+    GaveUpError,
+    KeyExpiredError,
+    KeyReusedError,
+    RetryPolicy,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+SCENARIOS = REPO / "clients" / "conformance" / "scenarios.json"
+READY_TIMEOUT = 120.0
+STOP_TIMEOUT = 10.0
+#: The environment's standard error (idem's log), kept for a look after a failure.
+LOG = REPO / "target" / "clients" / "python" / "conformance-env.log"
+
+
+def load_suite() -> Dict[str, Any]:
+    suite: Dict[str, Any] = json.loads(SCENARIOS.read_text(encoding="utf-8"))
+    return suite
+
+
+# --- The environment ----------------------------------------------------------------
+
+
+class EnvironmentMissing(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Environment:
+    endpoints: Dict[str, str]
+    simulator: str
+    secret: str
+    key_ttl_secs: int
+    log: Path
+
+
+def lab_binary() -> Path:
+    """``$IDEM_LAB_BIN``, else ``<repo>/target/debug/idem-lab``."""
+    given = os.environ.get("IDEM_LAB_BIN")
+    path = Path(given) if given else REPO / "target" / "debug" / "idem-lab"
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        where = f"IDEM_LAB_BIN={given}" if given else f"{path} (IDEM_LAB_BIN is not set)"
+        raise EnvironmentMissing(
+            f"no idem-lab binary at {where}: build it with `cargo build -p idem-lab`, "
+            "or point IDEM_LAB_BIN at one; the conformance suite runs against `idem-lab conformance-env`"
+        )
+    return path
+
+
+class RunningEnvironment:
+    """``idem-lab conformance-env``, started, its first stdout line read; it
+    runs until :meth:`stop` closes its stdin."""
+
+    def __init__(self) -> None:
+        binary = lab_binary()
+        self.log = LOG
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file: IO[bytes] = self.log.open("wb")
+        self._process = subprocess.Popen(
+            [str(binary), "conformance-env"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log_file,
+        )
+        try:
+            self.environment = self._ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _ready(self) -> Environment:
+        line: List[bytes] = []
+        assert self._process.stdout is not None
+        stdout = self._process.stdout
+        reader = threading.Thread(target=lambda: line.append(stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(READY_TIMEOUT)
+        if not line or not line[0].strip():
+            why = "printed nothing" if line else f"printed nothing within {READY_TIMEOUT:g} s"
+            raise EnvironmentMissing(f"idem-lab conformance-env {why}; its log ends:\n{self.log_tail()}")
+        # Whatever else it prints is read too, so that it never blocks on a full pipe.
+        threading.Thread(target=stdout.read, daemon=True).start()
+        try:
+            doc = json.loads(line[0])
+            return Environment(
+                endpoints=dict(doc["endpoints"]),
+                simulator=str(doc["simulator"]),
+                secret=str(doc["secret"]),
+                key_ttl_secs=int(doc["key_ttl_secs"]),
+                log=self.log,
+            )
+        except (ValueError, KeyError, TypeError) as e:
+            raise EnvironmentMissing(f"idem-lab conformance-env's first line is not the environment ({e}): {line[0]!r}") from None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        """Closes its stdin, waits up to 10 s, then kills it."""
+        if self._process.stdin is not None and not self._process.stdin.closed:
+            try:
+                self._process.stdin.close()
+            except OSError:
+                pass
+        try:
+            self._process.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._log_file.close()
+
+
+# --- Outcomes ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """What a call's client returned or raised, reduced as the README says."""
+
+    result: str
+    key: Optional[str] = None
+    charge_id: Optional[str] = None
+    replayed: Optional[bool] = None
+    attempts: int = 0
+    idempotency_ttl: Optional[int] = None
+    differing_fields: Optional[List[str]] = None
+    detail: str = ""
+
+    def __str__(self) -> str:
+        fields = [
+            f"result={self.result}",
+            f"charge_id={self.charge_id}",
+            f"replayed={self.replayed}",
+            f"attempts={self.attempts}",
+            f"key={self.key}",
+            f"idempotency_ttl={self.idempotency_ttl}",
+        ]
+        if self.differing_fields is not None:
+            fields.append(f"differing_fields={self.differing_fields}")
+        return "{" + ", ".join(fields) + "}" + (f" ({self.detail})" if self.detail else "")
+
+
+def _attempts_text(attempts: Sequence[Any]) -> str:
+    return "attempts: " + "; ".join(f"{a} from {a.endpoint} in {a.elapsed:.3f} s" for a in attempts)
+
+
+def reduce(returned: Any) -> Outcome:
+    """A result or a raised error, as an outcome."""
+    if isinstance(returned, ChargeResult):
+        by_status = {201: "captured", 402: "declined", 502: "failed"}
+        return Outcome(
+            result=by_status.get(returned.status, f"result with status {returned.status}"),
+            key=returned.key,
+            charge_id=returned.charge.id,
+            replayed=returned.replayed,
+            attempts=len(returned.attempts),
+            idempotency_ttl=returned.idempotency_ttl,
+            detail=_attempts_text(returned.attempts),
+        )
+    if isinstance(returned, KeyReusedError):
+        return Outcome(
+            result="key-reused",
+            key=returned.key,
+            charge_id=returned.charge_id,
+            attempts=len(returned.attempts),
+            differing_fields=returned.differing_fields,
+            detail=_attempts_text(returned.attempts),
+        )
+    if isinstance(returned, KeyExpiredError):
+        return Outcome(
+            result="key-expired",
+            key=returned.key,
+            charge_id=returned.charge_id,
+            attempts=len(returned.attempts),
+            detail=_attempts_text(returned.attempts),
+        )
+    if isinstance(returned, GaveUpError):
+        return Outcome(result="gave-up", key=returned.key, attempts=len(returned.attempts), detail=str(returned))
+    if isinstance(returned, ApiError):
+        return Outcome(result="rejected", key=returned.key, attempts=len(returned.attempts), detail=str(returned))
+    return Outcome(result=f"raised {type(returned).__name__}", detail=repr(returned))
+
+
+# --- One scenario -----------------------------------------------------------------------------
+
+_POLICY_FIELDS = {
+    "max_attempts": ("max_attempts", 1),
+    "attempt_timeout_ms": ("attempt_timeout", 1000),
+    "deadline_ms": ("deadline", 1000),
+    "prefer_wait_secs": ("prefer_wait", 1),
+    "base_delay_ms": ("base_delay", 1000),
+    "max_delay_ms": ("max_delay", 1000),
+}
+
+
+def policy_of(suite: Dict[str, Any], scenario: Dict[str, Any]) -> RetryPolicy:
+    """The suite's policy with the scenario's fields over it, in the client's units."""
+    merged = {**suite["policy"], **scenario.get("policy", {})}
+    unknown = set(merged) - set(_POLICY_FIELDS)
+    if unknown:
+        raise ValueError(f"policy fields this runner does not know: {sorted(unknown)}")
+    kwargs: Dict[str, Any] = {}
+    for name, value in merged.items():
+        attribute, per_unit = _POLICY_FIELDS[name]
+        kwargs[attribute] = value if per_unit == 1 else value / per_unit
+    return RetryPolicy(**kwargs)
+
+
+_last_run_base = 0
+_run_base_lock = threading.Lock()
+
+
+def new_run_base() -> int:
+    """Milliseconds since the epoch times 1,000, past every earlier one of this process."""
+    global _last_run_base
+    with _run_base_lock:
+        _last_run_base = max(int(time.time() * 1000) * 1000, _last_run_base + 1000)
+        return _last_run_base
+
+
+SCENARIO_FIELDS = {"name", "about", "faults", "endpoints", "policy", "calls", "captures"}
+CALL_FIELDS = {"id", "order", "amount_cents", "key", "delay_ms", "after", "expect"}
+
+
+def validate(suite: Dict[str, Any], scenario: Dict[str, Any], environment_names: Sequence[str]) -> List[str]:
+    """What in a scenario this runner cannot run as the README says (a field it
+    does not know, an ``after`` naming no earlier call, an unknown endpoint)."""
+    name = scenario.get("name", "?")
+    problems = [f"{name}: unknown field {f!r}" for f in sorted(set(scenario) - SCENARIO_FIELDS)]
+    try:
+        policy_of(suite, scenario)
+    except (ValueError, TypeError) as e:
+        problems.append(f"{name}: policy: {e}")
+    problems += [f"{name}: unknown endpoint {e!r}" for e in scenario["endpoints"] if e not in environment_names]
+    seen: List[str] = []
+    for call in scenario["calls"]:
+        where = f"{name}: call {call.get('id')}"
+        problems += [f"{where}: unknown field {f!r}" for f in sorted(set(call) - CALL_FIELDS)]
+        problems += [f"{where}: unknown expectation {f!r}" for f in sorted(set(call["expect"]) - set(CHECKS))]
+        if "after" in call and call["after"] not in seen:
+            problems.append(f"{where}: after {call['after']!r} names no earlier call")
+        if "same_charge_as" in call["expect"] and call["expect"]["same_charge_as"] not in {c["id"] for c in scenario["calls"]}:
+            problems.append(f"{where}: same_charge_as names no call")
+        seen.append(call["id"])
+    return problems
+
+
+@dataclass
+class ScenarioRun:
+    name: str
+    mode: str
+    run_base: int
+    outcomes: Dict[str, Outcome] = field(default_factory=dict)
+    captures: Dict[str, int] = field(default_factory=dict)
+    """Captures the ledger shows per order (the scenario's ``captures`` keys)."""
+    failures: List[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Clients:
+    """The client classes a run drives (a variant may stand in for either)."""
+
+    sync: Type[Client] = Client
+    async_: Type[AsyncClient] = AsyncClient
+
+
+def run_scenario(
+    env: Environment,
+    suite: Dict[str, Any],
+    scenario: Dict[str, Any],
+    mode: str,
+    clients: Clients = Clients(),
+    run_base: Optional[int] = None,
+) -> ScenarioRun:
+    """Runs one scenario with the sync or async client; returns what failed."""
+    name = scenario["name"]
+    run = ScenarioRun(name=name, mode=mode, run_base=new_run_base() if run_base is None else run_base)
+    fail = run.failures.append
+    run.failures.extend(validate(suite, scenario, list(env.endpoints)))
+    if run.failures:
+        return run
+    with httpx.Client(timeout=30) as sim:
+        # 1. The acquirer's faults.
+        answer = sim.put(f"{env.simulator}/_sim/faults", json=scenario.get("faults", {}))
+        if answer.status_code >= 300:
+            fail(f"{name}: PUT /_sim/faults answered {answer.status_code}: {answer.text}")
+            return run
+        try:
+            # 2. and 3. A client, and the calls.
+            policy = policy_of(suite, scenario)
+            endpoints = [env.endpoints[e] for e in scenario["endpoints"]]
+            calls: List[Dict[str, Any]] = scenario["calls"]
+            if mode == "sync":
+                run.outcomes = _calls_sync(clients.sync, endpoints, env.secret, policy, calls, run.run_base, name)
+            elif mode == "async":
+                run.outcomes = asyncio.run(
+                    _calls_async(clients.async_, endpoints, env.secret, policy, calls, run.run_base, name)
+                )
+            else:
+                raise ValueError(f"mode {mode!r}")
+            # 4. Each call's outcome against its expectations.
+            for call in calls:
+                run.failures.extend(check_call(name, call, run.outcomes, run.run_base))
+            # 5. The ledger.
+            ledger = sim.get(f"{env.simulator}/_sim/ledger")
+            ledger.raise_for_status()
+            captures = ledger.json()["captures"]
+            for order, expected in scenario.get("captures", {}).items():
+                order_id = run.run_base + int(order)
+                count = sum(1 for c in captures if c.get("order_id") == order_id)
+                run.captures[order] = count
+                if count != expected:
+                    fail(
+                        f"{name}: captures of order {order} (order_id {order_id}): expected {expected}, "
+                        f"the ledger shows {count}; outcomes: "
+                        + "; ".join(f"call {i}: {o}" for i, o in run.outcomes.items())
+                    )
+        finally:
+            # 6. A well-behaved acquirer again.
+            reset = sim.put(f"{env.simulator}/_sim/faults", json={})
+            if reset.status_code >= 300:
+                fail(f"{name}: resetting the faults answered {reset.status_code}: {reset.text}")
+    return run
+
+
+def call_key(run_base: int, scenario: str, call: Dict[str, Any]) -> Optional[str]:
+    return f"conf-{run_base}-{scenario}-{call['key']}" if "key" in call else None
+
+
+def _charge_fields(call: Dict[str, Any], run_base: int, scenario: str) -> Dict[str, Any]:
+    return {
+        "order_id": run_base + int(call["order"]),
+        "amount_cents": int(call["amount_cents"]),
+        "currency": "BRL",
+        "idempotency_key": call_key(run_base, scenario, call),
+    }
+
+
+def _call_budget(policy: RetryPolicy) -> float:
+    """How long a call may take at most, with room: what a wait on another call is bounded by."""
+    return policy.deadline + 30
+
+
+def _calls_sync(
+    client_type: Type[Client],
+    endpoints: List[str],
+    secret: str,
+    policy: RetryPolicy,
+    calls: List[Dict[str, Any]],
+    run_base: int,
+    scenario: str,
+) -> Dict[str, Outcome]:
+    outcomes: Dict[str, Outcome] = {}
+    ended = {call["id"]: threading.Event() for call in calls}
+    ended_at: Dict[str, float] = {}
+
+    with client_type(endpoints, secret, policy=policy) as client:
+        started = time.monotonic()
+
+        def run(call: Dict[str, Any]) -> None:
+            try:
+                origin = started
+                if "after" in call:
+                    if not ended[call["after"]].wait(_call_budget(policy) * len(calls)):
+                        outcomes[call["id"]] = Outcome(result=f"never started: call {call['after']} never ended")
+                        return
+                    origin = ended_at[call["after"]]
+                delay = origin + call.get("delay_ms", 0) / 1000 - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                try:
+                    returned: Any = client.charge(**_charge_fields(call, run_base, scenario))
+                except Exception as error:  # every error is an outcome to check
+                    returned = error
+                outcomes[call["id"]] = reduce(returned)
+            finally:
+                ended_at[call["id"]] = time.monotonic()
+                ended[call["id"]].set()
+
+        threads = [threading.Thread(target=run, args=(call,), name=f"call-{call['id']}") for call in calls]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return outcomes
+
+
+async def _calls_async(
+    client_type: Type[AsyncClient],
+    endpoints: List[str],
+    secret: str,
+    policy: RetryPolicy,
+    calls: List[Dict[str, Any]],
+    run_base: int,
+    scenario: str,
+) -> Dict[str, Outcome]:
+    outcomes: Dict[str, Outcome] = {}
+    ended = {call["id"]: asyncio.Event() for call in calls}
+    ended_at: Dict[str, float] = {}
+
+    async with client_type(endpoints, secret, policy=policy) as client:
+        started = time.monotonic()
+
+        async def run(call: Dict[str, Any]) -> None:
+            try:
+                origin = started
+                if "after" in call:
+                    try:
+                        await asyncio.wait_for(ended[call["after"]].wait(), _call_budget(policy) * len(calls))
+                    except asyncio.TimeoutError:
+                        outcomes[call["id"]] = Outcome(result=f"never started: call {call['after']} never ended")
+                        return
+                    origin = ended_at[call["after"]]
+                delay = origin + call.get("delay_ms", 0) / 1000 - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                try:
+                    returned: Any = await client.charge(**_charge_fields(call, run_base, scenario))
+                except Exception as error:  # every error is an outcome to check
+                    returned = error
+                outcomes[call["id"]] = reduce(returned)
+            finally:
+                ended_at[call["id"]] = time.monotonic()
+                ended[call["id"]].set()
+
+        await asyncio.gather(*(run(call) for call in calls))
+    return outcomes
+
+
+# --- Expectations -------------------------------------------------------------------------------
+
+Check = Callable[[Outcome, Any, Dict[str, Outcome]], Optional[str]]
+
+
+def _same_charge_as(outcome: Outcome, other_id: Any, outcomes: Dict[str, Outcome]) -> Optional[str]:
+    other = outcomes.get(other_id)
+    if other is None:
+        return f"call {other_id} has no outcome"
+    if outcome.charge_id is None or outcome.charge_id != other.charge_id:
+        return f"expected call {other_id}'s charge_id {other.charge_id}, got {outcome.charge_id}"
+    return None
+
+
+def _expect(actual: Any, expected: Any, holds: bool, field_name: str) -> Optional[str]:
+    return None if holds else f"expected {field_name} {expected!r}, got {actual!r}"
+
+
+CHECKS: Dict[str, Check] = {
+    "result": lambda o, e, _: _expect(o.result, e, o.result == e, "result"),
+    "replayed": lambda o, e, _: _expect(o.replayed, e, o.replayed is e, "replayed"),
+    "min_attempts": lambda o, e, _: _expect(o.attempts, e, o.attempts >= e, "at least attempts"),
+    "max_attempts": lambda o, e, _: _expect(o.attempts, e, o.attempts <= e, "at most attempts"),
+    "same_charge_as": _same_charge_as,
+    "ttl_at_most_secs": lambda o, e, _: _expect(
+        o.idempotency_ttl, e, o.idempotency_ttl is not None and o.idempotency_ttl <= e, "idempotency_ttl at most"
+    ),
+    "differing_fields": lambda o, e, _: _expect(o.differing_fields, e, o.differing_fields == e, "differing_fields"),
+}
+
+
+def check_call(scenario: str, call: Dict[str, Any], outcomes: Dict[str, Outcome], run_base: int) -> List[str]:
+    """Every expectation of a call that does not hold, as failure messages."""
+    where = f"{scenario}: call {call['id']}"
+    outcome = outcomes.get(call["id"])
+    if outcome is None:
+        return [f"{where}: no outcome"]
+    failures = []
+    for name, expected in call["expect"].items():
+        check = CHECKS.get(name)
+        why = f"an expectation this runner does not know ({expected!r})" if check is None else check(outcome, expected, outcomes)
+        if why is not None:
+            failures.append(f"{where}: {name}: {why}; outcome: {outcome}")
+    key = call_key(run_base, scenario, call)
+    if key is not None and outcome.key != key:
+        failures.append(f"{where}: key: expected {key!r}, got {outcome.key!r}; outcome: {outcome}")
+    if key is None and not (isinstance(outcome.key, str) and outcome.key):
+        failures.append(f"{where}: key: the client made no key, or the outcome does not carry it; outcome: {outcome}")
+    return failures

@@ -1,0 +1,104 @@
+"""The conformance suite (clients/conformance/scenarios.json) against a live
+``idem-lab conformance-env``: every scenario with the sync and the async
+client, and once with a client that breaks the one-key rule, which the suite
+must fail."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Dict, Iterator
+
+import pytest
+
+from conformance_runner import (
+    Clients,
+    Environment,
+    LOG,
+    EnvironmentMissing,
+    RunningEnvironment,
+    ScenarioRun,
+    load_suite,
+    run_scenario,
+    validate,
+)
+from idem_client import Client
+from idem_client._core import Action, ChargeCall, Send, new_key, quote_key
+
+SUITE = load_suite()
+SCENARIOS: Dict[str, Dict[str, Any]] = {s["name"]: s for s in SUITE["scenarios"]}
+
+
+@pytest.fixture(scope="session")
+def environment() -> Iterator[Environment]:
+    try:
+        running = RunningEnvironment()
+    except EnvironmentMissing as e:
+        missing = str(e)
+    else:
+        missing = ""
+    if missing:
+        pytest.fail(missing, pytrace=False)
+    try:
+        yield running.environment
+    finally:
+        running.stop()
+
+
+def test_the_runner_understands_every_scenario() -> None:
+    problems = [p for s in SUITE["scenarios"] for p in validate(SUITE, s, ["idem", "lossy", "refused"])]
+    assert not problems, "\n".join(problems)
+    assert len(SCENARIOS) == len(SUITE["scenarios"]), "two scenarios share a name"
+
+
+def failed(run: ScenarioRun) -> str:
+    return (
+        f"scenario {run.name} ({run.mode} client, run_base {run.run_base}) failed:\n  "
+        + "\n  ".join(run.failures)
+        + f"\n(idem's log: {LOG})"
+    )
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_scenario(environment: Environment, name: str, mode: str) -> None:
+    run = run_scenario(environment, SUITE, SCENARIOS[name], mode)
+    assert not run.failures, failed(run)
+
+
+class NewKeyEveryRetryCall(ChargeCall):
+    """Breaks the rule: the first attempt carries the call's key, every retry a new one."""
+
+    def next(self, now: float) -> Action:
+        action = super().next(now)
+        if isinstance(action, Send) and action.number > 0:
+            return replace(action, headers={**action.headers, "Idempotency-Key": quote_key(new_key())})
+        return action
+
+
+class NewKeyEveryRetryClient(Client):
+    _call_type = NewKeyEveryRetryCall
+
+
+#: The scenarios whose call retries, and the order each charges.
+RETRYING = {"unknown-outcome-then-settled": "2", "timeout-then-retry": "3", "server-goes-away-mid-retry": "8"}
+
+
+def test_the_suite_fails_a_client_that_makes_a_new_key_on_every_retry(environment: Environment) -> None:
+    runs = {
+        name: run_scenario(environment, SUITE, scenario, "sync", Clients(sync=NewKeyEveryRetryClient))
+        for name, scenario in SCENARIOS.items()
+    }
+    report = "\n".join(
+        f"{name}: {'passed' if not run.failures else 'failed'}; captures {run.captures}" for name, run in runs.items()
+    )
+    assert not runs["first-try"].failures, failed(runs["first-try"])
+    for name, order in RETRYING.items():
+        run = runs[name]
+        assert run.failures, f"the suite passed {name} with a new key on every retry:\n{report}"
+        assert run.captures.get(order, 0) >= 2, (
+            f"{name}: a new key on every retry should charge order {order} again, "
+            f"but the ledger shows {run.captures.get(order)}:\n{failed(run)}"
+        )
+        assert any(f"captures of order {order}" in f for f in run.failures), failed(run)
+    failing = {name for name, run in runs.items() if run.failures}
+    assert failing == set(RETRYING), f"expected exactly {sorted(RETRYING)} to fail:\n{report}"

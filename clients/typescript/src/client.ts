@@ -1,0 +1,405 @@
+/**
+ * The attempt loop: one call, one key, one body, as many attempts as the
+ * policy allows. Every decision is taken by the pure functions of
+ * `policy.ts`; this module only sends, reads, waits and records.
+ *
+ * Invariants: every attempt of a call carries the same `Idempotency-Key` and
+ * the very same body bytes; attempt `i` goes to `baseUrl[i % n]`; no wait and
+ * no attempt runs past the deadline; a caller's `AbortSignal` stops it all at
+ * once with the signal's reason.
+ */
+
+import { ApiError, GaveUpError, KeyExpiredError, KeyReusedError } from "./errors.js";
+import {
+  decide,
+  encodeChargeRequest,
+  errorChain,
+  gaveUpMessage,
+  giveUpSummary,
+  isReplayed,
+  parseSeconds,
+  planAttempt,
+  planRetry,
+  quoteKey,
+  resolvePolicy,
+  type RetryPolicy,
+} from "./policy.js";
+import type { Attempt, AttemptOutcome, ChargeRequest, ChargeResult } from "./types.js";
+
+/** Where charges are created, relative to a base URL. */
+const CHARGES_PATH = "/v1/charges";
+
+/** How an {@link IdemClient} is set up. */
+export interface IdemClientOptions {
+  /**
+   * The base URL of idem (`https://idem.example.com`), or of several
+   * instances: attempt `i` goes to `baseUrl[i % n]`, so a retry lands on the
+   * next one. No query or fragment.
+   */
+  baseUrl: string | readonly string[];
+  /** The merchant's secret, sent as `Authorization: Bearer <secret>`. */
+  secret: string;
+  /** Fields of {@link RetryPolicy} to change from the defaults. */
+  retry?: Partial<RetryPolicy>;
+  /** The `fetch` to use instead of the global one (a test double, an instrumented fetch). */
+  fetch?: typeof fetch;
+}
+
+/** Per-call options of {@link IdemClient.charge}. */
+export interface ChargeOptions {
+  /**
+   * The payment intent's key. Leave it out and the client makes one
+   * ({@link newKey}); better, make it with `newKey()` and store it beside the
+   * order before charging, so that a process that dies and comes back
+   * finishes the same intent instead of starting another.
+   */
+  idempotencyKey?: string;
+  /** Stops the call at once, in a wait or mid-attempt; the call then rejects with the signal's reason. */
+  signal?: AbortSignal;
+}
+
+/**
+ * One HTTP exchange, as the loop hands it to {@link IdemClient.send}. For
+ * subclasses that instrument attempts; not needed to use the client.
+ */
+export interface AttemptRequest {
+  /** The attempt's number within the call, from 0. */
+  number: number;
+  /** The base URL, as given. */
+  endpoint: string;
+  /** The full URL of `POST /v1/charges`. */
+  url: string;
+  /** Every request header, by name. */
+  headers: Record<string, string>;
+  /** The call's body: the same bytes on every attempt. */
+  body: Uint8Array;
+  /** Aborted when the attempt times out or the caller aborts. */
+  signal: AbortSignal;
+}
+
+/** A complete answer to one {@link AttemptRequest}: the whole body was read. */
+export interface AttemptReply {
+  status: number;
+  /** `"opaqueredirect"` for a redirect a browser hides (status 0). */
+  type: string;
+  headers: Headers;
+  body: Uint8Array;
+}
+
+/**
+ * A new idempotency key: a random UUID v4 (`crypto.randomUUID()`). One per
+ * payment intent, made before its first attempt and stored beside the order.
+ */
+export function newKey(): string {
+  const webCrypto = (globalThis as { crypto?: { randomUUID?: () => string } }).crypto;
+  if (typeof webCrypto?.randomUUID !== "function") {
+    throw new TypeError(
+      "newKey() needs the global crypto.randomUUID (Node 19+, or Node 18 with --experimental-global-webcrypto, " +
+        "or a browser in a secure context); or pass your own idempotencyKey",
+    );
+  }
+  return webCrypto.randomUUID();
+}
+
+interface Endpoint {
+  /** As the caller gave it, for {@link Attempt.endpoint}. */
+  base: string;
+  /** `base` + `/v1/charges`. */
+  url: string;
+}
+
+/** An attempt that got no complete answer. */
+interface Lost {
+  outcome: Exclude<AttemptOutcome, "answer">;
+  error: string;
+}
+
+/** The reason an attempt's own controller is aborted with when its time is up. */
+class AttemptTimeout extends Error {}
+
+/**
+ * A client of idem's `POST /v1/charges` for one merchant, that retries the
+ * way the contract says: one key per call, the same bytes on every attempt,
+ * full-jitter backoff never shorter than `Retry-After`, within a deadline.
+ * Calls may run concurrently on one client.
+ */
+export class IdemClient {
+  /** The policy in force: the defaults with the `retry` option over them. */
+  readonly policy: Readonly<RetryPolicy>;
+  readonly #endpoints: readonly Endpoint[];
+  readonly #authorization: string;
+  readonly #fetch: typeof fetch;
+
+  /**
+   * Checks everything up front: a `TypeError` for a missing or malformed
+   * option (no base URL, one that is not `http(s)://` or has a query, a
+   * secret that cannot be a bearer token, an unknown retry field, no `fetch`),
+   * a `RangeError` for a retry number out of range.
+   */
+  constructor(options: IdemClientOptions) {
+    if (options === null || typeof options !== "object") {
+      throw new TypeError("new IdemClient({ baseUrl, secret, retry?, fetch? }): options must be an object");
+    }
+    this.#endpoints = parseEndpoints(options.baseUrl);
+    this.#authorization = `Bearer ${checkSecret(options.secret)}`;
+    this.policy = Object.freeze(resolvePolicy(options.retry));
+    const chosen = options.fetch ?? (globalThis.fetch as typeof fetch | undefined);
+    if (typeof chosen !== "function") {
+      throw new TypeError("no fetch: this runtime has no global fetch; pass options.fetch");
+    }
+    // Called without a receiver: a browser's fetch refuses any `this` but the global one.
+    this.#fetch = options.fetch === undefined ? chosen.bind(globalThis) : chosen;
+  }
+
+  /**
+   * One payment intent: sends the charge with one idempotency key until a
+   * final answer, the policy's attempts or its deadline.
+   *
+   * Resolves with a {@link ChargeResult} for a stored outcome: captured
+   * (`201`), declined (`402`) or failed (`502` `acquirer-rejected`, no money
+   * moved); branch on `result.charge.status`. Rejects with
+   * {@link KeyReusedError} (`422`), {@link KeyExpiredError} (`410`),
+   * {@link ApiError} (any other final answer) or {@link GaveUpError} (no final
+   * answer: the charge may have happened; charge again with the same key).
+   * A key or request that cannot be sent is a `TypeError` or `RangeError`
+   * before any attempt; an aborted `signal` rejects with its reason.
+   */
+  async charge(request: ChargeRequest, options: ChargeOptions = {}): Promise<ChargeResult> {
+    if (options === null || typeof options !== "object") {
+      throw new TypeError("charge(request, { idempotencyKey?, signal? }): options must be an object");
+    }
+    const { idempotencyKey, signal } = options;
+    if (
+      signal !== undefined &&
+      (signal === null || typeof signal.aborted !== "boolean" || typeof signal.addEventListener !== "function")
+    ) {
+      throw new TypeError("charge(request, { signal }): signal must be an AbortSignal");
+    }
+    const key = idempotencyKey === undefined ? newKey() : idempotencyKey;
+    const keyHeader = quoteKey(key);
+    // Encoded once: every attempt carries the very same bytes.
+    const body = new TextEncoder().encode(encodeChargeRequest(request));
+    if (signal?.aborted) {
+      throw signal.reason;
+    }
+
+    const policy = this.policy;
+    const started = now();
+    const elapsed = () => now() - started;
+    const attempts: Attempt[] = [];
+    let retryAfterMs: number | null = null;
+
+    for (let number = 0; ; number++) {
+      if (number > 0) {
+        const retry = planRetry(policy, number, elapsed(), retryAfterMs);
+        if (retry.action === "give-up") {
+          throw gaveUp(key, attempts, retry.reason);
+        }
+        await sleep(retry.delayMs, signal);
+      }
+      const plan = planAttempt(policy, elapsed());
+      if (plan.action === "give-up") {
+        throw gaveUp(key, attempts, plan.reason);
+      }
+
+      const endpoint = this.#endpoints[number % this.#endpoints.length] as Endpoint;
+      const headers: Record<string, string> = {
+        authorization: this.#authorization,
+        "content-type": "application/json",
+        "idempotency-key": keyHeader,
+      };
+      if (plan.preferWaitSecs !== null) {
+        headers.prefer = `wait=${plan.preferWaitSecs}`;
+      }
+      const startedMs = elapsed();
+      const exchange = await this.#exchange(
+        { number, endpoint: endpoint.base, url: endpoint.url, headers, body },
+        plan.timeoutMs,
+        signal,
+      );
+      const attempt: Attempt = {
+        endpoint: endpoint.base,
+        outcome: "outcome" in exchange ? exchange.outcome : "answer",
+        status: "outcome" in exchange ? null : exchange.status,
+        error: "outcome" in exchange ? exchange.error : null,
+        startedMs,
+        elapsedMs: elapsed() - startedMs,
+      };
+      attempts.push(attempt);
+      if ("outcome" in exchange) {
+        retryAfterMs = null;
+        continue;
+      }
+
+      const bodyText = new TextDecoder().decode(exchange.body);
+      const decision = decide({
+        status: exchange.status,
+        bodyText,
+        retryAfter: exchange.headers.get("retry-after"),
+      });
+      switch (decision.kind) {
+        case "result":
+          return {
+            status: exchange.status,
+            charge: decision.charge,
+            problem: decision.problem,
+            key,
+            replayed: isReplayed(exchange.headers.get("idempotent-replayed")),
+            idempotencyTtl: parseSeconds(exchange.headers.get("idempotency-ttl")),
+            body: exchange.body,
+            attempts,
+          };
+        case "retry":
+          retryAfterMs = decision.retryAfterMs;
+          continue;
+        case "key-reused":
+          throw new KeyReusedError(key, attempts, decision.problem, decision.chargeId, decision.differingFields);
+        case "key-expired":
+          throw new KeyExpiredError(key, attempts, decision.problem, decision.chargeId);
+        case "api-error": {
+          const reason =
+            exchange.type === "opaqueredirect" ? "a redirect, not followed" : decision.reason;
+          throw new ApiError(key, attempts, exchange.status, decision.problem, bodyText, reason);
+        }
+      }
+    }
+  }
+
+  /**
+   * Sends one attempt and reads its whole answer. The loop bounds it with the
+   * attempt's timeout and the caller's signal (both abort `request.signal`).
+   * Redirects are not followed: a redirected `POST` loses its body or its
+   * credentials, so a `3xx` is a final answer.
+   *
+   * A seam for subclasses that instrument attempts (tests, tracing); the
+   * loop's behaviour does not depend on overriding it.
+   */
+  protected async send(request: AttemptRequest): Promise<AttemptReply> {
+    const doFetch = this.#fetch;
+    const response = await doFetch(request.url, {
+      method: "POST",
+      headers: request.headers,
+      // Typed plainly as Uint8Array in the API (so older TypeScript reads the declarations).
+      body: request.body as Uint8Array<ArrayBuffer>,
+      redirect: "manual",
+      signal: request.signal,
+    });
+    // A body cut off half way rejects here: a lost answer, not a final one.
+    const body = new Uint8Array(await response.arrayBuffer());
+    return { status: response.status, type: response.type, headers: response.headers, body };
+  }
+
+  /** {@link send} within `timeoutMs`, stopped at once by the caller's signal. */
+  async #exchange(
+    request: Omit<AttemptRequest, "signal">,
+    timeoutMs: number,
+    callerSignal: AbortSignal | undefined,
+  ): Promise<AttemptReply | Lost> {
+    const controller = new AbortController();
+    const timeout = new AttemptTimeout(`timed out after ${Math.round(timeoutMs)} ms`);
+    const timer = setTimeout(() => controller.abort(timeout), timeoutMs);
+    const onCallerAbort = () => controller.abort(callerSignal?.reason);
+    callerSignal?.addEventListener("abort", onCallerAbort, { once: true });
+    try {
+      // Raced against the signal too, so that a `fetch` that does not honour
+      // it still cannot hold the attempt past its time.
+      return await untilAborted(this.send({ ...request, signal: controller.signal }), controller.signal);
+    } catch (error) {
+      if (callerSignal?.aborted) {
+        throw callerSignal.reason;
+      }
+      if (controller.signal.reason === timeout) {
+        return { outcome: "timeout", error: timeout.message };
+      }
+      return { outcome: "connection-failed", error: errorChain(error) };
+    } finally {
+      clearTimeout(timer);
+      callerSignal?.removeEventListener("abort", onCallerAbort);
+    }
+  }
+}
+
+function gaveUp(key: string, attempts: Attempt[], reason: string): GaveUpError {
+  const last = giveUpSummary(attempts, reason);
+  return new GaveUpError(gaveUpMessage(key, attempts.length, last), key, attempts, last);
+}
+
+function parseEndpoints(baseUrl: unknown): Endpoint[] {
+  const list: unknown[] = typeof baseUrl === "string" ? [baseUrl] : Array.isArray(baseUrl) ? baseUrl : [];
+  if (list.length === 0) {
+    throw new TypeError("baseUrl must be a URL or a non-empty array of URLs");
+  }
+  return list.map((base) => {
+    if (typeof base !== "string") {
+      throw new TypeError(`baseUrl: ${String(base)} is not a string`);
+    }
+    let url: URL;
+    try {
+      url = new URL(base);
+    } catch {
+      throw new TypeError(`baseUrl ${JSON.stringify(base)} is not a URL`);
+    }
+    if (url.protocol !== "http:" && url.protocol !== "https:") {
+      throw new TypeError(`baseUrl ${JSON.stringify(base)}: only http:// and https:// are supported`);
+    }
+    if (url.search !== "" || url.hash !== "" || base.includes("?") || base.includes("#")) {
+      throw new TypeError(`baseUrl ${JSON.stringify(base)}: a base URL takes no query or fragment`);
+    }
+    if (url.username !== "" || url.password !== "") {
+      throw new TypeError(`baseUrl ${JSON.stringify(base)}: credentials go in secret, not in the URL`);
+    }
+    return { base, url: `${url.href.replace(/\/+$/, "")}${CHARGES_PATH}` };
+  });
+}
+
+function checkSecret(secret: unknown): string {
+  if (typeof secret !== "string" || !/^[\x21-\x7e]+$/.test(secret)) {
+    throw new TypeError("secret must be a non-empty string of visible ASCII characters (a bearer token)");
+  }
+  return secret;
+}
+
+function now(): number {
+  return performance.now();
+}
+
+/** `promise`, or a rejection with `signal.reason` as soon as `signal` aborts. */
+function untilAborted<T>(promise: Promise<T>, signal: AbortSignal): Promise<T> {
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(signal.reason);
+    if (signal.aborted) {
+      onAbort();
+    } else {
+      signal.addEventListener("abort", onAbort, { once: true });
+    }
+    promise.then(
+      (value) => {
+        signal.removeEventListener("abort", onAbort);
+        resolve(value);
+      },
+      (error: unknown) => {
+        signal.removeEventListener("abort", onAbort);
+        reject(error);
+      },
+    );
+  });
+}
+
+/** Waits `ms`, or rejects with `signal.reason` as soon as it aborts. */
+function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
+  return new Promise<void>((resolve, reject) => {
+    if (signal?.aborted) {
+      reject(signal.reason);
+      return;
+    }
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal?.reason);
+    };
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+}

@@ -1,0 +1,518 @@
+/**
+ * Every decision the client makes, as pure functions: how a request is
+ * encoded and its key quoted, what an answer means (a result, a typed error,
+ * or a retry), how long to wait, whether the deadline allows another attempt,
+ * what `Prefer: wait` to send, and the words of a give-up. The attempt loop in
+ * `client.ts` only carries these out with `fetch` and timers.
+ *
+ * Invariant: a wait is never shorter than the server's `Retry-After`, never
+ * longer than `maxDelayMs` unless the server asked for more, and no wait or
+ * attempt runs past the call's deadline.
+ */
+
+import type { Attempt, Charge, ChargeRequest, Problem } from "./types.js";
+
+/** How hard one call tries before giving up. */
+export interface RetryPolicy {
+  /** Total attempts, the first included (an integer, at least 1). */
+  maxAttempts: number;
+  /** Bound on all attempts and waits of a call; the last attempt's timeout is shortened to fit. */
+  deadlineMs: number;
+  /** One attempt, from connecting to the last byte of the answer's body. */
+  attemptTimeoutMs: number;
+  /** Backoff base: the wait before retry `n` (0-based) is drawn from `[0, min(maxDelayMs, baseDelayMs * 2^n)]`. */
+  baseDelayMs: number;
+  /** Backoff cap (the server's `Retry-After` may still ask for more). */
+  maxDelayMs: number;
+  /**
+   * `Prefer: wait=N`: how long the server may hold a duplicate of an attempt
+   * still in flight before answering `409`. Shortened to leave a second of the
+   * attempt's timeout; not sent below 1.
+   */
+  preferWaitSecs: number;
+}
+
+/** The defaults every idem client shares (clients/README.md). */
+export const DEFAULT_RETRY_POLICY: Readonly<RetryPolicy> = Object.freeze({
+  maxAttempts: 8,
+  deadlineMs: 60_000,
+  attemptTimeoutMs: 10_000,
+  baseDelayMs: 100,
+  maxDelayMs: 5_000,
+  preferWaitSecs: 5,
+});
+
+/** The longest delay a timer takes without firing at once (2^31 - 1 ms, about 24.8 days). */
+export const MAX_TIMER_MS = 2_147_483_647;
+
+/** The problem types the client branches on. */
+export const PROBLEM_TYPES = Object.freeze({
+  chargeDeclined: "urn:idem:problem:charge-declined",
+  acquirerRejected: "urn:idem:problem:acquirer-rejected",
+  keyReused: "urn:idem:problem:idempotency-key-reused",
+  keyExpired: "urn:idem:problem:key-expired",
+});
+
+// ---------------------------------------------------------------------------
+// Configuration
+
+/**
+ * The defaults with `overrides` over them, checked: an unknown field or a
+ * value that is not a number is a `TypeError`, a number out of range a
+ * `RangeError`. `undefined` fields keep the default.
+ */
+export function resolvePolicy(overrides?: Partial<RetryPolicy>): RetryPolicy {
+  const policy: RetryPolicy = { ...DEFAULT_RETRY_POLICY };
+  if (overrides === undefined || overrides === null) {
+    return policy;
+  }
+  if (typeof overrides !== "object") {
+    throw new TypeError("retry must be an object of RetryPolicy fields");
+  }
+  for (const [name, value] of Object.entries(overrides)) {
+    if (!Object.hasOwn(DEFAULT_RETRY_POLICY, name)) {
+      const known = Object.keys(DEFAULT_RETRY_POLICY).join(", ");
+      throw new TypeError(`retry.${name} is not a RetryPolicy field (${known})`);
+    }
+    if (value === undefined) {
+      continue;
+    }
+    if (typeof value !== "number" || Number.isNaN(value)) {
+      throw new TypeError(`retry.${name} must be a number, not ${describeValue(value)}`);
+    }
+    policy[name as keyof RetryPolicy] = value;
+  }
+  const { maxAttempts, deadlineMs, attemptTimeoutMs, baseDelayMs, maxDelayMs, preferWaitSecs } =
+    policy;
+  if (!Number.isSafeInteger(maxAttempts) || maxAttempts < 1) {
+    throw new RangeError(`retry.maxAttempts must be an integer of at least 1, not ${maxAttempts}`);
+  }
+  for (const [name, value] of [
+    ["deadlineMs", deadlineMs],
+    ["attemptTimeoutMs", attemptTimeoutMs],
+  ] as const) {
+    if (!(value > 0 && value <= MAX_TIMER_MS)) {
+      throw new RangeError(`retry.${name} must be above 0 and at most ${MAX_TIMER_MS}, not ${value}`);
+    }
+  }
+  for (const [name, value] of [
+    ["baseDelayMs", baseDelayMs],
+    ["maxDelayMs", maxDelayMs],
+  ] as const) {
+    if (!(value >= 0 && value <= MAX_TIMER_MS)) {
+      throw new RangeError(`retry.${name} must be from 0 to ${MAX_TIMER_MS}, not ${value}`);
+    }
+  }
+  if (!Number.isSafeInteger(preferWaitSecs) || preferWaitSecs < 0) {
+    throw new RangeError(
+      `retry.preferWaitSecs must be a whole number of seconds, 0 or more, not ${preferWaitSecs}`,
+    );
+  }
+  return policy;
+}
+
+function describeValue(value: unknown): string {
+  if (typeof value === "string") {
+    return JSON.stringify(value);
+  }
+  if (typeof value === "number" || typeof value === "bigint" || typeof value === "boolean") {
+    return `${typeof value} ${String(value)}`;
+  }
+  return value === null ? "null" : typeof value;
+}
+
+// ---------------------------------------------------------------------------
+// The key and the body
+
+/** Whether every character of `text` is printable ASCII (0x20 to 0x7E). */
+export function isPrintableAscii(text: string): boolean {
+  for (let i = 0; i < text.length; i++) {
+    const code = text.charCodeAt(i);
+    if (code < 0x20 || code > 0x7e) {
+      return false;
+    }
+  }
+  return true;
+}
+
+/**
+ * The key as an IETF Structured Field string (RFC 8941): `"` + the key with
+ * `\` and `"` escaped + `"`. Such a string holds only printable ASCII, so a key
+ * with any other character is a `RangeError` (and a key that is not a string a
+ * `TypeError`): no attempt is made with it. Whether the key is one idem
+ * accepts (1 to 255 visible characters) is the server's to say (`400`).
+ */
+export function quoteKey(key: string): string {
+  if (typeof key !== "string") {
+    throw new TypeError(`an idempotency key must be a string, not ${describeValue(key)}`);
+  }
+  if (!isPrintableAscii(key)) {
+    throw new RangeError(
+      `the idempotency key ${JSON.stringify(key)} has a character outside printable ASCII, so it cannot be sent`,
+    );
+  }
+  return `"${key.replace(/[\\"]/g, (c) => `\\${c}`)}"`;
+}
+
+const REQUEST_FIELDS: ReadonlySet<string> = new Set([
+  "order_id",
+  "amount_cents",
+  "currency",
+  "description",
+]);
+
+/**
+ * The JSON text of `POST /v1/charges`, in the contract's field order, with
+ * `currency` and `description` left out when absent. Refused before any
+ * attempt (the server would refuse it, or it would not say what the caller
+ * meant): an unknown field or a value of the wrong type (`TypeError`), an
+ * integer field that is not a safe integer or a `bigint` (`RangeError`: above
+ * 2^53 a `number` no longer holds the integer the caller wrote).
+ */
+export function encodeChargeRequest(request: ChargeRequest): string {
+  if (request === null || typeof request !== "object" || Array.isArray(request)) {
+    throw new TypeError("a charge request must be an object: { order_id, amount_cents, currency?, description? }");
+  }
+  for (const name of Object.keys(request)) {
+    if (!REQUEST_FIELDS.has(name)) {
+      throw new TypeError(
+        `a charge request has no field ${JSON.stringify(name)} (order_id, amount_cents, currency, description)`,
+      );
+    }
+  }
+  const parts = [
+    `"order_id":${encodeInteger("order_id", request.order_id)}`,
+    `"amount_cents":${encodeInteger("amount_cents", request.amount_cents)}`,
+  ];
+  for (const name of ["currency", "description"] as const) {
+    const value = request[name];
+    if (value === undefined || value === null) {
+      continue;
+    }
+    if (typeof value !== "string") {
+      throw new TypeError(`${name} must be a string, not ${describeValue(value)}`);
+    }
+    parts.push(`${JSON.stringify(name)}:${JSON.stringify(value)}`);
+  }
+  return `{${parts.join(",")}}`;
+}
+
+function encodeInteger(name: string, value: unknown): string {
+  if (typeof value === "bigint") {
+    return value.toString();
+  }
+  if (typeof value !== "number") {
+    throw new TypeError(`${name} must be an integer (a number or a bigint), not ${describeValue(value)}`);
+  }
+  if (!Number.isSafeInteger(value)) {
+    throw new RangeError(
+      `${name} must be a safe integer (a bigint above 2^53 - 1), not ${String(value)}`,
+    );
+  }
+  return String(value);
+}
+
+// ---------------------------------------------------------------------------
+// Headers
+
+/**
+ * A header of whole seconds (`Retry-After`, `Idempotency-TTL`) in seconds, or
+ * `null` when absent or not digits alone (the HTTP-date form of `Retry-After`
+ * is not one the server sends, and is ignored: the backoff still applies).
+ */
+export function parseSeconds(value: string | null | undefined): number | null {
+  if (value === null || value === undefined) {
+    return null;
+  }
+  const text = value.trim();
+  if (!/^[0-9]+$/.test(text)) {
+    return null;
+  }
+  return Number(text);
+}
+
+/** `Retry-After` in milliseconds, or `null` (see {@link parseSeconds}). */
+export function parseRetryAfterMs(value: string | null | undefined): number | null {
+  const seconds = parseSeconds(value);
+  return seconds === null ? null : seconds * 1000;
+}
+
+/** `Idempotent-Replayed: true`, in any case, around whitespace. */
+export function isReplayed(value: string | null | undefined): boolean {
+  return value !== null && value !== undefined && value.trim().toLowerCase() === "true";
+}
+
+/**
+ * The N of `Prefer: wait=N`: the configured wait, at most one second less
+ * than the attempt's timeout in whole seconds, so the server answers (with a
+ * `409` at worst) before the client stops listening; `null` (not sent) below 1.
+ */
+export function preferWaitSecs(configuredSecs: number, attemptTimeoutMs: number): number | null {
+  const wait = Math.min(Math.floor(configuredSecs), Math.floor(attemptTimeoutMs / 1000) - 1);
+  return wait >= 1 ? wait : null;
+}
+
+// ---------------------------------------------------------------------------
+// Backoff and the deadline
+
+/** `min(maxDelayMs, baseDelayMs * 2^retry)`, for any `retry`. */
+export function backoffCeilingMs(policy: Pick<RetryPolicy, "baseDelayMs" | "maxDelayMs">, retry: number): number {
+  if (policy.baseDelayMs <= 0 || policy.maxDelayMs <= 0) {
+    return 0;
+  }
+  return Math.min(policy.maxDelayMs, policy.baseDelayMs * 2 ** Math.max(0, retry));
+}
+
+/**
+ * The wait before retry number `retry` (0-based), in whole milliseconds:
+ * exponential backoff with FULL jitter, uniform in
+ * `[0, min(maxDelayMs, baseDelayMs * 2^retry)]`, but never less than the
+ * server's `Retry-After` when it gave one. Full jitter spreads the retries of
+ * many clients that failed together over the whole window, so they do not
+ * come back in lockstep. `random` is `Math.random` unless a test fixes it.
+ */
+export function backoffDelayMs(
+  policy: Pick<RetryPolicy, "baseDelayMs" | "maxDelayMs">,
+  retry: number,
+  retryAfterMs: number | null,
+  random: () => number = Math.random,
+): number {
+  const ceiling = Math.floor(backoffCeilingMs(policy, retry));
+  const jittered = Math.min(ceiling, Math.floor(random() * (ceiling + 1)));
+  return retryAfterMs === null ? jittered : Math.max(jittered, retryAfterMs);
+}
+
+/** What to do before attempt number `attemptsMade` (0-based). */
+export type AttemptPlan =
+  | {
+      action: "send";
+      /** The attempt's timeout: the policy's, shortened to what is left of the deadline. */
+      timeoutMs: number;
+      /** The `Prefer: wait` to send, or `null` for none. */
+      preferWaitSecs: number | null;
+    }
+  | { action: "give-up"; reason: string };
+
+/** Whether another attempt fits in the deadline, and with which timeout. */
+export function planAttempt(policy: RetryPolicy, elapsedMs: number): AttemptPlan {
+  const remaining = policy.deadlineMs - elapsedMs;
+  if (remaining <= 0) {
+    return { action: "give-up", reason: `the deadline (${policy.deadlineMs} ms) is spent` };
+  }
+  const timeoutMs = Math.min(policy.attemptTimeoutMs, remaining);
+  return { action: "send", timeoutMs, preferWaitSecs: preferWaitSecs(policy.preferWaitSecs, timeoutMs) };
+}
+
+/** What to do after a retryable attempt. */
+export type RetryPlan = { action: "wait"; delayMs: number } | { action: "give-up"; reason: string };
+
+/**
+ * After `attemptsMade` attempts (at least 1), the last of which may be retried:
+ * the wait before the next, or why there is no next. A wait that would reach
+ * the deadline is not started.
+ */
+export function planRetry(
+  policy: RetryPolicy,
+  attemptsMade: number,
+  elapsedMs: number,
+  retryAfterMs: number | null,
+  random: () => number = Math.random,
+): RetryPlan {
+  if (attemptsMade >= policy.maxAttempts) {
+    return { action: "give-up", reason: `max attempts (${policy.maxAttempts}) reached` };
+  }
+  const delayMs = backoffDelayMs(policy, attemptsMade - 1, retryAfterMs, random);
+  const remaining = policy.deadlineMs - elapsedMs;
+  if (delayMs >= remaining) {
+    return {
+      action: "give-up",
+      reason: `the next wait (${formatMs(delayMs)}) would pass the deadline (${policy.deadlineMs} ms)`,
+    };
+  }
+  return { action: "wait", delayMs };
+}
+
+function formatMs(ms: number): string {
+  return Number.isFinite(ms) ? `${Math.round(ms)} ms` : "forever";
+}
+
+// ---------------------------------------------------------------------------
+// What an answer means
+
+/** What a status, with its problem type, means for a call. */
+export type AnswerKind = "result" | "retry" | "key-reused" | "key-expired" | "api-error";
+
+/**
+ * `201`, `402` and `502` `acquirer-rejected` are stored outcomes (results).
+ * `409` (in flight), `429`, `503`, `504` and any other `502` (a gateway's says
+ * nothing about the charge) may turn out otherwise on a retry. `422`
+ * `idempotency-key-reused` and `410` `key-expired` are typed errors. Anything
+ * else (`400`, `401`, `413`, `415`, `500`, a `3xx`, ...) is the final word.
+ */
+export function classifyStatus(status: number, problemType: string | null): AnswerKind {
+  switch (status) {
+    case 201:
+    case 402:
+      return "result";
+    case 502:
+      return problemType === PROBLEM_TYPES.acquirerRejected ? "result" : "retry";
+    case 409:
+    case 429:
+    case 503:
+    case 504:
+      return "retry";
+    case 422:
+      return problemType === PROBLEM_TYPES.keyReused ? "key-reused" : "api-error";
+    case 410:
+      return problemType === PROBLEM_TYPES.keyExpired ? "key-expired" : "api-error";
+    default:
+      return "api-error";
+  }
+}
+
+/** The decision for one complete answer, with what was read from it. */
+export type Decision =
+  | { kind: "result"; charge: Charge; problem: Problem | null }
+  | { kind: "retry"; retryAfterMs: number | null; problem: Problem | null }
+  | { kind: "key-reused"; problem: Problem; chargeId: string | null; differingFields: string[] }
+  | { kind: "key-expired"; problem: Problem; chargeId: string | null }
+  | { kind: "api-error"; problem: Problem | null; reason: string | null };
+
+/** One complete answer, as {@link decide} needs it. */
+export interface Answer {
+  status: number;
+  /** The body, decoded as UTF-8. */
+  bodyText: string;
+  /** The `Retry-After` header's value, or `null`. */
+  retryAfter: string | null;
+}
+
+/**
+ * What a complete answer means. A `201`, `402` or `502` `acquirer-rejected`
+ * whose body holds no charge is not taken for a result: it is an API error
+ * saying so (no idem answer looks like that).
+ */
+export function decide(answer: Answer): Decision {
+  const problem = parseProblem(answer.bodyText);
+  const kind = classifyStatus(answer.status, problem?.type ?? null);
+  switch (kind) {
+    case "result": {
+      const charge = answer.status === 201 ? parseCharge(parseJson(answer.bodyText)) : parseCharge(problem?.charge);
+      if (charge === null) {
+        const where = answer.status === 201 ? "its body" : "its problem document";
+        return {
+          kind: "api-error",
+          problem,
+          reason: `a ${answer.status} answer, but ${where} holds no charge`,
+        };
+      }
+      return { kind: "result", charge, problem: answer.status === 201 ? null : problem };
+    }
+    case "retry":
+      return { kind: "retry", retryAfterMs: parseRetryAfterMs(answer.retryAfter), problem };
+    case "key-reused": {
+      const p = problem as Problem;
+      return { kind: "key-reused", problem: p, chargeId: chargeIdOf(p), differingFields: differingFieldsOf(p) };
+    }
+    case "key-expired": {
+      const p = problem as Problem;
+      return { kind: "key-expired", problem: p, chargeId: chargeIdOf(p) };
+    }
+    case "api-error":
+      return { kind: "api-error", problem, reason: null };
+  }
+}
+
+function parseJson(text: string): unknown {
+  try {
+    return JSON.parse(text) as unknown;
+  } catch {
+    return undefined;
+  }
+}
+
+function isObject(value: unknown): value is Record<string, unknown> {
+  return value !== null && typeof value === "object" && !Array.isArray(value);
+}
+
+/** A problem document: a JSON object with a string `type`; else `null`. */
+export function parseProblem(bodyText: string): Problem | null {
+  const value = parseJson(bodyText);
+  return isObject(value) && typeof value.type === "string" ? (value as Problem) : null;
+}
+
+/** A charge: an object with a string `id` and `status`; else `null`. Unknown fields are kept. */
+export function parseCharge(value: unknown): Charge | null {
+  return isObject(value) && typeof value.id === "string" && typeof value.status === "string"
+    ? (value as unknown as Charge)
+    : null;
+}
+
+function chargeIdOf(problem: Problem): string | null {
+  return typeof problem.charge_id === "string" ? problem.charge_id : null;
+}
+
+function differingFieldsOf(problem: Problem): string[] {
+  const fields = problem.differing_fields;
+  return Array.isArray(fields) ? fields.filter((f): f is string => typeof f === "string") : [];
+}
+
+// ---------------------------------------------------------------------------
+// Words
+
+/** An error and its causes, `: `-separated (`fetch failed` alone hides whether the port was closed or the peer reset). */
+export function errorChain(error: unknown): string {
+  const parts: string[] = [];
+  const seen = new Set<unknown>();
+  let current: unknown = error;
+  while (current !== undefined && current !== null && !seen.has(current) && parts.length < 8) {
+    seen.add(current);
+    parts.push(describeError(current));
+    current = current instanceof Error ? current.cause : undefined;
+  }
+  return parts.filter((p) => p !== "").join(": ") || "unknown error";
+}
+
+function describeError(error: unknown): string {
+  if (!(error instanceof Error)) {
+    return String(error);
+  }
+  const code = (error as { code?: unknown }).code;
+  let text = error.message;
+  if (error instanceof AggregateError && error.errors.length > 0) {
+    const inner = error.errors.map((e) => describeError(e)).join("; ");
+    text = text === "" ? inner : `${text} (${inner})`;
+  }
+  if (text === "" && typeof code === "string") {
+    text = code;
+  }
+  return text;
+}
+
+/** An attempt's outcome in words: `status 503`, `timed out after 1000 ms`, `connection failed: ...`. */
+export function describeAttempt(attempt: Pick<Attempt, "outcome" | "status" | "error">): string {
+  switch (attempt.outcome) {
+    case "answer":
+      return `status ${attempt.status ?? "?"}`;
+    case "timeout":
+      return attempt.error ?? "timed out";
+    case "connection-failed":
+      return `connection failed: ${attempt.error ?? "unknown error"}`;
+  }
+}
+
+/** The last attempt's outcome and why no other attempt was made. */
+export function giveUpSummary(attempts: readonly Attempt[], reason: string): string {
+  const last = attempts[attempts.length - 1];
+  return last === undefined ? reason : `${describeAttempt(last)} from ${last.endpoint}; ${reason}`;
+}
+
+/** The message of a give-up: the charge may have happened, and the same key tells. */
+export function gaveUpMessage(key: string, attemptCount: number, last: string): string {
+  const attempts = attemptCount === 1 ? "1 attempt" : `${attemptCount} attempts`;
+  return (
+    `gave up on idempotency key ${JSON.stringify(key)} after ${attempts}: ${last}. ` +
+    "The outcome may be unknown (the charge may have happened): charge again with the same key " +
+    "to learn it without charging twice"
+  );
+}

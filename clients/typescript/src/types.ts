@@ -1,0 +1,110 @@
+/**
+ * The shapes of the idem charge API as a client sees them. Wire field names
+ * stay as the API spells them (snake_case); the client's own options are
+ * camelCase.
+ */
+
+/** The body of `POST /v1/charges` (docs/contract/api.md). */
+export interface ChargeRequest {
+  /**
+   * The merchant's order this charge pays for: an integer from 1 to 2^63 - 1.
+   * A `number` must be a safe integer; larger ids go as a `bigint`.
+   */
+  order_id: number | bigint;
+  /** Minor units, 1 to 10,000,000,000 (a safe integer, or a `bigint`). */
+  amount_cents: number | bigint;
+  /** ISO 4217 alpha-3, upper case. Left out (or `null`): the server reads `BRL`. */
+  currency?: string | null;
+  /** At most 500 characters, no control characters; kept with the charge. */
+  description?: string | null;
+}
+
+/** A charge's status. Only `processing` ever changes. */
+export type ChargeStatus = "processing" | "captured" | "declined" | "failed";
+
+/** The charge, as the `201` body or a `402`/`502` problem's `charge` holds it. */
+export interface Charge {
+  /** `ch_` and 24 letters and digits. */
+  id: string;
+  /**
+   * The order id. Parsed as a JSON number: ids above 2^53 lose precision here
+   * (the exact bytes are in {@link ChargeResult.body}).
+   */
+  order_id: number;
+  amount_cents: number;
+  currency: string;
+  status: ChargeStatus;
+  /** What idem sends the acquirer for this charge, the same on every call. */
+  acquirer_reference: string;
+  /** The acquirer's reason when `declined`, else `null`. */
+  decline_reason: string | null;
+  /** When the charge was claimed, UTC, to the second (RFC 3339). */
+  created_at: string;
+}
+
+/**
+ * An `application/problem+json` document (RFC 9457). Branch on `type`
+ * (`urn:idem:problem:<kind>`), never on `title` or `detail`.
+ */
+export interface Problem {
+  type: string;
+  title?: string;
+  status?: number;
+  detail?: string;
+  /** The body field at fault (`invalid-body`). */
+  field?: string;
+  /** A reused key's fields that differ (`idempotency-key-reused`). */
+  differing_fields?: string[];
+  /** The charge (`charge-declined`, `acquirer-rejected`). */
+  charge?: Charge;
+  /** The charge a key made (`key-expired`, `idempotency-key-reused`, `charge-under-review`). */
+  charge_id?: string;
+  [extension: string]: unknown;
+}
+
+/** How one HTTP attempt ended. */
+export type AttemptOutcome =
+  /** The server answered and its whole body was read. */
+  | "answer"
+  /** No complete answer within the attempt's timeout: the outcome is unknown. */
+  | "timeout"
+  /** Refused, reset, or closed before the whole answer was read: the outcome may be unknown. */
+  | "connection-failed";
+
+/** One HTTP attempt of a call. */
+export interface Attempt {
+  /** The base URL the attempt went to, exactly as given to the client. */
+  endpoint: string;
+  outcome: AttemptOutcome;
+  /** The answer's HTTP status when `outcome` is `"answer"`, else `null`. */
+  status: number | null;
+  /** What went wrong when there was no complete answer, else `null`. */
+  error: string | null;
+  /** When the attempt was sent, in milliseconds since the call started. */
+  startedMs: number;
+  /** From sending to the end of the attempt (the wait before it not included). */
+  elapsedMs: number;
+}
+
+/**
+ * A stored outcome: `201` (captured), `402` (declined) or `502`
+ * `acquirer-rejected` (failed, no money moved). Branch on `charge.status`.
+ */
+export interface ChargeResult {
+  /** The final answer's HTTP status: `201`, `402` or `502`. */
+  status: number;
+  /** The charge: the `201` body, or the problem's `charge`. */
+  charge: Charge;
+  /** The problem document of a `402` or `502`; `null` for a `201`. */
+  problem: Problem | null;
+  /** The idempotency key every attempt carried (unquoted). */
+  key: string;
+  /** The answer carried `Idempotent-Replayed: true`: an earlier attempt (or call) stored it. */
+  replayed: boolean;
+  /** `Idempotency-TTL`: how many more seconds the key is honoured, or `null` when absent. */
+  idempotencyTtl: number | null;
+  /** The answer's exact bytes, so a replay can be compared byte for byte. */
+  body: Uint8Array;
+  /** Every attempt in order, the final one last. */
+  attempts: Attempt[];
+}

@@ -1,0 +1,483 @@
+//! The clients' conformance suite (`clients/conformance/scenarios.json`, read
+//! as `clients/conformance/README.md` says) run with the Rust client,
+//! `idem-client`, against `idem-lab conformance-env` as a real process: one
+//! `idem serve`, the simulator, a lossy and a refusing endpoint. The Python
+//! and TypeScript clients run the same file (`scripts/test-clients`). A client
+//! that makes a new key on every retry fails it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use idem_client::{backoff_delay, ChargeAnswer, ChargeRequest, Client, ClientError, RetryPolicy};
+use idem_core::store::Backend;
+use idem_testkit::run::{admin_url, test_backend};
+use serde::Deserialize;
+use serde_json::Value;
+
+const LAB: &str = env!("CARGO_BIN_EXE_idem-lab");
+const SUITE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../clients/conformance/scenarios.json"
+);
+
+#[derive(Deserialize)]
+struct Suite {
+    policy: Policy,
+    scenarios: Vec<Scenario>,
+}
+
+/// The suite's policy, or a scenario's fields over it.
+#[derive(Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+struct Policy {
+    max_attempts: Option<u32>,
+    attempt_timeout_ms: Option<u64>,
+    deadline_ms: Option<u64>,
+    prefer_wait_secs: Option<u64>,
+    base_delay_ms: Option<u64>,
+    max_delay_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Scenario {
+    name: String,
+    #[allow(dead_code)]
+    about: String,
+    faults: Value,
+    endpoints: Vec<String>,
+    #[serde(default)]
+    policy: Policy,
+    calls: Vec<Call>,
+    captures: BTreeMap<String, usize>,
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct Call {
+    id: String,
+    order: i64,
+    amount_cents: i64,
+    key: Option<String>,
+    #[serde(default)]
+    delay_ms: u64,
+    after: Option<String>,
+    expect: Expect,
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct Expect {
+    result: String,
+    replayed: Option<bool>,
+    min_attempts: Option<usize>,
+    max_attempts: Option<usize>,
+    same_charge_as: Option<String>,
+    ttl_at_most_secs: Option<u64>,
+    differing_fields: Option<Vec<String>>,
+}
+
+/// What a call came to, reduced as the suite's README says.
+#[derive(Debug, Clone)]
+struct Outcome {
+    result: &'static str,
+    charge_id: Option<String>,
+    replayed: bool,
+    attempts: usize,
+    key: String,
+    idempotency_ttl: Option<u64>,
+    differing_fields: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+struct Ready {
+    endpoints: HashMap<String, String>,
+    simulator: String,
+    secret: String,
+}
+
+/// `idem-lab conformance-env` as a child process; stopped by closing its stdin.
+struct Env {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    ready: Ready,
+}
+
+impl Env {
+    fn start() -> Self {
+        let mut command = Command::new(LAB);
+        command.arg("conformance-env");
+        if test_backend() == Backend::Postgres {
+            command.args(["--database-url", &admin_url()]);
+        }
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting idem-lab conformance-env");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .expect("reading the environment's first line");
+        let ready = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("the environment's first line {line:?}: {e}"));
+        let stdin = child.stdin.take();
+        Self {
+            child,
+            stdin,
+            ready,
+        }
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// How a call is made: by `idem-client`, or by a client that gets keys wrong.
+#[derive(Clone, Copy, Debug)]
+enum Flavour {
+    IdemClient,
+    /// A retry loop over single attempts that makes a new key for every
+    /// attempt after the first: what the suite must catch.
+    NewKeyPerRetry,
+}
+
+/// Every scenario of the suite; for each, the failures (empty when it passed).
+async fn run_suite(env: &Env, flavour: Flavour) -> Vec<(String, Vec<String>)> {
+    let suite: Suite = serde_json::from_str(&std::fs::read_to_string(SUITE).unwrap()).unwrap();
+    let run_base = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+        * 1_000;
+    let mut results = Vec::new();
+    for scenario in &suite.scenarios {
+        let started = Instant::now();
+        let failures = run_scenario(env, &suite.policy, scenario, run_base, flavour).await;
+        eprintln!(
+            "conformance {flavour:?} {:<28} {} in {:.1} s{}",
+            scenario.name,
+            if failures.is_empty() {
+                "passed"
+            } else {
+                "FAILED"
+            },
+            started.elapsed().as_secs_f64(),
+            failures
+                .iter()
+                .map(|f| format!("\n    {f}"))
+                .collect::<String>()
+        );
+        results.push((scenario.name.clone(), failures));
+    }
+    results
+}
+
+async fn run_scenario(
+    env: &Env,
+    suite_policy: &Policy,
+    scenario: &Scenario,
+    run_base: i64,
+    flavour: Flavour,
+) -> Vec<String> {
+    let http = reqwest::Client::new();
+    let faults = format!("{}/_sim/faults", env.ready.simulator);
+    let put = |body: &Value| http.put(&faults).json(body).send();
+    put(&scenario.faults)
+        .await
+        .and_then(|r| r.error_for_status())
+        .expect("setting the simulator's faults");
+
+    let endpoints: Vec<String> = scenario
+        .endpoints
+        .iter()
+        .map(|name| env.ready.endpoints[name].clone())
+        .collect();
+    let policy = retry_policy(suite_policy, &scenario.policy);
+    let caller = Caller {
+        client: Client::new(endpoints.clone(), &env.ready.secret, policy.clone()).unwrap(),
+        endpoints,
+        secret: env.ready.secret.clone(),
+        policy,
+        flavour,
+    };
+
+    // Each call on its own task; one that waits for another watches its end.
+    let start = Instant::now();
+    let mut ended = HashMap::new();
+    let mut tasks = Vec::new();
+    for call in &scenario.calls {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        ended.insert(call.id.clone(), rx);
+        let after = call.after.as_ref().map(|id| ended[id].clone());
+        let key = call
+            .key
+            .as_ref()
+            .map(|k| format!("conf-{run_base}-{}-{k}", scenario.name));
+        let request = ChargeRequest {
+            order_id: run_base + call.order,
+            amount_cents: call.amount_cents,
+            currency: Some("BRL".into()),
+            description: None,
+        };
+        let (caller, delay) = (caller.clone(), Duration::from_millis(call.delay_ms));
+        tasks.push(tokio::spawn(async move {
+            match after {
+                Some(mut after) => {
+                    let _ = after.wait_for(|done| *done).await;
+                    tokio::time::sleep(delay).await;
+                }
+                None => tokio::time::sleep_until((start + delay).into()).await,
+            }
+            let outcome = caller.call(key.as_deref(), &request).await;
+            let _ = tx.send(true);
+            outcome
+        }));
+    }
+    let mut outcomes = HashMap::new();
+    for (call, task) in scenario.calls.iter().zip(tasks) {
+        outcomes.insert(call.id.clone(), task.await.expect("a call's task"));
+    }
+
+    let mut failures = Vec::new();
+    for call in &scenario.calls {
+        let got = &outcomes[&call.id];
+        let mut fail = |field: &str, want: String| {
+            failures.push(format!(
+                "call {}: {field}: expected {want}, got {got:?}",
+                call.id
+            ));
+        };
+        let e = &call.expect;
+        if got.result != e.result {
+            fail("result", e.result.clone());
+        }
+        if call.key.is_none() && got.key.is_empty() {
+            fail("key", "the key the client made".into());
+        }
+        if e.replayed.is_some_and(|r| r != got.replayed) {
+            fail("replayed", format!("{:?}", e.replayed));
+        }
+        if e.min_attempts.is_some_and(|n| got.attempts < n) {
+            fail("attempts", format!("at least {:?}", e.min_attempts));
+        }
+        if e.max_attempts.is_some_and(|n| got.attempts > n) {
+            fail("attempts", format!("at most {:?}", e.max_attempts));
+        }
+        if let Some(other) = &e.same_charge_as {
+            let theirs = &outcomes[other].charge_id;
+            if got.charge_id.is_none() || got.charge_id != *theirs {
+                fail("charge_id", format!("call {other}'s, {theirs:?}"));
+            }
+        }
+        if let Some(most) = e.ttl_at_most_secs {
+            if got.idempotency_ttl.is_none_or(|ttl| ttl > most) {
+                fail("idempotency_ttl", format!("at most {most}"));
+            }
+        }
+        if e.differing_fields.is_some() && e.differing_fields != got.differing_fields {
+            fail("differing_fields", format!("{:?}", e.differing_fields));
+        }
+    }
+
+    let ledger: Value = http
+        .get(format!("{}/_sim/ledger", env.ready.simulator))
+        .send()
+        .await
+        .and_then(|r| r.error_for_status())
+        .expect("reading the ledger")
+        .json()
+        .await
+        .expect("the ledger's JSON");
+    for (order, want) in &scenario.captures {
+        let order_id = run_base + order.parse::<i64>().expect("an order number");
+        let got = ledger["captures"]
+            .as_array()
+            .expect("captures")
+            .iter()
+            .filter(|c| c["order_id"] == order_id)
+            .count();
+        if got != *want {
+            failures.push(format!(
+                "order {order}: expected {want} capture(s) in the ledger, got {got}"
+            ));
+        }
+    }
+    put(&serde_json::json!({}))
+        .await
+        .and_then(|r| r.error_for_status())
+        .expect("resetting the simulator's faults");
+    failures
+}
+
+fn retry_policy(suite: &Policy, scenario: &Policy) -> RetryPolicy {
+    let ms = |s: Option<u64>, d: Option<u64>| {
+        Duration::from_millis(s.or(d).expect("the suite's policy has every field"))
+    };
+    RetryPolicy {
+        max_attempts: scenario.max_attempts.or(suite.max_attempts).unwrap(),
+        max_elapsed: ms(scenario.deadline_ms, suite.deadline_ms),
+        attempt_timeout: ms(scenario.attempt_timeout_ms, suite.attempt_timeout_ms),
+        base_delay: ms(scenario.base_delay_ms, suite.base_delay_ms),
+        max_delay: ms(scenario.max_delay_ms, suite.max_delay_ms),
+        prefer_wait: Duration::from_secs(
+            scenario
+                .prefer_wait_secs
+                .or(suite.prefer_wait_secs)
+                .unwrap(),
+        ),
+    }
+}
+
+/// A scenario's client, and what a client that gets keys wrong needs.
+#[derive(Clone)]
+struct Caller {
+    client: Client,
+    endpoints: Vec<String>,
+    secret: String,
+    policy: RetryPolicy,
+    flavour: Flavour,
+}
+
+impl Caller {
+    async fn call(&self, key: Option<&str>, request: &ChargeRequest) -> Outcome {
+        match self.flavour {
+            Flavour::IdemClient => reduce(match key {
+                Some(key) => self.client.charge_with_key(key, request).await,
+                None => self.client.charge(request).await,
+            }),
+            Flavour::NewKeyPerRetry => self.new_key_per_retry(key, request).await,
+        }
+    }
+
+    /// The mistake the suite exists to catch: each retry under a fresh key
+    /// (one-attempt calls of `idem-client`, on the same endpoints in turn).
+    async fn new_key_per_retry(&self, key: Option<&str>, request: &ChargeRequest) -> Outcome {
+        let policy = &self.policy;
+        let started = Instant::now();
+        let mut attempts = 0;
+        let mut retry = 0;
+        loop {
+            let key = match (retry, key) {
+                (0, Some(key)) => key.to_owned(),
+                _ => uuid::Uuid::new_v4().to_string(),
+            };
+            let one = Client::new(
+                vec![self.endpoints[retry as usize % self.endpoints.len()].clone()],
+                &self.secret,
+                RetryPolicy {
+                    max_attempts: 1,
+                    max_elapsed: policy.max_elapsed.saturating_sub(started.elapsed()),
+                    ..policy.clone()
+                },
+            )
+            .unwrap();
+            let mut outcome = reduce(one.charge_with_key(&key, request).await);
+            attempts += outcome.attempts;
+            outcome.attempts = attempts;
+            retry += 1;
+            if outcome.result != "gave-up"
+                || retry >= policy.max_attempts
+                || started.elapsed() >= policy.max_elapsed
+            {
+                return outcome;
+            }
+            tokio::time::sleep(backoff_delay(policy, retry - 1, None)).await;
+        }
+    }
+}
+
+fn reduce(answer: Result<ChargeAnswer, ClientError>) -> Outcome {
+    let answer = match answer {
+        Ok(answer) => answer,
+        Err(ClientError::GaveUp { key, attempts, .. }) => {
+            return Outcome {
+                result: "gave-up",
+                charge_id: None,
+                replayed: false,
+                attempts: attempts.len(),
+                key,
+                idempotency_ttl: None,
+                differing_fields: None,
+            }
+        }
+        Err(e) => panic!("the client could not make the call: {e}"),
+    };
+    let body: Value = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
+    let kind = body["type"].as_str().unwrap_or_default();
+    let (result, charge_id) = match (answer.status, kind) {
+        (201, _) => ("captured", body["id"].as_str()),
+        (402, _) => ("declined", body["charge"]["id"].as_str()),
+        (502, "urn:idem:problem:acquirer-rejected") => ("failed", body["charge"]["id"].as_str()),
+        (422, _) => ("key-reused", body["charge_id"].as_str()),
+        (410, _) => ("key-expired", body["charge_id"].as_str()),
+        _ => ("rejected", None),
+    };
+    Outcome {
+        result,
+        charge_id: charge_id.map(str::to_owned),
+        replayed: answer.replayed,
+        attempts: answer.attempts.len(),
+        key: answer.key,
+        idempotency_ttl: answer.idempotency_ttl.map(|d| d.as_secs()),
+        differing_fields: body["differing_fields"].as_array().map(|fields| {
+            fields
+                .iter()
+                .filter_map(|f| f.as_str().map(str::to_owned))
+                .collect()
+        }),
+    }
+}
+
+#[tokio::test]
+async fn the_rust_client_passes_every_scenario() {
+    let env = Env::start();
+    let results = run_suite(&env, Flavour::IdemClient).await;
+    let failed: Vec<_> = results.iter().filter(|(_, f)| !f.is_empty()).collect();
+    assert!(failed.is_empty(), "{failed:#?}");
+    assert_eq!(results.len(), 8, "every scenario ran");
+}
+
+/// The suite can fail: a client that makes a new key on every retry charges
+/// twice wherever a retry follows an attempt whose outcome it never learnt.
+#[tokio::test]
+async fn a_client_that_makes_a_new_key_on_retry_fails_the_suite() {
+    let env = Env::start();
+    let results = run_suite(&env, Flavour::NewKeyPerRetry).await;
+    let failures: HashMap<&str, &Vec<String>> =
+        results.iter().map(|(n, f)| (n.as_str(), f)).collect();
+    for caught in [
+        "unknown-outcome-then-settled",
+        "timeout-then-retry",
+        "server-goes-away-mid-retry",
+    ] {
+        let charged_twice = failures[caught].iter().any(|f| {
+            f.split_once("expected 1 capture(s) in the ledger, got ")
+                .and_then(|(_, got)| got.parse::<usize>().ok())
+                .is_some_and(|got| got >= 2)
+        });
+        assert!(charged_twice, "{caught}: {:?}", failures[caught]);
+    }
+    assert!(
+        failures["first-try"].is_empty(),
+        "{:?}",
+        failures["first-try"]
+    );
+}
