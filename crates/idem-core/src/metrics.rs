@@ -48,6 +48,10 @@ pub const AWAITING_REVIEW: &str = "idem_charges_awaiting_review";
 /// `dead_lettered` (malformed, refused by the store, or out of attempts), or
 /// `requeued` (a transient database error: sent back for another attempt).
 pub const QUEUE_COMMANDS: &str = "idem_queue_commands_total";
+/// Queue commands' results made durable, by how: `broker` (a final answer
+/// published at once and confirmed) or `outbox` (a row the relay publishes:
+/// a result waiting for its outcome, or one the broker did not confirm).
+pub const QUEUE_RESULTS: &str = "idem_queue_results_total";
 /// Outbox messages (events and results) the broker confirmed.
 pub const OUTBOX_PUBLISHED: &str = "idem_outbox_published_total";
 /// Outbox messages the relay set aside because they can never be published
@@ -120,6 +124,10 @@ fn describe() {
     );
     metrics::describe_gauge!(AWAITING_REVIEW, "charges awaiting a person's review");
     metrics::describe_counter!(QUEUE_COMMANDS, "queue commands handled, by result");
+    metrics::describe_counter!(
+        QUEUE_RESULTS,
+        "queue commands' results made durable, by how (broker or outbox)"
+    );
     metrics::describe_counter!(OUTBOX_PUBLISHED, "outbox messages confirmed by the broker");
     metrics::describe_counter!(
         OUTBOX_SET_ASIDE,

@@ -83,6 +83,9 @@ pub struct BenchResult {
     pub claim_batch_rows: Option<f64>,
     pub finalize_batch_rows: Option<f64>,
     pub ratio_vs_pgbench: Option<f64>,
+    /// The queue scenario: publish to the broker's confirm of a command, p50
+    /// (part of the command's latency, which runs from publish to result).
+    pub publish_confirm_p50_ms: Option<f64>,
 }
 
 impl BenchResult {
@@ -102,6 +105,11 @@ impl BenchResult {
             self.statuses,
             self.errors
         );
+        if let Some(confirm) = self.publish_confirm_p50_ms {
+            out.push_str(&format!(
+                "of which publish to the broker's confirm: p50 {confirm:.2} ms\n"
+            ));
+        }
         if let Some(rss) = self.server_peak_rss_mib {
             out.push_str(&format!("server peak RSS {rss:.1} MiB\n"));
         }
@@ -423,6 +431,8 @@ struct Part {
     histogram: Histogram<u64>,
     statuses: BTreeMap<u16, u64>,
     errors: u64,
+    /// The queue scenario's publish-to-confirm times.
+    confirms: Histogram<u64>,
 }
 
 impl Part {
@@ -431,6 +441,7 @@ impl Part {
             histogram: Histogram::new(3)?,
             statuses: BTreeMap::new(),
             errors: 0,
+            confirms: Histogram::new(3)?,
         })
     }
 
@@ -458,8 +469,10 @@ fn combine(
     let mut histogram = Histogram::<u64>::new(3)?;
     let mut statuses = BTreeMap::new();
     let mut errors = 0;
+    let mut confirms = Histogram::<u64>::new(3)?;
     for part in parts {
         histogram.add(&part.histogram)?;
+        confirms.add(&part.confirms)?;
         for (s, n) in part.statuses {
             *statuses.entry(s).or_insert(0) += n;
         }
@@ -484,6 +497,8 @@ fn combine(
         claim_batch_rows: None,
         finalize_batch_rows: None,
         ratio_vs_pgbench: None,
+        publish_confirm_p50_ms: (!confirms.is_empty())
+            .then(|| confirms.value_at_quantile(0.5) as f64 / 1000.0),
     })
 }
 

@@ -144,16 +144,27 @@ impl Publisher {
             i += 1;
             let id = format!("bench-q-{w}-{i}");
             let sent = Instant::now();
-            let status = self.command(&id, i).await;
+            let mut confirmed = None;
+            let status = self.command(&id, i, &mut confirmed).await;
             if measuring.load(Ordering::Relaxed) {
                 part.record(sent, status)?;
+                if let Some(at) = confirmed {
+                    let micros = u64::try_from((at - sent).as_micros()).unwrap_or(u64::MAX);
+                    part.confirms.record(micros.max(1))?;
+                }
             }
         }
         Ok(part)
     }
 
-    /// Publishes one command and waits for its result's status.
-    async fn command(&self, id: &str, order: usize) -> anyhow::Result<u16> {
+    /// Publishes one command and waits for its result's status; `confirmed`
+    /// is when the broker confirmed the command.
+    async fn command(
+        &self,
+        id: &str,
+        order: usize,
+        confirmed: &mut Option<Instant>,
+    ) -> anyhow::Result<u16> {
         let (tx, rx) = oneshot::channel();
         self.waiting
             .lock()
@@ -183,6 +194,7 @@ impl Publisher {
             .await?
             .await?;
         anyhow::ensure!(confirm.is_ack(), "the broker refused the command");
+        *confirmed = Some(Instant::now());
         let status = tokio::time::timeout(COMMAND_TIMEOUT, rx)
             .await
             .context("no result in time")??;

@@ -237,6 +237,7 @@ mod tests {
             claim_batch_rows: Some(1.0),
             finalize_batch_rows: Some(1.0),
             ratio_vs_pgbench: pgbench.map(|pg| per_second / pg),
+            publish_confirm_p50_ms: None,
         }
     }
 

@@ -6,7 +6,9 @@
 //! 2. run the engine, exactly as `POST /v1/charges` does (claim committed
 //!    first, acquirer with no transaction open, fenced finalize that also
 //!    writes the charge event to the outbox);
-//! 3. write this delivery's result to the outbox;
+//! 3. make this delivery's result durable: a final answer is published at
+//!    once and confirmed by the broker; a result that waits for the outcome
+//!    (or that the broker did not confirm) is written to the outbox;
 //! 4. ack.
 //!
 //! A crash anywhere before 4 leaves the message unacked, so the broker
@@ -53,19 +55,20 @@ use lapin::options::{
     BasicPublishOptions, BasicQosOptions, BasicRejectOptions, ConfirmSelectOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel};
+use lapin::{BasicProperties, Channel, PublisherConfirm};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::command::{self, Command, Rejection};
+use super::message::{Message, Outgoing, ResultHeaders};
 use super::{
     connect, declare, reconnecting, Reconnect, ATTEMPTS_HEADER, CHARGE_ID_HEADER, COMMANDS_QUEUE,
     DEAD_LETTER_QUEUE, REASON_CODE_HEADER, REASON_HEADER, RESULTS_EXCHANGE,
 };
-use idem_core::domain::Merchant;
 use idem_core::domain::StoredResponse;
+use idem_core::domain::{Merchant, MessageId};
 use idem_core::idempotency::{Engine, Outcome};
 use idem_core::problem::Problem;
 use idem_core::store::{MerchantCache, NewResult, ResultAnswer, Store, StoreError};
@@ -289,10 +292,12 @@ impl Consumer {
             }
         };
         let label = outcome.label();
-        if let Err(e) = self.write_result(&merchant, &command, &outcome).await {
+        if let Err(e) = self.answer(&merchant, &command, &outcome, confirmed).await {
             let charge = charge_of(&outcome);
             return store_failed(delivery, confirmed, &e, charge, shutdown).await;
         }
+        // The finalize may have written the charge's event: out it goes now,
+        // not at the relay's next poll.
         self.relay_wake.notify_one();
         if let Err(e) = delivery.acker.ack(BasicAckOptions::default()).await {
             // The result is written; the broker will deliver the command
@@ -302,13 +307,17 @@ impl Consumer {
         Handled::Done(label)
     }
 
-    /// Writes this delivery's result to the outbox: the answer the API would
-    /// give now, or, while the outcome is not final, a result that waits for it.
-    async fn write_result(
+    /// Makes this delivery's result durable before the delivery is acked. A
+    /// final answer (the answer the API would give now) is published at once
+    /// on `confirmed` and is durable when the broker confirms it, with no row
+    /// written; a result that waits for the outcome, or one the broker did not
+    /// confirm, is written to the outbox, and the relay publishes it.
+    async fn answer(
         &self,
         merchant: &Merchant,
         command: &Command,
         outcome: &Outcome,
+        confirmed: &Channel,
     ) -> Result<(), StoreError> {
         let mismatch;
         let (answer, replayed) = match outcome {
@@ -362,6 +371,32 @@ impl Consumer {
             Some(queue) => ("", queue.as_str()),
             None => (RESULTS_EXCHANGE, merchant.name.as_str()),
         };
+        if let ResultAnswer::Now(response) = &answer {
+            let message_id = MessageId::result();
+            let message = Message {
+                message_id: message_id.as_str(),
+                exchange,
+                routing_key,
+                tenant: &merchant.name,
+                event_type: None,
+                correlation_id: command.correlation_id.as_deref(),
+                result: Some(ResultHeaders {
+                    idempotency_key: Some(command.key.as_str()),
+                    status: i16::try_from(response.status).unwrap_or(i16::MAX),
+                    replayed,
+                }),
+                body: &response.body,
+            };
+            // A message the broker can never take goes to the outbox too,
+            // where the relay sets it aside with its reason.
+            if let Ok(outgoing) = Outgoing::prepare(&message) {
+                if await_confirm(routing_key, outgoing.publish(confirmed)).await {
+                    metrics::counter!(idem_core::metrics::QUEUE_RESULTS, "via" => "broker")
+                        .increment(1);
+                    return Ok(());
+                }
+            }
+        }
         self.store
             .enqueue_result(&NewResult {
                 exchange,
@@ -372,7 +407,9 @@ impl Consumer {
                 replayed,
                 answer,
             })
-            .await
+            .await?;
+        metrics::counter!(idem_core::metrics::QUEUE_RESULTS, "via" => "outbox").increment(1);
+        Ok(())
     }
 }
 
@@ -524,6 +561,16 @@ async fn publish_confirmed(
         body,
         properties,
     );
+    await_confirm(queue, published).await
+}
+
+/// Waits for a publish and the broker's confirm of it, at most
+/// [`CONFIRM_TIMEOUT`]; `false` if the broker refused it or did not confirm
+/// it in that time. `to` names where it went, for the log.
+async fn await_confirm(
+    to: &str,
+    published: impl std::future::Future<Output = lapin::Result<PublisherConfirm>>,
+) -> bool {
     let confirmed = tokio::time::timeout(CONFIRM_TIMEOUT, async {
         match published.await {
             Ok(confirm) => matches!(confirm.await, Ok(c) if c.is_ack()),
@@ -531,14 +578,21 @@ async fn publish_confirmed(
         }
     })
     .await;
-    confirmed.unwrap_or_else(|_| {
-        tracing::warn!(
-            queue,
-            timeout_s = CONFIRM_TIMEOUT.as_secs(),
-            "the broker did not confirm a copy in time"
-        );
-        false
-    })
+    match confirmed {
+        Ok(true) => true,
+        Ok(false) => {
+            tracing::warn!(to, "the broker refused a message, or the channel failed");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(
+                to,
+                timeout_s = CONFIRM_TIMEOUT.as_secs(),
+                "the broker did not confirm a message in time"
+            );
+            false
+        }
+    }
 }
 
 /// Sends a message that will never succeed to the dead-letter queue, with its

@@ -5,20 +5,22 @@
 //! through the same engine as an HTTP request, under the merchant's key space:
 //!
 //! ```text
-//! idem.charges ─► consumer ─► engine (claim, acquirer, finalize + event) ─► outbox: result ─► ack
-//!   ▲  │ malformed, refused by the store, or out of attempts                    │
-//!   │  └─► idem.charges.dead (reason in a header)          relay (skip locked, confirms)
-//!   └── database unreachable: again, after a pause (x-idem-attempts)
-//!                                                               ├─► reply_to / idem.results
-//!                                                               └─► idem.events
+//! idem.charges ─► consumer ─► engine (claim, acquirer, finalize + event) ─► result ─► ack
+//!   ▲  │ malformed, refused by the store, or out of attempts     final: published, confirmed ─► reply_to / idem.results
+//!   │  └─► idem.charges.dead (reason in a header)                waiting: outbox ─┐
+//!   └── database unreachable: again, after a pause (x-idem-attempts)              relay (skip locked, confirms)
+//!                                                                 outbox: events ─┘ ├─► reply_to / idem.results
+//!                                                                                   └─► idem.events
 //! ```
 //!
 //! - [`command`]: what a delivery must carry, parsed before anything is claimed;
 //! - [`consumer`]: `idem consume`: manual acks, bounded prefetch, reconnects;
-//! - [`relay`]: publishes the outbox with publisher confirms; several may run.
+//! - [`relay`]: publishes the outbox with publisher confirms; several may run;
+//! - [`message`]: how a result or an event becomes an AMQP message, for both.
 
 pub mod command;
 pub mod consumer;
+mod message;
 pub mod relay;
 
 use std::future::Future;

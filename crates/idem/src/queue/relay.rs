@@ -18,27 +18,29 @@
 //! for every relay. The routing key of a result is its merchant's name, and
 //! names stored before they had to be slugs may be that long. Set-aside rows
 //! are logged and counted (`idem_outbox_set_aside_total`); the rows behind
-//! them go out as usual.
+//! them go out as usual. How a row becomes an AMQP message: [`super::message`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::options::ConfirmSelectOptions;
+use lapin::Channel;
 use lapin::PublisherConfirm;
-use lapin::{BasicProperties, Channel};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::command::TENANT_HEADER;
-use super::{connect, declare, events_on, reconnecting, Reconnect, PERSISTENT};
-use idem_core::problem;
-use idem_core::store::{OutboxMessage, Store, StoreError};
+use super::message::{Message, Outgoing};
+use super::{connect, declare, events_on, reconnecting, Reconnect};
+use idem_core::store::{Store, StoreError};
 
 /// Messages per batch: one transaction, one round of confirms.
 const BATCH: i64 = 200;
 /// Pruned per statement, so pruning never holds many locks.
 const PRUNE_BATCH: i64 = 1_000;
+/// How long a woken relay waits before its pass, so that the rows written
+/// just after the one that woke it go in the same batch: one transaction and
+/// one round of confirms for many, at a few milliseconds of an event's latency.
+const LINGER: Duration = Duration::from_millis(5);
 /// Between prunes of published messages.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
@@ -136,7 +138,10 @@ impl Relay {
                     }
                     break Ok(());
                 }
-                _ = self.wake.notified() => {}
+                // Woken by a writer of this process: more rows follow close
+                // behind (a busy consumer writes one per command), so wait
+                // a moment and take them in the same batch.
+                _ = self.wake.notified() => tokio::time::sleep(LINGER).await,
                 _ = tokio::time::sleep(self.config.poll_interval) => {}
             }
         };
@@ -156,8 +161,8 @@ impl Relay {
         let mut outgoing = Vec::with_capacity(batch_len);
         let mut set_aside = Vec::new();
         for message in &batch.messages {
-            match Outgoing::prepare(message) {
-                Ok(o) => outgoing.push(o),
+            match Outgoing::prepare(&Message::from(message)) {
+                Ok(o) => outgoing.push((message.id, o)),
                 Err(reason) => {
                     tracing::error!(
                         outbox_id = message.id,
@@ -194,21 +199,12 @@ impl Relay {
     async fn publish(
         &self,
         channel: &Channel,
-        outgoing: Vec<Outgoing<'_>>,
+        outgoing: Vec<(i64, Outgoing<'_>)>,
     ) -> Result<Vec<i64>, RelayError> {
         tokio::time::timeout(self.config.confirm_timeout, async {
             let mut pending: Vec<(i64, PublisherConfirm)> = Vec::with_capacity(outgoing.len());
-            for o in outgoing {
-                let confirm = channel
-                    .basic_publish(
-                        o.exchange,
-                        o.routing_key,
-                        BasicPublishOptions::default(),
-                        o.body,
-                        o.properties,
-                    )
-                    .await?;
-                pending.push((o.id, confirm));
+            for (id, o) in outgoing {
+                pending.push((id, o.publish(channel).await?));
             }
             let mut acked = Vec::with_capacity(pending.len());
             for (id, confirm) in pending {
@@ -239,83 +235,4 @@ impl Relay {
             }
         }
     }
-}
-
-/// One outbox row as the client library will take it.
-struct Outgoing<'a> {
-    id: i64,
-    exchange: ShortString,
-    routing_key: ShortString,
-    body: &'a [u8],
-    properties: BasicProperties,
-}
-
-impl<'a> Outgoing<'a> {
-    /// The row ready to publish, or why it never can be.
-    fn prepare(message: &'a OutboxMessage) -> Result<Self, String> {
-        Ok(Self {
-            id: message.id,
-            exchange: short("exchange", &message.exchange)?,
-            routing_key: short("routing key", &message.routing_key)?,
-            body: &message.body,
-            properties: properties(message)?,
-        })
-    }
-}
-
-/// `value` as an AMQP short string, or the reason it cannot be one.
-fn short(what: &str, value: &str) -> Result<ShortString, String> {
-    ShortString::try_new(value).map_err(|_| {
-        format!(
-            "the {what} is {} bytes, over AMQP's 255-byte limit for a short string: {:?}...",
-            value.len(),
-            value.chars().take(32).collect::<String>()
-        )
-    })
-}
-
-/// A message's AMQP properties: persistent, its unique id, and what the
-/// contract puts in the headers of an event or a result; or why they cannot
-/// be sent.
-fn properties(message: &OutboxMessage) -> Result<BasicProperties, String> {
-    let mut headers = FieldTable::default();
-    headers.insert(
-        TENANT_HEADER.into(),
-        AMQPValue::LongString(message.tenant.as_str().into()),
-    );
-    let mut p = BasicProperties::default()
-        .with_delivery_mode(PERSISTENT)
-        .with_timestamp(unix_now())
-        .with_message_id(short("message_id", &message.message_id)?);
-    if let Some(event_type) = &message.event_type {
-        p = p.with_type(short("type", event_type)?);
-    }
-    if let Some(correlation_id) = &message.correlation_id {
-        p = p.with_correlation_id(short("correlation_id", correlation_id)?);
-    }
-    let content_type = if let Some(status) = message.status {
-        headers.insert("status".into(), AMQPValue::ShortInt(status));
-        if let Some(key) = &message.idempotency_key {
-            headers.insert(
-                "idempotency-key".into(),
-                AMQPValue::LongString(key.as_str().into()),
-            );
-        }
-        headers.insert(
-            "idempotent-replayed".into(),
-            AMQPValue::Boolean(message.replayed.unwrap_or(false)),
-        );
-        problem::media_type_of(u16::try_from(status).unwrap_or_default())
-    } else {
-        problem::JSON
-    };
-    Ok(p.with_content_type(content_type.into())
-        .with_headers(headers))
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }

@@ -11,6 +11,7 @@ use idem::queue::{
 };
 use idem_core::store::Backend;
 use idem_lab::sim::Faults;
+use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::BasicProperties;
 
@@ -119,14 +120,101 @@ async fn a_command_delivered_three_times_captures_once_and_answers_each_delivery
     assert_eq!(event.json()["charge"]["id"], results[0].json()["id"]);
     assert!(event.message_id().starts_with("evt_"));
 
-    // The relay counts a batch once it has marked it, just after the broker
-    // delivered it: scrape until the figures settle.
+    // A final result went to the broker at once, confirmed, with no row; one
+    // that met the first delivery in flight waited in the outbox for its
+    // outcome (how many did depends on timing); the event went through the
+    // outbox. The relay counts a batch once it has marked it, just after the
+    // broker delivered it: scrape until the figures settle.
     let lines = [
         r#"idem_queue_commands_total{result="captured"} 1"#,
-        "idem_outbox_published_total 4",
         "idem_outbox_pending 0",
     ];
     wait_for_metrics(&metrics, &lines).await;
+    let scraped = scrape(&metrics).await;
+    let counted = |line: &str| -> u64 {
+        scraped
+            .lines()
+            .find_map(|l| l.strip_prefix(line)?.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let direct = counted(r#"idem_queue_results_total{via="broker"}"#);
+    let waited = counted(r#"idem_queue_results_total{via="outbox"}"#);
+    assert_eq!(direct + waited, 3, "{scraped}");
+    assert!(
+        direct >= 1,
+        "the first delivery's result went at once: {scraped}"
+    );
+    assert_eq!(
+        counted("idem_outbox_published_total"),
+        waited + 1,
+        "{scraped}"
+    );
+    let rows = i64::try_from(waited + 1).unwrap();
+    assert_eq!(
+        env.db.count("outbox").await,
+        rows,
+        "the event's row and the waiting results'"
+    );
+}
+
+/// A `reply_to` queue that refuses every message (`x-overflow: reject-publish`
+/// at length 0): the broker nacks what is published to it.
+async fn full_queue(env: &QueueEnv, name: &str) -> String {
+    let mut limits = FieldTable::default();
+    limits.insert("x-max-length".into(), AMQPValue::LongInt(0));
+    limits.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    env.amqp
+        .channel
+        .queue_declare(name.into(), QueueDeclareOptions::durable(), limits)
+        .await
+        .expect("a queue that refuses every message");
+    name.to_owned()
+}
+
+/// A result the broker will not take (its `reply_to` queue is full and
+/// rejects publishes) is not lost: the command is acked once the result is in
+/// the outbox instead, and the relay publishes it once the queue takes it.
+#[tokio::test]
+async fn a_result_the_broker_refuses_waits_in_the_outbox_until_the_broker_takes_it() {
+    let env = QueueEnv::start(Faults::default()).await;
+    let full = &full_queue(&env, "test.full").await;
+    let metrics = format!("127.0.0.1:{}", crate::helpers::free_port());
+    let _consumer = env.consumer(&["--metrics-listen", &metrics]).await;
+
+    let key = new_key();
+    env.amqp
+        .publish(&Cmd::new(&key, "loja", &body(3, 700)).reply_to(full))
+        .await;
+    let lines = [
+        r#"idem_queue_commands_total{result="captured"} 1"#,
+        r#"idem_queue_results_total{via="outbox"} 1"#,
+        "idem_outbox_pending 1",
+    ];
+    wait_for_metrics(&metrics, &lines).await;
+    assert_eq!(
+        env.amqp.ready(COMMANDS_QUEUE).await,
+        0,
+        "the command is acked"
+    );
+    assert_eq!(env.sim.ledger().await.captures.len(), 1);
+
+    // The queue takes messages again: the relay's next pass delivers it.
+    env.amqp
+        .channel
+        .queue_delete(full.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .expect("delete the full queue");
+    env.amqp.queue(full, None).await;
+    let got = env.amqp.take(full, 1, WITHIN).await;
+    assert_eq!(got[0].status(), 201);
+    assert_eq!(
+        got[0].header_str("idempotency-key").as_deref(),
+        Some(key.as_str())
+    );
+    wait_for_metrics(&metrics, &["idem_outbox_pending 0"]).await;
 }
 
 #[tokio::test]
@@ -616,7 +704,10 @@ async fn a_command_the_store_refuses_after_its_capture_is_dead_lettered_naming_i
     let events = env.events().await;
     let (_consumer, metrics) = consumer_with_metrics(&env, &[], &[]).await;
     // What the parse cannot foresee: here, the database refuses every result
-    // row, after the engine has captured and stored the outcome.
+    // row, after the engine has captured and stored the outcome; and the
+    // broker refuses the result (its `reply_to` is full), so the consumer
+    // must write that row.
+    let full = full_queue(&env, "test.full").await;
     match env.db.backend {
         Backend::Postgres => {
             env.db
@@ -636,7 +727,7 @@ async fn a_command_the_store_refuses_after_its_capture_is_dead_lettered_naming_i
 
     let key = new_key();
     env.amqp
-        .publish(&Cmd::new(&key, "loja", &body(4, 400)))
+        .publish(&Cmd::new(&key, "loja", &body(4, 400)).reply_to(&full))
         .await;
 
     let dead = env.amqp.take(DEAD_LETTER_QUEUE, 1, WITHIN).await.remove(0);
@@ -873,9 +964,13 @@ async fn an_outbox_row_the_broker_cannot_take_is_set_aside_and_the_rows_behind_i
         reason.contains("routing key is 270 bytes") && reason.contains("255"),
         "{reason}"
     );
+    // The two results that could go out went at once; the outbox published
+    // the three events.
     let lines = [
         "idem_outbox_set_aside_total 1",
-        "idem_outbox_published_total 5",
+        r#"idem_queue_results_total{via="broker"} 2"#,
+        r#"idem_queue_results_total{via="outbox"} 1"#,
+        "idem_outbox_published_total 3",
         "idem_outbox_pending 0",
     ];
     wait_for_metrics(&metrics, &lines).await;
