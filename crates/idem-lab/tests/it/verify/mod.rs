@@ -309,20 +309,22 @@ async fn a_ledger_that_is_not_the_simulators_is_refused_before_any_charge() {
 }
 
 /// Three `idem serve` processes, each under a loop that starts it again when
-/// it dies (as a process manager would); returns their URLs.
-async fn supervised_instances(dir: &Path, db: &str, sim: &str) -> Vec<String> {
+/// it dies (as a process manager would); returns their URLs, and the loops,
+/// which are stopped when that is dropped (also when the test panics).
+async fn supervised_instances(dir: &Path, db: &str, sim: &str) -> (Vec<String>, Supervisors) {
     let mut urls = Vec::new();
+    let mut supervisors = Supervisors(Vec::new());
     for i in 0..3 {
         let port = free_port();
         let script = format!(
-            "while [ ! -e '{dir}/stop' ]; do \
+            "while [ -d '{dir}' ] && [ ! -e '{dir}/stop' ]; do \
                '{LAB}' serve --listen 127.0.0.1:{port} --acquirer-url {sim} \
                  --acquirer-timeout 1s --lease 3s --reconcile-interval 200ms 2>>'{dir}/{i}.log' & \
                echo $! > '{dir}/{i}.pid'; wait $!; \
              done",
             dir = dir.display()
         );
-        tokio::process::Command::new("sh")
+        let supervisor = tokio::process::Command::new("sh")
             .arg("-c")
             .arg(script)
             .env("DATABASE_URL", db)
@@ -330,21 +332,26 @@ async fn supervised_instances(dir: &Path, db: &str, sim: &str) -> Vec<String> {
             .process_group(0)
             .spawn()
             .unwrap();
+        supervisors.0.extend(supervisor.id());
         urls.push(format!("http://127.0.0.1:{port}"));
     }
     for url in &urls {
         wait_healthy(url, "/healthz").await;
     }
-    urls
+    (urls, supervisors)
 }
 
-/// Stops the supervisors and their instances.
-fn stop_instances(dir: &Path) {
-    std::fs::write(dir.join("stop"), "").unwrap();
-    for i in 0..3 {
-        if let Ok(pid) = std::fs::read_to_string(dir.join(format!("{i}.pid"))) {
+/// The supervisor loops' process groups (each loop leads its own, with the
+/// `idem serve` it started). Dropping it kills every group whole: killing
+/// an instance by its pid file could miss one the loop had just started
+/// again, and that loop would outlive the test.
+struct Supervisors(Vec<u32>);
+
+impl Drop for Supervisors {
+    fn drop(&mut self) {
+        for group in &self.0 {
             let _ = std::process::Command::new("kill")
-                .args(["-9", pid.trim()])
+                .args(["-9", "--", &format!("-{group}")])
                 .status();
         }
     }
@@ -363,7 +370,7 @@ async fn three_idem_instances_killed_and_restarted_under_faults_keep_every_invar
     let created = lab(&["merchant", "create", "verify"], &env).await;
     assert!(created.status.success(), "{:?}", said(&created));
     let secret = String::from_utf8(created.stdout).unwrap().trim().to_owned();
-    let urls = supervised_instances(&dir, &db, &sim).await;
+    let (urls, supervisors) = supervised_instances(&dir, &db, &sim).await;
     // Kills the next instance in turn; its supervisor starts it again.
     let fault_cmd = format!(
         "n=$(cat '{d}/n' 2>/dev/null || echo 0); kill -9 \"$(cat '{d}/'$((n % 3))'.pid')\"; echo $((n + 1)) > '{d}/n'",
@@ -405,7 +412,7 @@ async fn three_idem_instances_killed_and_restarted_under_faults_keep_every_invar
         &[],
     )
     .await;
-    stop_instances(&dir);
+    drop(supervisors);
     stop.cancel();
     let (stdout, stderr) = said(&out);
     eprintln!("{stdout}{stderr}");
