@@ -15,6 +15,9 @@ pub const HTTP_REQUESTS: &str = "idem_http_requests_total";
 /// Answers to `POST /v1/charges` by outcome: `captured`, `declined`, `failed`,
 /// `replayed`, `in_flight` (409), `key_reused` (422), `key_expired` (410),
 /// `unknown` (503), `under_review` (503).
+/// Problem answers by their `type`'s last part (`overloaded`: shed at once;
+/// `service-unavailable`, `store-unwritable`, `internal`, ...), whatever the route.
+pub const HTTP_PROBLEMS: &str = "idem_http_problems_total";
 pub const CHARGE_OUTCOMES: &str = "idem_charge_outcomes_total";
 /// Calls to the acquirer by outcome: `captured`, `declined`, `rejected`,
 /// `unknown`, `contradicted`.
@@ -91,6 +94,7 @@ pub fn handle() -> Option<&'static PrometheusHandle> {
 
 fn describe() {
     metrics::describe_counter!(HTTP_REQUESTS, "HTTP requests by route, method and status");
+    metrics::describe_counter!(HTTP_PROBLEMS, "problem+json answers by type");
     metrics::describe_counter!(CHARGE_OUTCOMES, "POST /v1/charges answers by outcome");
     metrics::describe_counter!(ACQUIRER_CALLS, "acquirer calls by outcome");
     metrics::describe_counter!(

@@ -185,6 +185,8 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        metrics::counter!(idem_core::metrics::HTTP_PROBLEMS, "type" => self.kind().slug())
+            .increment(1);
         let (status, body) = self.problem_body();
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut response = (

@@ -118,7 +118,7 @@ async fn a_wait_that_ends_before_the_outcome_is_a_409_that_says_it_waited() {
 
 #[tokio::test]
 async fn waiters_past_the_bound_are_shed_with_503_at_once() {
-    let (db, _sim, _servers, [a, b]) = two_instances(2_000, &["--max-waiters", "1"]).await;
+    let (db, _sim, servers, [a, b]) = two_instances(2_000, &["--max-waiters", "1"]).await;
     let key = new_key();
     let first = start_first(&db, &a, &key).await;
 
@@ -136,6 +136,13 @@ async fn waiters_past_the_bound_are_shed_with_503_at_once() {
         "at once: {:?}",
         shed.elapsed
     );
+    // Counted by its type, for the shed-rate alert (deploy/prometheus).
+    let metrics = b
+        .send(b.raw().get(format!("{}/metrics", servers[1].url)))
+        .await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    let line = r#"idem_http_problems_total{type="overloaded"} 1"#;
+    assert!(text.contains(line), "{line} in\n{text}");
 
     let first = first.await.expect("first");
     let waited = waiting.await.expect("waiter");
