@@ -176,6 +176,9 @@ pub struct NewWebhook {
 
 /// Where a command's result goes, and what it answers.
 pub struct NewResult<'a> {
+    /// The result's `message_id`: minted by the writer, so that a result it
+    /// first tried to publish itself carries the same id from the outbox.
+    pub message_id: &'a MessageId,
     pub exchange: &'a str,
     pub routing_key: &'a str,
     pub tenant: &'a str,

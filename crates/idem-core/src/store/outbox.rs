@@ -18,7 +18,6 @@
 //! blocks the rows behind it nor disappears.
 
 use super::model::{NewResult, ResultAnswer};
-use crate::domain::MessageId;
 
 /// What a batch reads of the rows it took: a waiting result takes its key's
 /// stored outcome. `o` is the outbox, `k` the awaited key record.
@@ -87,7 +86,7 @@ impl ResultRow {
     pub(super) fn new(new: &NewResult<'_>) -> Self {
         let answer = AnswerColumns::of(&new.answer);
         Self {
-            message_id: MessageId::result().as_str().to_owned(),
+            message_id: new.message_id.as_str().to_owned(),
             exchange: new.exchange.to_owned(),
             routing_key: new.routing_key.to_owned(),
             tenant: new.tenant.to_owned(),

@@ -371,8 +371,10 @@ impl Consumer {
             Some(queue) => ("", queue.as_str()),
             None => (RESULTS_EXCHANGE, merchant.name.as_str()),
         };
+        // One id whichever way it goes out, so a subscriber can drop a copy
+        // (a publish confirmed too late, then written to the outbox as well).
+        let message_id = MessageId::result();
         if let ResultAnswer::Now(response) = &answer {
-            let message_id = MessageId::result();
             let message = Message {
                 message_id: message_id.as_str(),
                 exchange,
@@ -399,6 +401,7 @@ impl Consumer {
         }
         self.store
             .enqueue_result(&NewResult {
+                message_id: &message_id,
                 exchange,
                 routing_key,
                 tenant: &merchant.name,

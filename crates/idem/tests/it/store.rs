@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem_core::domain::{ChargeRequest, ChargeStatus};
-use idem_core::domain::{IdempotencyKey, StoredResponse};
+use idem_core::domain::{IdempotencyKey, MessageId, StoredResponse};
 use idem_core::store::{
     Backend, Claim, KeyState, NewResult, Reschedule, ResultAnswer, Settlement, Store, StoreError,
 };
@@ -193,6 +193,7 @@ async fn a_batch_dropped_unfinished_frees_its_rows_and_its_connection() {
     };
     db.store
         .enqueue_result(&NewResult {
+            message_id: &MessageId::result(),
             exchange: "idem.results",
             routing_key: "nowhere",
             tenant: "loja",

@@ -8,7 +8,6 @@ use std::time::Duration;
 use const_format::concatcp;
 
 use super::{SqliteStore, NOW};
-use crate::domain::MessageId;
 use crate::store::model::{NewResult, OutboxMessage};
 use crate::store::ops::Outbox;
 use crate::store::outbox::{AnswerColumns, AWAITED_KEY, BATCH_COLUMNS};
@@ -103,7 +102,7 @@ impl Outbox for SqliteStore {
         let answer = AnswerColumns::of(&new.answer);
         self.write(async |tx| {
             sqlx::query(ENQUEUE_RESULT_SQL)
-                .bind(MessageId::result().as_str())
+                .bind(new.message_id.as_str())
                 .bind(new.exchange)
                 .bind(new.routing_key)
                 .bind(new.tenant)
