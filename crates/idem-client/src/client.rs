@@ -17,9 +17,7 @@ use reqwest::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETR
 
 use crate::answer::{Attempt, AttemptOutcome, ChargeAnswer, ChargeRequest};
 use crate::error::ClientError;
-use crate::policy::{
-    backoff_delay, is_retryable, parse_retry_after, prefer_wait_secs, RetryPolicy,
-};
+use crate::policy::{backoff_delay, is_retryable, parse_seconds, prefer_wait_secs, RetryPolicy};
 
 /// Where charges are created, relative to an endpoint's base URL.
 const CHARGES_PATH: &str = "/v1/charges";
@@ -221,11 +219,10 @@ impl Client {
                 .is_some_and(|value| value.as_bytes().trim_ascii().eq_ignore_ascii_case(b"true"));
             let retry_after = headers
                 .get(RETRY_AFTER)
-                .and_then(|value| parse_retry_after(value.as_bytes()));
-            // The same form as Retry-After: whole seconds.
+                .and_then(|value| parse_seconds(value.as_bytes()));
             let idempotency_ttl = headers
                 .get(IDEMPOTENCY_TTL)
-                .and_then(|value| parse_retry_after(value.as_bytes()));
+                .and_then(|value| parse_seconds(value.as_bytes()));
             // A body cut off half way is a lost answer, not a final one.
             let body = response.bytes().await?;
             Ok::<_, reqwest::Error>(Reply {

@@ -134,9 +134,10 @@ fn is_acquirer_rejected(body: &[u8]) -> bool {
         .is_ok_and(|p| p.kind.as_deref() == Some(ACQUIRER_REJECTED))
 }
 
-/// `Retry-After` as the contract sends it: whole seconds. The HTTP-date form is
-/// not used by the server and is ignored (the backoff still applies).
-pub(crate) fn parse_retry_after(value: &[u8]) -> Option<Duration> {
+/// A header in whole seconds, as the contract sends `Retry-After` and
+/// `Idempotency-TTL`. `Retry-After`'s HTTP-date form is not used by the server
+/// and is ignored (the backoff still applies).
+pub(crate) fn parse_seconds(value: &[u8]) -> Option<Duration> {
     let text = std::str::from_utf8(value).ok()?.trim();
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -250,10 +251,10 @@ mod tests {
 
     #[test]
     fn retry_after_parses_whole_seconds_only() {
-        assert_eq!(parse_retry_after(b"0"), Some(Duration::ZERO));
-        assert_eq!(parse_retry_after(b" 3 "), Some(Duration::from_secs(3)));
+        assert_eq!(parse_seconds(b"0"), Some(Duration::ZERO));
+        assert_eq!(parse_seconds(b" 3 "), Some(Duration::from_secs(3)));
         assert_eq!(
-            parse_retry_after(b"99999999999999999999999"),
+            parse_seconds(b"99999999999999999999999"),
             Some(Duration::MAX)
         );
         for bad in [
@@ -264,7 +265,7 @@ mod tests {
             b"Wed, 21 Oct 2015 07:28:00 GMT",
         ] {
             assert_eq!(
-                parse_retry_after(bad),
+                parse_seconds(bad),
                 None,
                 "{:?}",
                 String::from_utf8_lossy(bad)

@@ -220,7 +220,7 @@ impl Engine {
         if let Some((charge_id, response, until)) =
             self.replays.replay(merchant.id, key, &fingerprint)
         {
-            // The memory ends before the key (by a margin): the key lives at least that long.
+            // `until` is the key's own lower bound (the memory ends earlier, by its margin).
             return Ok(Outcome::Completed {
                 charge_id,
                 response,

@@ -317,7 +317,7 @@ async fn supervised_instances(dir: &Path, db: &str, sim: &str) -> (Vec<String>, 
     for i in 0..3 {
         let port = free_port();
         let script = format!(
-            "while [ -d '{dir}' ] && [ ! -e '{dir}/stop' ]; do \
+            "while [ -d '{dir}' ]; do \
                '{LAB}' serve --listen 127.0.0.1:{port} --acquirer-url {sim} \
                  --acquirer-timeout 1s --lease 3s --reconcile-interval 200ms 2>>'{dir}/{i}.log' & \
                echo $! > '{dir}/{i}.pid'; wait $!; \
