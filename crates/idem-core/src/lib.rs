@@ -9,6 +9,7 @@
 //! - [`store`]: PostgreSQL and SQLite, one function per operation, beside the table it owns;
 //! - [`idempotency`]: the engine (claim, call, finalize; replay, 409, 422, take-over);
 //! - [`metrics`]: the Prometheus metrics idem records;
+//! - [`trace`]: W3C trace context in and out, when tracing is on;
 //! - [`crash`]: test-only crash points (cargo feature `crash-points`).
 #![forbid(unsafe_code)]
 
@@ -19,3 +20,4 @@ pub mod idempotency;
 pub mod metrics;
 pub mod problem;
 pub mod store;
+pub mod trace;

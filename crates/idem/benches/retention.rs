@@ -200,6 +200,7 @@ async fn write_charges(
             request: &request,
             lease: Duration::from_secs(30),
             key_ttl: Duration::from_secs(3600),
+            traceparent: None,
         };
         let Claim::Won(record) = store.claim(&claim).await? else {
             anyhow::bail!("a fresh key lost its claim");

@@ -165,11 +165,13 @@ impl AcquirerClient {
             .http
             .post(&self.captures_url)
             .header("Idempotency-Key", &request.reference)
+            .headers(trace_headers())
             .json(request)
             .send()
             .await
             .map_err(|e| AcquirerError::transport(&e))?;
         let status = response.status();
+        record_status(status);
         let headers = response.headers().clone();
         // A body that cannot be read in full is a dropped connection: unknown.
         let body = response
@@ -215,10 +217,12 @@ impl AcquirerClient {
         let response = self
             .http
             .get(format!("{}/{reference}", self.captures_url))
+            .headers(trace_headers())
             .send()
             .await
             .map_err(|e| AcquirerError::transport(&e))?;
         let status = response.status();
+        record_status(status);
         if status == StatusCode::NOT_FOUND {
             return Ok(None);
         }
@@ -244,6 +248,24 @@ impl AcquirerClient {
                 "body",
                 "the lookup answered a body that is not this reference's outcome",
             )),
+        }
+    }
+}
+
+/// The current span's `traceparent` for the acquirer (none when tracing is off).
+fn trace_headers() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    crate::trace::inject(&mut crate::trace::HeaderInjector(&mut headers));
+    headers
+}
+
+/// The acquirer's status on the call's span (a no-op off).
+fn record_status(status: StatusCode) {
+    if crate::trace::is_on() {
+        let span = tracing::Span::current();
+        span.record("http.response.status_code", i64::from(status.as_u16()));
+        if status.is_server_error() {
+            span.record("otel.status_code", "ERROR");
         }
     }
 }

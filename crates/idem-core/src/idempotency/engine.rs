@@ -15,6 +15,8 @@
 
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
 use super::decision::{found, verdict, Found, Verdict};
 use super::{InFlightMemo, ReplayCache};
 use crate::acquirer::protocol::CaptureRequest;
@@ -153,6 +155,18 @@ pub struct Engine {
 }
 
 impl Engine {
+    /// The span of one of the store's steps on a charge's path
+    /// (OpenTelemetry's database conventions).
+    fn db_span(&self, operation: &'static str) -> tracing::Span {
+        crate::span!(
+            "db",
+            otel.name = operation,
+            otel.kind = "client",
+            db.system.name = self.store.system_name(),
+            db.operation.name = operation
+        )
+    }
+
     pub fn new(store: Store, acquirer: AcquirerClient, config: EngineConfig) -> Self {
         Self {
             store,
@@ -247,7 +261,9 @@ impl Engine {
                 request,
                 lease: self.config.lease,
                 key_ttl: self.config.key_ttl,
+                traceparent: crate::trace::current_traceparent().as_deref(),
             })
+            .instrument(self.db_span("claim"))
             .await?;
         let record = match claim {
             Claim::Won(record) => {
@@ -340,6 +356,7 @@ impl Engine {
         let result = match self
             .acquirer
             .lookup(&capture_request(merchant, &record.charge))
+            .instrument(acquirer_span("GET", &record.charge))
             .await
         {
             Ok(Some(settled)) => settled,
@@ -376,9 +393,19 @@ impl Engine {
     ) -> Result<Outcome, EngineError> {
         let request = capture_request(merchant, &record.charge);
         let called = std::time::Instant::now();
+        let capture = || {
+            self.acquirer
+                .capture(&request)
+                .instrument(acquirer_span("POST", &record.charge))
+        };
         let result = match approach {
-            Approach::Capture => self.acquirer.capture(&request).await,
-            Approach::LookupFirst { .. } => match self.acquirer.lookup(&request).await {
+            Approach::Capture => capture().await,
+            Approach::LookupFirst { .. } => match self
+                .acquirer
+                .lookup(&request)
+                .instrument(acquirer_span("GET", &record.charge))
+                .await
+            {
                 Ok(Some(settled)) => settled,
                 Ok(None) => {
                     // The lookup took part of the lease: renew it, so no
@@ -390,7 +417,7 @@ impl Engine {
                     {
                         return self.current(merchant, key).await;
                     }
-                    self.acquirer.capture(&request).await
+                    capture().await
                 }
                 Err(e) => Err(e),
             },
@@ -521,6 +548,7 @@ impl Engine {
             },
             self.config.key_ttl,
         ))
+        .instrument(self.db_span("finalize"))
         .await?;
         if stored {
             self.in_flight.forget(merchant.id, key);
@@ -691,6 +719,17 @@ impl Outcome {
 
 /// The webhook event `event` of `charge` (as it is after the decision), with
 /// an id of its own: every endpoint's every attempt carries it.
+/// The span of a call to the acquirer about `charge` (OpenTelemetry's HTTP
+/// client conventions; the client records the status): its charge id and
+/// reference, never the request's body.
+fn acquirer_span(method: &'static str, charge: &Charge) -> tracing::Span {
+    crate::span!("acquirer", otel.name = method, otel.kind = "client",
+        http.request.method = method, url.template = "/v1/captures",
+        charge_id = %charge.id, acquirer.reference = charge.acquirer_reference.as_str(),
+        http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty)
+}
+
 pub(super) fn new_webhook(event: WebhookEvent, merchant: &Merchant, charge: &Charge) -> NewWebhook {
     let event_id = MessageId::event();
     let body = WebhookBody::new(&event_id, event, &merchant.name, charge).to_bytes();

@@ -127,6 +127,14 @@ pub enum Store {
 }
 
 impl Store {
+    /// The database's name in OpenTelemetry's conventions (`db.system.name`).
+    pub fn system_name(&self) -> &'static str {
+        match self {
+            Self::Postgres(_) => "postgresql",
+            Self::Sqlite(_) => "sqlite",
+        }
+    }
+
     /// Connects a pool, and proves the database answers. No connection ping
     /// before each use: a dead connection shows up as an I/O error on the
     /// statement itself, which is a 503 anyway, and a ping would add a round

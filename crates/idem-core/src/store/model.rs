@@ -20,6 +20,8 @@ pub struct NewClaim<'a> {
     pub lease: Duration,
     /// How long a completed outcome is honoured.
     pub key_ttl: Duration,
+    /// The W3C `traceparent` of the attempt, kept with a charge it makes (tracing on).
+    pub traceparent: Option<&'a str>,
 }
 
 /// The state of a key record.
@@ -122,6 +124,8 @@ pub struct Orphan {
     pub attempt: i64,
     /// Unknown outcomes the reconciler met so far, for its backoff.
     pub reconcile_attempts: i32,
+    /// The `traceparent` of the attempt that claimed it (tracing on then).
+    pub traceparent: Option<String>,
     /// Older than the settle deadline: stop trying, mark for review.
     pub past_deadline: bool,
 }
@@ -214,6 +218,8 @@ pub struct OutboxMessage {
     /// Results only.
     pub status: Option<i16>,
     pub body: Vec<u8>,
+    /// The W3C `traceparent` its charge kept (tracing on), as an AMQP header.
+    pub traceparent: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

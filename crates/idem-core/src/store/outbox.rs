@@ -20,12 +20,14 @@
 use super::model::{NewResult, ResultAnswer};
 
 /// What a batch reads of the rows it took: a waiting result takes its key's
-/// stored outcome. `o` is the outbox, `k` the awaited key record.
+/// stored outcome, and its charge's `traceparent`. `o` is the outbox, `k` the awaited key record.
 pub(super) const BATCH_COLUMNS: &str =
     "o.id, o.kind, o.message_id, o.exchange, o.routing_key, o.tenant, o.event_type,
      o.correlation_id, o.idempotency_key, o.replayed,
      coalesce(o.status, k.response_status) as status,
-     coalesce(o.body, k.response_body) as body";
+     coalesce(o.body, k.response_body) as body,
+     coalesce(o.traceparent,
+              (select c.traceparent from charges c where c.id = o.await_charge_id)) as traceparent";
 
 /// Joins each outbox row `o` to the key record whose outcome it waits for.
 pub(super) const AWAITED_KEY: &str = "left join idempotency_keys k

@@ -58,6 +58,7 @@ pub struct ClaimRow {
     request: crate::domain::ChargeRequest,
     lease: std::time::Duration,
     key_ttl: std::time::Duration,
+    traceparent: Option<String>,
 }
 
 impl ClaimRow {
@@ -69,6 +70,7 @@ impl ClaimRow {
             request: new.request.clone(),
             lease: new.lease,
             key_ttl: new.key_ttl,
+            traceparent: new.traceparent.map(str::to_owned),
         }
     }
 
@@ -80,6 +82,7 @@ impl ClaimRow {
             request: &self.request,
             lease: self.lease,
             key_ttl: self.key_ttl,
+            traceparent: self.traceparent.as_deref(),
         }
     }
 }
@@ -99,6 +102,7 @@ pub struct ClaimValues {
     currency: String,
     description: Option<String>,
     reference: String,
+    traceparent: Option<String>,
 }
 
 impl ClaimValues {
@@ -122,6 +126,7 @@ impl ClaimValues {
             reference: AcquirerReference::for_intent(new.merchant_id, new.key, &new.fingerprint)
                 .as_str()
                 .to_owned(),
+            traceparent: new.traceparent.map(str::to_owned),
         }
     }
 
@@ -137,9 +142,9 @@ impl ClaimValues {
         &self.fingerprint
     }
 
-    /// `$1..$11`: the key record's columns, then the new charge's. A statement
+    /// `$1..$12`: the key record's columns, then the new charge's. A statement
     /// that uses fewer of them ignores the rest (SQLite's).
-    pub fn params(&self) -> Params<'_, 11> {
+    pub fn params(&self) -> Params<'_, 12> {
         [
             ("merchant_id", Param::Int(self.merchant_id)),
             ("key", Param::Text(&self.key)),
@@ -152,6 +157,7 @@ impl ClaimValues {
             ("currency", Param::Text(&self.currency)),
             ("description", Param::OptText(self.description.as_deref())),
             ("reference", Param::Text(&self.reference)),
+            ("traceparent", Param::OptText(self.traceparent.as_deref())),
         ]
     }
 }
@@ -336,7 +342,7 @@ impl FinalizeValues<'_> {
 }
 
 /// The names of a claim's parameters, `$1` first.
-pub fn claim_param_names() -> [&'static str; 11] {
+pub fn claim_param_names() -> [&'static str; 12] {
     ClaimValues::default().params().map(|(name, _)| name)
 }
 

@@ -163,6 +163,7 @@ pub(super) struct OrphanRow {
     charge_id: String,
     attempt: i64,
     reconcile_attempts: i32,
+    traceparent: Option<String>,
     past_deadline: bool,
 }
 
@@ -180,6 +181,7 @@ impl TryFrom<OrphanRow> for Orphan {
             charge_id: ChargeId::from_trusted(r.charge_id),
             attempt: r.attempt,
             reconcile_attempts: r.reconcile_attempts,
+            traceparent: r.traceparent,
             past_deadline: r.past_deadline,
         })
     }

@@ -57,7 +57,13 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Demo(_) => crate::harness::LOG_FILTER,
         _ => DEFAULT_LOG_FILTER,
     };
-    run_to_exit("idem-lab", cli.log_format, default_filter, run(cli.command))
+    run_to_exit(
+        "idem-lab",
+        cli.log_format,
+        None,
+        default_filter,
+        run(cli.command),
+    )
 }
 
 async fn run(command: Command) -> anyhow::Result<ExitCode> {

@@ -48,6 +48,10 @@ pub struct LedgerCapture {
     /// (0 from a ledger that predates the field).
     #[serde(default)]
     pub at_micros: u64,
+    /// The W3C `traceparent` the capture's POST carried, if any: what a
+    /// traced idem told the acquirer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// Captures per `(merchant, order_id)`; more than one is a double charge
@@ -87,6 +91,7 @@ impl Book {
         request: CaptureRequest,
         decline: bool,
         moved: CaptureRequest,
+        traceparent: Option<String>,
     ) -> Recorded {
         if let Some((first, outcome)) = self.by_reference.get(&request.reference) {
             return if *first == request {
@@ -110,6 +115,7 @@ impl Book {
                 amount_cents: moved.amount_cents,
                 currency: moved.currency.clone(),
                 at_micros: self.micros_since_epoch(),
+                traceparent,
             });
             CaptureOutcome::Captured {
                 capture_id,
@@ -168,7 +174,7 @@ mod tests {
 
     fn capture(book: &mut Book, request: CaptureRequest, decline: bool) -> Recorded {
         let moved = request.clone();
-        book.capture(request, decline, moved)
+        book.capture(request, decline, moved, None)
     }
 
     #[test]
@@ -196,7 +202,7 @@ mod tests {
         let mut book = Book::default();
         let asked = req("r1", 100);
         let moved = crate::sim::Fault::WrongAmount.captures(&asked);
-        let Recorded::Outcome(first) = book.capture(asked.clone(), false, moved) else {
+        let Recorded::Outcome(first) = book.capture(asked.clone(), false, moved, None) else {
             panic!()
         };
         let CaptureOutcome::Captured { echo, .. } = &first else {

@@ -80,6 +80,10 @@ async fn capture(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Res
         }
     };
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
+    let traceparent = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     if key != Some(request.reference.as_str()) {
         return (
             StatusCode::BAD_REQUEST,
@@ -113,7 +117,10 @@ async fn capture(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Res
             | Fault::WrongCurrency
             | Fault::WrongOrder => {
                 let moved = plan.fault.captures(&request);
-                match sim.lock_book().capture(request, plan.decline, moved) {
+                match sim
+                    .lock_book()
+                    .capture(request, plan.decline, moved, traceparent)
+                {
                     Recorded::Mismatch => Answer::Mismatch,
                     Recorded::Outcome(outcome) => Answer::Outcome(outcome, plan.fault),
                 }

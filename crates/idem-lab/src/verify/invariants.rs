@@ -442,6 +442,7 @@ mod tests {
 
     fn capture(order_id: i64, reference: &str, amount_cents: i64) -> LedgerCapture {
         LedgerCapture {
+            traceparent: None,
             capture_id: format!("cap_{reference}"),
             reference: reference.to_owned(),
             merchant: "m".to_owned(),

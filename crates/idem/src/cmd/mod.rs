@@ -9,8 +9,6 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use tokio_util::sync::CancellationToken;
 
-use crate::LOG_ENV;
-
 mod admin;
 mod args;
 mod charge;
@@ -22,6 +20,7 @@ mod migrate;
 mod openapi;
 mod reconcile;
 mod serve;
+mod telemetry;
 mod webhooks;
 
 use args::DbArgs;
@@ -37,6 +36,15 @@ pub struct Cli {
     /// Log format on stderr.
     #[arg(long, global = true, env = "IDEM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Export traces over OTLP/HTTP to this collector (a base URL; `/v1/traces`
+    /// is added). Off when neither this nor OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set.
+    #[arg(
+        long,
+        global = true,
+        env = "OTEL_EXPORTER_OTLP_ENDPOINT",
+        value_name = "URL"
+    )]
+    pub otlp_endpoint: Option<String>,
     #[command(subcommand)]
     pub(crate) command: Command,
 }
@@ -92,7 +100,8 @@ pub(crate) enum Command {
 
 /// Runs a parsed command line to its exit code.
 pub fn main(cli: Cli) -> ExitCode {
-    run_to_exit("idem", cli.log_format, DEFAULT_LOG_FILTER, async {
+    let otlp = cli.otlp_endpoint.as_deref();
+    run_to_exit("idem", cli.log_format, otlp, DEFAULT_LOG_FILTER, async {
         run(cli.command).await.map(|()| ExitCode::SUCCESS)
     })
 }
@@ -134,16 +143,17 @@ impl Subcommand for Commands {
     }
 }
 
-/// Logs set up with `default_filter` (unless `IDEM_LOG` says otherwise), a
+/// Logs set up with `default_filter` (unless `IDEM_LOG` says otherwise) and
+/// traces if `otlp_endpoint` (or the standard variables) names a collector, a
 /// runtime, `work` run on it, and its error printed once after `program`'s
 /// name: the exit code a command line returns (`work`'s own, or 1 on an error).
 pub fn run_to_exit(
     program: &str,
     log_format: LogFormat,
+    otlp_endpoint: Option<&str>,
     default_filter: &str,
     work: impl std::future::Future<Output = anyhow::Result<ExitCode>>,
 ) -> ExitCode {
-    init_tracing(log_format, default_filter);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -151,13 +161,25 @@ pub fn run_to_exit(
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(work) {
+    let telemetry = {
+        let _on_runtime = runtime.enter();
+        match telemetry::init(log_format, default_filter, otlp_endpoint) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("{program}: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        }
+    };
+    let code = match runtime.block_on(work) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("{program}: {e:#}");
             ExitCode::FAILURE
         }
-    }
+    };
+    telemetry.shutdown();
+    code
 }
 
 async fn run(command: Command) -> anyhow::Result<()> {
@@ -210,20 +232,3 @@ pub fn shutdown_signal() -> CancellationToken {
 /// The log filter when `IDEM_LOG` is not set: a service's start-up, its
 /// access lines and its warnings.
 pub const DEFAULT_LOG_FILTER: &str = "info";
-
-/// Logs on stderr, filtered by `IDEM_LOG` when it is set (it always wins),
-/// else by `default_filter`.
-fn init_tracing(format: LogFormat, default_filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env(LOG_ENV)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
-    // Colours only for a person at a terminal: escape codes in a log file are
-    // noise, and colouring every request's line cost a tenth of a replay's CPU.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}

@@ -37,7 +37,7 @@ use tower_http::request_id::{
     MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
 use tower_http::timeout::TimeoutLayer;
-use tower_http::trace::{DefaultOnResponse, TraceLayer};
+use tower_http::trace::{DefaultOnResponse, OnResponse, TraceLayer};
 
 pub use auth::SecretCache;
 pub use console::serve_console;
@@ -112,19 +112,27 @@ pub fn router_with(mut state: AppState, limits: &Limits, with_metrics: bool) -> 
         HeaderName::from_bytes(schemas::REQUEST_ID.as_bytes()).expect("a valid header name");
     let span_header = request_id.clone();
     let middleware = ServiceBuilder::new()
-        .layer(SetRequestIdLayer::new(request_id.clone(), RequestIds::new()))
+        .layer(SetRequestIdLayer::new(
+            request_id.clone(),
+            RequestIds::new(),
+        ))
         .layer(
-            TraceLayer::new_for_http().make_span_with(move |request: &Request| {
-                let request_id = request
-                    .headers()
-                    .get(&span_header)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("");
-                tracing::info_span!("request", method = %request.method(), path = %request.uri().path(),
-                    request_id, merchant = tracing::field::Empty,
-                    idempotency_key = tracing::field::Empty, charge_id = tracing::field::Empty)
-            })
-            .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
+            TraceLayer::new_for_http()
+                .make_span_with(move |request: &Request| request_span(request, &span_header))
+                .on_response(
+                    |response: &Response, latency: Duration, span: &tracing::Span| {
+                        if idem_core::trace::is_on() {
+                            let status = response.status();
+                            span.record("http.response.status_code", i64::from(status.as_u16()));
+                            if status.is_server_error() {
+                                span.record("otel.status_code", "ERROR");
+                            }
+                        }
+                        DefaultOnResponse::new()
+                            .level(tracing::Level::INFO)
+                            .on_response(response, latency, span);
+                    },
+                ),
         )
         .layer(PropagateRequestIdLayer::new(request_id))
         .layer(axum::middleware::map_response(problemize))
@@ -142,6 +150,43 @@ pub fn router_with(mut state: AppState, limits: &Limits, with_metrics: bool) -> 
         .route_layer(axum::middleware::from_fn(count_requests))
         .with_state(state)
         .layer(middleware)
+}
+
+/// A request's span: its fields are in every log line written for it. With
+/// tracing on, it is also the trace's server span (OpenTelemetry's HTTP
+/// conventions), the child of the client's `traceparent` if it sent one.
+fn request_span(request: &Request, request_id_header: &HeaderName) -> tracing::Span {
+    let request_id = request
+        .headers()
+        .get(request_id_header)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let (method, path) = (request.method(), request.uri().path());
+    if !idem_core::trace::is_on() {
+        return tracing::info_span!("request", %method, %path, request_id,
+            merchant = tracing::field::Empty, idempotency_key = tracing::field::Empty,
+            charge_id = tracing::field::Empty);
+    }
+    // Routed already (the middleware is the router's layer): the route, not
+    // the path, names the span, so that a charge id does not make a name.
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or("", |m| m.as_str());
+    let name = if route.is_empty() {
+        method.to_string()
+    } else {
+        format!("{method} {route}")
+    };
+    let span = tracing::info_span!("request", %method, %path, request_id,
+        merchant = tracing::field::Empty, idempotency_key = tracing::field::Empty,
+        charge_id = tracing::field::Empty,
+        otel.name = name, otel.kind = "server",
+        http.request.method = %method, url.path = %path, http.route = route,
+        http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty);
+    idem_core::trace::continue_from(&span, &idem_core::trace::HeaderExtractor(request.headers()));
+    span
 }
 
 /// Only the operational routes (`/healthz`, `/readyz`, `/metrics`): what a

@@ -62,7 +62,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::command::{self, Command, Rejection};
-use super::message::{Message, Outgoing, ResultHeaders};
+use super::message::{HeaderCarrier, Message, Outgoing, ResultHeaders};
 use super::{
     connect, declare, reconnecting, Reconnect, ATTEMPTS_HEADER, CHARGE_ID_HEADER, COMMANDS_QUEUE,
     DEAD_LETTER_QUEUE, REASON_CODE_HEADER, REASON_HEADER, RESULTS_EXCHANGE,
@@ -225,12 +225,7 @@ impl Consumer {
     /// `confirmed` is a channel in confirm mode, for the copies this consumer
     /// publishes itself (dead letters, and commands to try again).
     async fn handle(&self, delivery: Delivery, confirmed: &Channel, shutdown: &CancellationToken) {
-        let span = tracing::info_span!(
-            "command",
-            idempotency_key = tracing::field::Empty,
-            charge_id = tracing::field::Empty,
-            redelivered = delivery.redelivered,
-        );
+        let span = command_span(&delivery);
         let handled = self
             .handle_in(&delivery, confirmed, shutdown)
             .instrument(span)
@@ -374,6 +369,7 @@ impl Consumer {
         // One id whichever way it goes out, so a subscriber can drop a copy
         // (a publish confirmed too late, then written to the outbox as well).
         let message_id = MessageId::result();
+        let traceparent = idem_core::trace::current_traceparent();
         if let ResultAnswer::Now(response) = &answer {
             let message = Message {
                 message_id: message_id.as_str(),
@@ -387,6 +383,7 @@ impl Consumer {
                     status: i16::try_from(response.status).unwrap_or(i16::MAX),
                     replayed,
                 }),
+                traceparent: traceparent.as_deref(),
                 body: &response.body,
             };
             // A message the broker can never take goes to the outbox too,
@@ -414,6 +411,41 @@ impl Consumer {
         metrics::counter!(idem_core::metrics::QUEUE_RESULTS, "via" => "outbox").increment(1);
         Ok(())
     }
+}
+
+/// A command's span: its fields are in every log line written for it. With
+/// tracing on, it is also the trace's consumer span (OpenTelemetry's
+/// messaging conventions), the child of the command's `traceparent` header
+/// if it has one.
+fn command_span(delivery: &Delivery) -> tracing::Span {
+    if !idem_core::trace::is_on() {
+        return tracing::info_span!(
+            "command",
+            idempotency_key = tracing::field::Empty,
+            charge_id = tracing::field::Empty,
+            redelivered = delivery.redelivered,
+        );
+    }
+    let message_id = delivery
+        .properties
+        .message_id()
+        .as_ref()
+        .map_or("", |m| m.as_str());
+    let span = tracing::info_span!(
+        "command",
+        idempotency_key = tracing::field::Empty,
+        charge_id = tracing::field::Empty,
+        redelivered = delivery.redelivered,
+        otel.name = %format_args!("process {}", super::COMMANDS_QUEUE),
+        otel.kind = "consumer",
+        messaging.system = "rabbitmq",
+        messaging.operation.type = "process",
+        messaging.destination.name = super::COMMANDS_QUEUE,
+        messaging.message.id = message_id,
+    );
+    let headers = delivery.properties.headers().as_ref();
+    idem_core::trace::continue_from(&span, &HeaderCarrier(headers));
+    span
 }
 
 /// The charge an outcome is about, if it has one.

@@ -29,6 +29,8 @@ pub(super) struct Message<'a> {
     /// Results only: the command's key, its answer's status, and whether the
     /// answer was stored by an earlier attempt.
     pub(super) result: Option<ResultHeaders<'a>>,
+    /// The W3C `traceparent` of the work that produced it (tracing on).
+    pub(super) traceparent: Option<&'a str>,
     pub(super) body: &'a [u8],
 }
 
@@ -53,6 +55,7 @@ impl<'a> From<&'a OutboxMessage> for Message<'a> {
                 status,
                 replayed: m.replayed.unwrap_or(false),
             }),
+            traceparent: m.traceparent.as_deref(),
             body: &m.body,
         }
     }
@@ -134,6 +137,12 @@ fn properties(message: &Message<'_>) -> Result<BasicProperties, String> {
     } else {
         problem::JSON
     };
+    if let Some(traceparent) = message.traceparent {
+        headers.insert(
+            idem_core::trace::TRACEPARENT.into(),
+            AMQPValue::LongString(traceparent.into()),
+        );
+    }
     Ok(p.with_content_type(content_type.into())
         .with_headers(headers))
 }
@@ -143,4 +152,24 @@ fn unix_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+/// A delivery's AMQP headers as a carrier of trace context: a command's
+/// `traceparent` and `tracestate`, as long or short strings.
+pub(super) struct HeaderCarrier<'a>(pub(super) Option<&'a FieldTable>);
+
+impl opentelemetry::propagation::Extractor for HeaderCarrier<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        match self.0?.inner().get(key)? {
+            AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok(),
+            AMQPValue::ShortString(s) => Some(s.as_str()),
+            _ => None,
+        }
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0
+            .map(|t| t.inner().keys().map(|k| k.as_str()).collect())
+            .unwrap_or_default()
+    }
 }

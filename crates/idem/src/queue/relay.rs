@@ -31,7 +31,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::message::{Message, Outgoing};
 use super::{connect, declare, events_on, reconnecting, Reconnect};
-use idem_core::store::{Store, StoreError};
+use idem_core::store::{OutboxBatch, Store, StoreError};
+use tracing::Instrument;
 
 /// Messages per batch: one transaction, one round of confirms.
 const BATCH: i64 = 200;
@@ -157,6 +158,18 @@ impl Relay {
         if batch.messages.is_empty() {
             return Ok(0);
         }
+        // A span only for a batch with messages: an idle poll is not worth a trace.
+        let span = idem_core::span!("relay", otel.name = "publish", otel.kind = "producer",
+            messaging.system = "rabbitmq", messaging.operation.type = "send",
+            messaging.batch.message_count = batch.messages.len());
+        self.publish_batch(channel, batch).instrument(span).await
+    }
+
+    async fn publish_batch(
+        &self,
+        channel: &Channel,
+        batch: OutboxBatch,
+    ) -> Result<usize, RelayError> {
         let batch_len = batch.messages.len();
         let mut outgoing = Vec::with_capacity(batch_len);
         let mut set_aside = Vec::new();

@@ -144,6 +144,10 @@ impl Reconciler {
         {
             let span = tracing::info_span!("reconcile", charge_id = %orphan.charge_id,
                 idempotency_key = %orphan.key, past_deadline = orphan.past_deadline);
+            // A trace of its own per charge, linked to the request that began it.
+            if let Some(traceparent) = &orphan.traceparent {
+                idem_core::trace::link_to(&span, traceparent);
+            }
             self.settle(&orphan, &mut report).instrument(span).await;
         }
         Ok(report)

@@ -11,6 +11,7 @@
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use idem_core::store::{Store, StoreError};
 
@@ -52,12 +53,19 @@ impl Sweeper {
     /// charges flowing beside it to 0.37x (docs/benchmarks.md).
     /// Tombstones past their time go the same way, after the keys.
     pub async fn sweep(&self) -> Result<u64, StoreError> {
+        self.sweep_all()
+            .instrument(idem_core::span!("sweep", swept = tracing::field::Empty))
+            .await
+    }
+
+    async fn sweep_all(&self) -> Result<u64, StoreError> {
         let keys = paced(|| {
             self.store
                 .sweep_expired_keys(SWEEP_BATCH, self.tombstone_ttl)
         })
         .await?;
         metrics::counter!(idem_core::metrics::SWEPT_KEYS).increment(keys);
+        tracing::Span::current().record("swept", i64::try_from(keys).unwrap_or(i64::MAX));
         let tombstones = paced(|| self.store.sweep_tombstones(SWEEP_BATCH)).await?;
         if tombstones > 0 {
             tracing::info!(deleted = tombstones, "swept tombstones past their time");

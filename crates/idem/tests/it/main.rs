@@ -28,5 +28,6 @@ mod rolling;
 mod store;
 mod tenant;
 mod tls;
+mod traces;
 mod wait;
 mod webhooks;

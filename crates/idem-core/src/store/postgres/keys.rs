@@ -43,8 +43,8 @@ const CLAIM_ROUNDS: usize = 3;
 const CREATE_CHARGE_OF_K: &str = "c as (
             insert into charges
                 (id, merchant_id, order_id, amount_cents, currency, description, acquirer_reference,
-                 idempotency_key)
-            select k.charge_id, $1, $7, $8, $9, $10, $11, $2 from k
+                 idempotency_key, traceparent)
+            select k.charge_id, $1, $7, $8, $9, $10, $11, $2, $12 from k
             returning *
         )";
 
@@ -105,14 +105,17 @@ const RECLAIM_SQL: &str = concatcp!(
 /// now stored and the charge settled): for the rows that settled, once for
 /// all of them, the charge event in the outbox (when the deployment has
 /// events on: the `settings` table) and a webhook delivery for each of the
-/// merchant's enabled endpoints that hears the webhook event. Answers each
+/// merchant's enabled endpoints that hears the webhook event. The event
+/// carries its charge's `traceparent`, if it kept one. Answers each
 /// row's place and whether it settled. (Deciding the event and the deliveries
 /// once per statement rather than per row gave 2-4 % more new charges/s:
 /// docs/benchmarks.md.)
 pub(super) const FINALIZE_SETTLED_WRITES: &str = "), e as (
-        insert into outbox (kind, message_id, exchange, routing_key, tenant, event_type, body)
+        insert into outbox
+            (kind, message_id, exchange, routing_key, tenant, event_type, body, traceparent)
         select 'event', s.event_id, s.event_exchange, s.event_type, s.event_tenant,
-               s.event_type, s.event_body
+               s.event_type, s.event_body,
+               (select ch.traceparent from charges ch where ch.id = s.charge_id)
           from s
          where s.settled and s.event_id is not null and (select events_enabled from settings)
     ), w as (
@@ -204,7 +207,7 @@ const RENEW_SQL: &str = "update idempotency_keys
 /// `$1` limit, `$2` settle deadline in ms.
 const ORPHANS_SQL: &str =
     "select k.merchant_id, m.name as merchant_name, k.idempotency_key, k.charge_id,
-            k.attempt, c.reconcile_attempts,
+            k.attempt, c.reconcile_attempts, c.traceparent,
             c.created_at + $2 * interval '1 millisecond' <= now() as past_deadline
        from idempotency_keys k
        join charges c on c.id = k.charge_id
@@ -454,7 +457,7 @@ impl PgStore {
 async fn try_claim(db: &mut PgConnection, new: &NewClaim<'_>) -> Result<Option<Claim>, StoreError> {
     let values = ClaimValues::new(new);
     let row: Option<ClaimAnswer> =
-        sqlx::query_as_with(CLAIM_SQL, arguments::<PgArguments, 11>(&values.params())?)
+        sqlx::query_as_with(CLAIM_SQL, arguments::<PgArguments, 12>(&values.params())?)
             .fetch_optional(&mut *db)
             .await?;
     let record = match row {
@@ -483,7 +486,7 @@ async fn reclaim_expired(
 ) -> Result<Option<Claim>, StoreError> {
     let values = ClaimValues::new(new);
     let row: Option<RecordRow> =
-        sqlx::query_as_with(RECLAIM_SQL, arguments::<PgArguments, 11>(&values.params())?)
+        sqlx::query_as_with(RECLAIM_SQL, arguments::<PgArguments, 12>(&values.params())?)
             .fetch_optional(&mut *db)
             .await?;
     match row {

@@ -106,9 +106,9 @@ static CLAIM_CHARGES_SQL: LazyLock<String> = LazyLock::new(|| {
         "with {i}
          insert into charges
              (id, merchant_id, order_id, amount_cents, currency, description, acquirer_reference,
-              idempotency_key, created_at, updated_at)
+              idempotency_key, traceparent, created_at, updated_at)
          select i.charge_id, i.merchant_id, i.order_id, i.amount_cents, i.currency,
-                i.description, i.reference, i.key, {NOW}, {NOW}
+                i.description, i.reference, i.key, i.traceparent, {NOW}, {NOW}
            from i
           where exists (
                 select 1 from idempotency_keys k
@@ -152,9 +152,11 @@ static FINALIZE_EVENTS_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "with {i}
          insert into outbox
-             (kind, message_id, exchange, routing_key, tenant, event_type, body, created_at)
+             (kind, message_id, exchange, routing_key, tenant, event_type, body, traceparent,
+              created_at)
          select 'event', i.event_id, i.event_exchange, i.event_type, i.event_tenant,
-                i.event_type, i.event_body, {NOW}
+                i.event_type, i.event_body,
+                (select c.traceparent from charges c where c.id = i.charge_id), {NOW}
            from i
           where i.event_id is not null
             and i.charge_id in (select value from json_each($2))

@@ -54,8 +54,8 @@ const INSERT_KEY_SQL: &str = concatcp!(
 const INSERT_CHARGE_SQL: &str = concatcp!(
     "insert into charges
         (id, merchant_id, order_id, amount_cents, currency, description, acquirer_reference,
-         idempotency_key, created_at, updated_at)
-     values ($4, $1, $7, $8, $9, $10, $11, $2, ",
+         idempotency_key, traceparent, created_at, updated_at)
+     values ($4, $1, $7, $8, $9, $10, $11, $2, $12, ",
     NOW,
     ", ",
     NOW,
@@ -143,8 +143,10 @@ const FINALIZE_KEY_SQL: &str = concatcp!(
 );
 
 const FINALIZE_EVENT_SQL: &str = concatcp!(
-    "insert into outbox (kind, message_id, exchange, routing_key, tenant, event_type, body, created_at)
-     select 'event', $11, $12, $13, $14, $13, $15, ",
+    "insert into outbox
+        (kind, message_id, exchange, routing_key, tenant, event_type, body, traceparent, created_at)
+     select 'event', $11, $12, $13, $14, $13, $15,
+            (select traceparent from charges where id = $3), ",
     NOW,
     " where $11 is not null and (select events_enabled from settings)"
 );
@@ -174,7 +176,7 @@ const FINALIZE_CHARGE_SQL: &str = concatcp!(
 /// `$1` limit, `$2` settle deadline in ms.
 const ORPHANS_SQL: &str = concatcp!(
     "select k.merchant_id, m.name as merchant_name, k.idempotency_key, k.charge_id,
-            k.attempt, c.reconcile_attempts,
+            k.attempt, c.reconcile_attempts, c.traceparent,
             c.created_at + $2 <= ",
     NOW,
     " as past_deadline
@@ -466,7 +468,7 @@ pub(super) async fn claim_in(
     tx: &mut SqliteConnection,
     values: &ClaimValues,
 ) -> Result<Claim, StoreError> {
-    let args = || arguments::<SqliteArguments<'_>, 11>(&values.params());
+    let args = || arguments::<SqliteArguments<'_>, 12>(&values.params());
     // The same request's tombstone: a late retry, nothing to claim.
     let tombstone: Option<(String,)> = sqlx::query_as(TOMBSTONE_SQL)
         .bind(values.merchant_id())

@@ -205,6 +205,7 @@ pub fn new_claim<'a>(
         request,
         lease,
         key_ttl,
+        traceparent: None,
     }
 }
 
