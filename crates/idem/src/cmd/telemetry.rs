@@ -35,8 +35,21 @@ use crate::LOG_ENV;
 /// The service name when neither `OTEL_SERVICE_NAME` nor
 /// `OTEL_RESOURCE_ATTRIBUTES` names one.
 const SERVICE_NAME: &str = "idem";
-/// How long the exporter may take to hand over one batch of spans.
+/// How long one export may take, unless `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`
+/// or `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds) say otherwise.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The export timeout the standard variables set. The exporter applies it
+/// to its own retries; the HTTP client must apply it to each request.
+fn export_timeout() -> Duration {
+    [
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+    ]
+    .iter()
+    .find_map(|name| std::env::var(name).ok()?.trim().parse().ok())
+    .map_or(EXPORT_TIMEOUT, Duration::from_millis)
+}
 
 /// What the process must flush on its way out.
 pub(super) struct Telemetry {
@@ -141,15 +154,12 @@ where
 fn tracer_provider(endpoint: Option<String>) -> anyhow::Result<SdkTracerProvider> {
     let client = OnRuntime {
         http: reqwest::Client::builder()
-            .timeout(EXPORT_TIMEOUT)
+            .timeout(export_timeout())
             .build()
             .context("the OTLP exporter's HTTP client")?,
         runtime: tokio::runtime::Handle::current(),
     };
-    let mut exporter = SpanExporter::builder()
-        .with_http()
-        .with_http_client(client)
-        .with_timeout(EXPORT_TIMEOUT);
+    let mut exporter = SpanExporter::builder().with_http().with_http_client(client);
     if let Some(endpoint) = endpoint {
         exporter = exporter.with_endpoint(endpoint);
     }
