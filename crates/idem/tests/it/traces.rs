@@ -5,7 +5,7 @@
 //! broker the one on each message.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -61,16 +61,10 @@ struct Receiver {
 
 impl Receiver {
     fn start() -> Self {
-        let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts");
-        let ensured = Command::new(scripts.join("ensure-otel-venv"))
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("run scripts/ensure-otel-venv");
-        assert!(ensured.status.success(), "scripts/ensure-otel-venv failed");
-        let python = String::from_utf8(ensured.stdout).expect("a path");
+        let python = python_from("ensure-otel-venv");
         let out = std::env::temp_dir().join(format!("idem-spans-{}.jsonl", new_key()));
-        let mut child = Command::new(python.trim())
-            .arg(scripts.join("otlp-receiver"))
+        let mut child = Command::new(python)
+            .arg(scripts().join("otlp-receiver"))
             .arg("--out")
             .arg(&out)
             .stdin(Stdio::piped())
@@ -141,6 +135,28 @@ fn named<'a>(spans: &'a [Span], name: &str) -> Vec<&'a Span> {
     spans.iter().filter(|s| s.name == name).collect()
 }
 
+/// A new charge whose request carries the client's `traceparent`.
+async fn charge_in_trace(client: &Client, order: i64, amount_cents: i64) -> Answer {
+    let traceparent = client_traceparent();
+    client
+        .charge_with(
+            &new_key(),
+            &body(order, amount_cents),
+            &[("traceparent", &traceparent)],
+        )
+        .await
+}
+
+/// The `traceparent` the simulator's only capture carried.
+async fn traceparent_at_the_acquirer(sim: &TestSim) -> String {
+    let ledger = sim.ledger().await;
+    assert_eq!(ledger.captures.len(), 1, "one capture: {ledger:?}");
+    ledger.captures[0]
+        .traceparent
+        .clone()
+        .expect("the capture carried a traceparent")
+}
+
 /// The trace id in a `traceparent` header value.
 fn trace_of(traceparent: &str) -> &str {
     traceparent.split('-').nth(1).expect("a traceparent")
@@ -167,18 +183,7 @@ async fn a_charge_with_a_traceparent_is_one_trace_through_the_acquirer_to_its_ev
     .await;
     let client = Client::new(&app.url, &secret);
 
-    let answer = client
-        .send(
-            client
-                .raw()
-                .post(format!("{}/v1/charges", app.url))
-                .bearer_auth(&secret)
-                .header("Idempotency-Key", new_key())
-                .header("Content-Type", "application/json")
-                .header("traceparent", client_traceparent())
-                .body(body(250, 25_000)),
-        )
-        .await;
+    let answer = charge_in_trace(&client, 250, 25_000).await;
     assert_eq!(answer.status, 201, "{answer:?}");
     let charge_id = answer.json()["id"].as_str().expect("id").to_owned();
 
@@ -237,11 +242,7 @@ async fn a_charge_with_a_traceparent_is_one_trace_through_the_acquirer_to_its_ev
     }
 
     // The acquirer saw the trace, as the child of the acquirer call's span.
-    let ledger = sim.ledger().await;
-    let sent = ledger.captures[0]
-        .traceparent
-        .as_deref()
-        .expect("a traceparent");
+    let sent = traceparent_at_the_acquirer(&sim).await;
     assert_eq!(sent, format!("00-{TRACE}-{}-01", acquirer.span_id));
 
     // The charge's event carries the trace on RabbitMQ.
@@ -273,18 +274,7 @@ async fn a_charge_the_reconciler_settles_after_a_503_links_back_to_the_request()
     .await;
     let client = Client::new(&app.url, &secret);
 
-    let answer = client
-        .send(
-            client
-                .raw()
-                .post(format!("{}/v1/charges", app.url))
-                .bearer_auth(&secret)
-                .header("Idempotency-Key", new_key())
-                .header("Content-Type", "application/json")
-                .header("traceparent", client_traceparent())
-                .body(body(7, 1_000)),
-        )
-        .await;
+    let answer = charge_in_trace(&client, 7, 1_000).await;
     assert_eq!(answer.status, 503, "the acquirer's 503: unknown, for now");
 
     let spans = receiver
@@ -316,13 +306,8 @@ async fn a_charge_the_reconciler_settles_after_a_503_links_back_to_the_request()
     );
 
     // Its capture is in the reconciler's trace, at the acquirer too.
-    let ledger = sim.ledger().await;
-    assert_eq!(ledger.captures.len(), 1);
-    let sent = ledger.captures[0]
-        .traceparent
-        .as_deref()
-        .expect("a traceparent");
-    assert_eq!(trace_of(sent), reconcile.trace_id);
+    let sent = traceparent_at_the_acquirer(&sim).await;
+    assert_eq!(trace_of(&sent), reconcile.trace_id);
 }
 
 #[tokio::test]
@@ -383,12 +368,8 @@ async fn a_queue_command_is_processed_in_its_trace_and_its_result_carries_it() {
         format!("00-{TRACE}-{}-01", command.span_id),
         "the result is the command span's child"
     );
-    let ledger = sim.ledger().await;
-    let sent = ledger.captures[0]
-        .traceparent
-        .as_deref()
-        .expect("a traceparent");
-    assert_eq!(trace_of(sent), TRACE);
+    let sent = traceparent_at_the_acquirer(&sim).await;
+    assert_eq!(trace_of(&sent), TRACE);
 }
 
 #[tokio::test]
@@ -398,18 +379,7 @@ async fn with_tracing_off_no_trace_context_leaves_or_is_kept() {
     let secret = db.merchant("loja").await;
     let app = ServeProcess::start(&db, &sim, &[]).await;
     let client = Client::new(&app.url, &secret);
-    let answer = client
-        .send(
-            client
-                .raw()
-                .post(format!("{}/v1/charges", app.url))
-                .bearer_auth(&secret)
-                .header("Idempotency-Key", new_key())
-                .header("Content-Type", "application/json")
-                .header("traceparent", client_traceparent())
-                .body(body(3, 300)),
-        )
-        .await;
+    let answer = charge_in_trace(&client, 3, 300).await;
     assert_eq!(answer.status, 201);
     let ledger = sim.ledger().await;
     assert_eq!(ledger.captures[0].traceparent, None, "nothing sent on");

@@ -11,26 +11,14 @@ use std::time::{Duration, Instant};
 
 use idem_lab::sim::{Fault, Faults};
 
-use crate::helpers::{body, free_port, new_key, run_idem, Client, ServeProcess, TestDb, TestSim};
+use crate::helpers::{
+    body, free_port, new_key, python_from, run_idem, scripts, Client, ServeProcess, TestDb, TestSim,
+};
 
 /// A Python with `standardwebhooks` (scripts/ensure-webhook-venv, once).
 fn python() -> &'static str {
     static PYTHON: OnceLock<String> = OnceLock::new();
-    PYTHON.get_or_init(|| {
-        let out = Command::new(scripts().join("ensure-webhook-venv"))
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("run scripts/ensure-webhook-venv");
-        assert!(
-            out.status.success(),
-            "scripts/ensure-webhook-venv failed: the webhook tests need python3 with venv, and PyPI"
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    })
-}
-
-fn scripts() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts")
+    PYTHON.get_or_init(|| python_from("ensure-webhook-venv"))
 }
 
 /// One request the receiver took.

@@ -71,8 +71,16 @@ impl Client {
 
     /// `POST /v1/charges` with a `Prefer` header (`wait=N`).
     pub async fn charge_preferring(&self, key: &str, body: &str, prefer: &str) -> Answer {
-        self.send(self.charge_request(key, body).header("Prefer", prefer))
-            .await
+        self.charge_with(key, body, &[("Prefer", prefer)]).await
+    }
+
+    /// `POST /v1/charges` with extra headers (`traceparent`, say).
+    pub async fn charge_with(&self, key: &str, body: &str, headers: &[(&str, &str)]) -> Answer {
+        let mut request = self.charge_request(key, body);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        self.send(request).await
     }
 
     fn charge_request(&self, key: &str, body: &str) -> reqwest::RequestBuilder {

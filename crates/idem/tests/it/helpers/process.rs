@@ -152,6 +152,25 @@ impl ServeProcess {
     }
 }
 
+/// The repository's `scripts/` folder.
+pub fn scripts() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts")
+}
+
+/// The Python that `scripts/NAME` (one of the `ensure-*-venv` scripts) prints,
+/// after it has made its virtualenv the first time.
+pub fn python_from(name: &str) -> String {
+    let out = Command::new(scripts().join(name))
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("run scripts/{name}: {e}"));
+    assert!(
+        out.status.success(),
+        "scripts/{name} failed: these tests need python3 with venv, and PyPI"
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
 pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr: SocketAddr = l.local_addr().expect("addr");
