@@ -111,6 +111,7 @@ pub fn router_with(mut state: AppState, limits: &Limits, with_metrics: bool) -> 
     let request_id =
         HeaderName::from_bytes(schemas::REQUEST_ID.as_bytes()).expect("a valid header name");
     let span_header = request_id.clone();
+    let access_line = DefaultOnResponse::new().level(tracing::Level::INFO);
     let middleware = ServiceBuilder::new()
         .layer(SetRequestIdLayer::new(
             request_id.clone(),
@@ -120,7 +121,7 @@ pub fn router_with(mut state: AppState, limits: &Limits, with_metrics: bool) -> 
             TraceLayer::new_for_http()
                 .make_span_with(move |request: &Request| request_span(request, &span_header))
                 .on_response(
-                    |response: &Response, latency: Duration, span: &tracing::Span| {
+                    move |response: &Response, latency: Duration, span: &tracing::Span| {
                         if idem_core::trace::is_on() {
                             let status = response.status();
                             span.record("http.response.status_code", i64::from(status.as_u16()));
@@ -128,9 +129,7 @@ pub fn router_with(mut state: AppState, limits: &Limits, with_metrics: bool) -> 
                                 span.record("otel.status_code", "ERROR");
                             }
                         }
-                        DefaultOnResponse::new()
-                            .level(tracing::Level::INFO)
-                            .on_response(response, latency, span);
+                        access_line.clone().on_response(response, latency, span);
                     },
                 ),
         )

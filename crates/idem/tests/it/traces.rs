@@ -373,6 +373,47 @@ async fn a_queue_command_is_processed_in_its_trace_and_its_result_carries_it() {
 }
 
 #[tokio::test]
+async fn a_malformed_traceparent_starts_a_trace_of_its_own() {
+    let receiver = Receiver::start();
+    let db = TestDb::new().await;
+    let sim = TestSim::start(Faults::default()).await;
+    let secret = db.merchant("loja").await;
+    let env = receiver.env();
+    let app = ServeProcess::start_env(&db, &sim, &[], &env_refs(&env)).await;
+    let client = Client::new(&app.url, &secret);
+    // Version ff is forbidden, a zero trace id is invalid, and the last is junk.
+    let bad = [
+        format!("ff-{TRACE}-{CLIENT_SPAN}-01"),
+        format!("00-{}-{CLIENT_SPAN}-01", "0".repeat(32)),
+        "00-not-a-trace-01".to_owned(),
+    ];
+    for (order, traceparent) in (1..).zip(&bad) {
+        let answer = client
+            .charge_with(
+                &new_key(),
+                &body(order, 100),
+                &[("traceparent", traceparent)],
+            )
+            .await;
+        assert_eq!(answer.status, 201, "a bad traceparent changes no answer");
+    }
+    let spans = receiver
+        .spans_when("three server spans", |s| {
+            named(s, "POST /v1/charges").len() == bad.len()
+        })
+        .await;
+    for server in named(&spans, "POST /v1/charges") {
+        assert_eq!(server.parent_span_id, "", "a root: {server:?}");
+        assert_ne!(server.trace_id, TRACE);
+    }
+    let ledger = sim.ledger().await;
+    for capture in &ledger.captures {
+        let sent = capture.traceparent.as_deref().expect("idem's own trace");
+        assert!(sent.starts_with("00-") && !sent.contains(TRACE), "{sent}");
+    }
+}
+
+#[tokio::test]
 async fn with_tracing_off_no_trace_context_leaves_or_is_kept() {
     let db = TestDb::new().await;
     let sim = TestSim::start(Faults::default()).await;
