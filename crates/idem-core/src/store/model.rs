@@ -190,6 +190,8 @@ pub struct NewResult<'a> {
     pub key: &'a IdempotencyKey,
     pub replayed: bool,
     pub answer: ResultAnswer<'a>,
+    /// The command span's `traceparent` (tracing on), for the result's header.
+    pub traceparent: Option<&'a str>,
 }
 
 /// A result's status and body: known now, or the key's outcome once stored.

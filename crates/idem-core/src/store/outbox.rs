@@ -20,7 +20,7 @@
 use super::model::{NewResult, ResultAnswer};
 
 /// What a batch reads of the rows it took: a waiting result takes its key's
-/// stored outcome, and its charge's `traceparent`. `o` is the outbox, `k` the awaited key record.
+/// stored outcome, and its charge's `traceparent` if it has none of its own. `o` is the outbox, `k` the awaited key record.
 pub(super) const BATCH_COLUMNS: &str =
     "o.id, o.kind, o.message_id, o.exchange, o.routing_key, o.tenant, o.event_type,
      o.correlation_id, o.idempotency_key, o.replayed,
@@ -81,6 +81,7 @@ pub(super) struct ResultRow {
     pub(super) body: Option<bytes::Bytes>,
     pub(super) await_merchant_id: Option<i64>,
     pub(super) await_charge_id: Option<String>,
+    pub(super) traceparent: Option<String>,
 }
 
 impl ResultRow {
@@ -102,6 +103,7 @@ impl ResultRow {
             },
             await_merchant_id: answer.await_merchant_id,
             await_charge_id: answer.await_charge_id.map(str::to_owned),
+            traceparent: new.traceparent.map(str::to_owned),
         }
     }
 }

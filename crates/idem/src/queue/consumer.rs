@@ -406,6 +406,7 @@ impl Consumer {
                 key: &command.key,
                 replayed,
                 answer,
+                traceparent: traceparent.as_deref(),
             })
             .await?;
         metrics::counter!(idem_core::metrics::QUEUE_RESULTS, "via" => "outbox").increment(1);

@@ -185,6 +185,7 @@ async fn a_claim_racing_the_sweeper_on_an_expired_key_never_fails() {
 /// is a lease instead, and the rows wait for it to run out.
 #[tokio::test]
 async fn a_batch_dropped_unfinished_frees_its_rows_and_its_connection() {
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let db = TestDb::new().await;
     let key = IdempotencyKey::parse(b"dropped-batch").expect("key");
     let answer = StoredResponse {
@@ -201,6 +202,7 @@ async fn a_batch_dropped_unfinished_frees_its_rows_and_its_connection() {
             key: &key,
             replayed: false,
             answer: ResultAnswer::Now(&answer),
+            traceparent: Some(TRACEPARENT),
         })
         .await
         .expect("enqueue");
@@ -209,6 +211,11 @@ async fn a_batch_dropped_unfinished_frees_its_rows_and_its_connection() {
     let relay = Store::connect(&db.url, 1).await.expect("connect");
     let batch = relay.outbox_batch(10).await.expect("batch");
     assert_eq!(batch.messages.len(), 1);
+    assert_eq!(
+        batch.messages[0].traceparent.as_deref(),
+        Some(TRACEPARENT),
+        "a result keeps its command's trace context"
+    );
     drop(batch);
     relay
         .ping()

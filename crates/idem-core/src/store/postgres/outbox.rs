@@ -22,15 +22,16 @@ use crate::store::{millis, StoreError};
 /// batch size (unlike the claim's, see [`super::batched`]).
 const INSERT_RESULTS_SQL: &str = "insert into outbox
         (kind, message_id, exchange, routing_key, tenant, correlation_id, idempotency_key,
-         replayed, status, body, await_merchant_id, await_charge_id)
+         replayed, status, body, await_merchant_id, await_charge_id, traceparent)
     select 'result', r.message_id, r.exchange, r.routing_key, r.tenant, r.correlation_id,
            r.idempotency_key, r.replayed, r.status, r.body, r.await_merchant_id,
-           r.await_charge_id
+           r.await_charge_id, r.traceparent
       from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                  $7::bool[], $8::smallint[], $9::bytea[], $10::bigint[], $11::text[])
+                  $7::bool[], $8::smallint[], $9::bytea[], $10::bigint[], $11::text[],
+                  $12::text[])
            with ordinality as r(message_id, exchange, routing_key, tenant, correlation_id,
                                 idempotency_key, replayed, status, body, await_merchant_id,
-                                await_charge_id, n)
+                                await_charge_id, traceparent, n)
      order by r.n";
 
 /// Writes `rows` in one statement.
@@ -51,6 +52,7 @@ pub(super) async fn insert_results(pool: &PgPool, rows: &[ResultRow]) -> Result<
             .bind(column(rows, |r| r.body.as_deref()))
             .bind(column(rows, |r| r.await_merchant_id))
             .bind(column(rows, |r| r.await_charge_id.as_deref()))
+            .bind(column(rows, |r| r.traceparent.as_deref()))
             .execute(db)
             .await
     })

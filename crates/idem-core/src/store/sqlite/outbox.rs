@@ -21,8 +21,8 @@ const BATCH_LEASE: Duration = Duration::from_secs(30);
 const ENQUEUE_RESULT_SQL: &str = concatcp!(
     "insert into outbox (kind, message_id, exchange, routing_key, tenant, correlation_id,
                          idempotency_key, replayed, status, body,
-                         await_merchant_id, await_charge_id, created_at)
-     values ('result', $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, ",
+                         await_merchant_id, await_charge_id, traceparent, created_at)
+     values ('result', $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, ",
     NOW,
     ")"
 );
@@ -113,6 +113,7 @@ impl Outbox for SqliteStore {
                 .bind(answer.body)
                 .bind(answer.await_merchant_id)
                 .bind(answer.await_charge_id)
+                .bind(new.traceparent)
                 .execute(&mut *tx)
                 .await?;
             Ok(())
