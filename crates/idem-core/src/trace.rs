@@ -41,17 +41,32 @@ pub fn is_on() -> bool {
 
 /// A `tracing` span at INFO when tracing is on, else `Span::none()` (made
 /// without looking at any subscriber): for the spans that exist only for
-/// traces. The request's and a command's spans are always made: their
-/// fields are in every log line.
+/// traces. None either inside a trace the sampler left out: an unsampled
+/// span is never exported, and building one costs about half of a sampled
+/// one. The request's and a command's spans are always made: their fields
+/// are in every log line, and the sampler decides at them.
 #[macro_export]
 macro_rules! span {
     ($($arg:tt)+) => {
-        if $crate::trace::is_on() {
+        if $crate::trace::wanted() {
             ::tracing::info_span!($($arg)+)
         } else {
             ::tracing::Span::none()
         }
     };
+}
+
+/// Whether a span made here would be exported: tracing is on, and the
+/// current trace, if any, is sampled.
+#[doc(hidden)]
+pub fn wanted() -> bool {
+    if !is_on() {
+        return false;
+    }
+    let context = opentelemetry::Context::current();
+    let span = context.span();
+    let current = span.span_context();
+    !current.is_valid() || current.is_sampled()
 }
 
 /// Writes the current span's context into `carrier`: a request's headers,

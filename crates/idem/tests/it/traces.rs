@@ -414,6 +414,42 @@ async fn a_malformed_traceparent_starts_a_trace_of_its_own() {
 }
 
 #[tokio::test]
+async fn a_trace_the_client_did_not_sample_is_followed_and_still_travels() {
+    let receiver = Receiver::start();
+    let db = TestDb::new().await;
+    let sim = TestSim::start(Faults::default()).await;
+    let secret = db.merchant("loja").await;
+    let env = receiver.env();
+    let app = ServeProcess::start_env(&db, &sim, &[], &env_refs(&env)).await;
+    let client = Client::new(&app.url, &secret);
+    let unsampled = format!("00-{TRACE}-{CLIENT_SPAN}-00");
+    let answer = client
+        .charge_with(&new_key(), &body(5, 500), &[("traceparent", &unsampled)])
+        .await;
+    assert_eq!(answer.status, 201);
+    // A sampled request after it: once its spans are in, the first one's
+    // would have been too.
+    charge_in_trace(&client, 6, 600).await;
+    let spans = receiver
+        .spans_when("the sampled request's spans", |s| {
+            named(s, "finalize").len() == 1
+        })
+        .await;
+    assert_eq!(
+        named(&spans, "POST /v1/charges").len(),
+        1,
+        "only the sampled request: {spans:#?}"
+    );
+    let ledger = sim.ledger().await;
+    let first = ledger.captures[0].traceparent.as_deref().expect("sent on");
+    assert_eq!(trace_of(first), TRACE, "the trace travels");
+    assert!(
+        first.ends_with("-00"),
+        "unsampled, as the client said: {first}"
+    );
+}
+
+#[tokio::test]
 async fn with_tracing_off_no_trace_context_leaves_or_is_kept() {
     let db = TestDb::new().await;
     let sim = TestSim::start(Faults::default()).await;

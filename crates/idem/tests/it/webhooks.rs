@@ -6,7 +6,6 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use idem_lab::sim::{Fault, Faults};
@@ -15,10 +14,9 @@ use crate::helpers::{
     body, free_port, new_key, python_from, run_idem, scripts, Client, ServeProcess, TestDb, TestSim,
 };
 
-/// A Python with `standardwebhooks` (scripts/ensure-webhook-venv, once).
-fn python() -> &'static str {
-    static PYTHON: OnceLock<String> = OnceLock::new();
-    PYTHON.get_or_init(|| python_from("ensure-webhook-venv"))
+/// A Python with `standardwebhooks` (scripts/ensure-webhook-venv).
+fn python() -> String {
+    python_from("ensure-webhook-venv")
 }
 
 /// One request the receiver took.

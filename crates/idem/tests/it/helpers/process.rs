@@ -158,8 +158,16 @@ pub fn scripts() -> PathBuf {
 }
 
 /// The Python that `scripts/NAME` (one of the `ensure-*-venv` scripts) prints,
-/// after it has made its virtualenv the first time.
+/// after it has made its virtualenv the first time; run once per test run
+/// (the script also takes a lock, for callers in other processes).
 pub fn python_from(name: &str) -> String {
+    static ENSURED: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+    let mut ensured = ENSURED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, python)) = ensured.iter().find(|(n, _)| n == name) {
+        return python.clone();
+    }
     let out = Command::new(scripts().join(name))
         .stderr(Stdio::inherit())
         .output()
@@ -168,7 +176,9 @@ pub fn python_from(name: &str) -> String {
         out.status.success(),
         "scripts/{name} failed: these tests need python3 with venv, and PyPI"
     );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    let python = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    ensured.push((name.to_owned(), python.clone()));
+    python
 }
 
 pub fn free_port() -> u16 {
