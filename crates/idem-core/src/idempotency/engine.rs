@@ -717,8 +717,6 @@ impl Outcome {
     }
 }
 
-/// The webhook event `event` of `charge` (as it is after the decision), with
-/// an id of its own: every endpoint's every attempt carries it.
 /// The span of a call to the acquirer about `charge` (OpenTelemetry's HTTP
 /// client conventions; the client records the status): its charge id and
 /// reference, never the request's body.
@@ -730,6 +728,8 @@ fn acquirer_span(method: &'static str, charge: &Charge) -> tracing::Span {
         otel.status_code = tracing::field::Empty)
 }
 
+/// The webhook event `event` of `charge` (as it is after the decision), with
+/// an id of its own: every endpoint's every attempt carries it.
 pub(super) fn new_webhook(event: WebhookEvent, merchant: &Merchant, charge: &Charge) -> NewWebhook {
     let event_id = MessageId::event();
     let body = WebhookBody::new(&event_id, event, &merchant.name, charge).to_bytes();

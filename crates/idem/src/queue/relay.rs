@@ -161,7 +161,7 @@ impl Relay {
         // A span only for a batch with messages: an idle poll is not worth a trace.
         let span = idem_core::span!("relay", otel.name = "publish", otel.kind = "producer",
             messaging.system = "rabbitmq", messaging.operation.type = "send",
-            messaging.batch.message_count = batch.messages.len());
+            messaging.batch.message_count = i64::try_from(batch.messages.len()).unwrap_or(i64::MAX));
         self.publish_batch(channel, batch).instrument(span).await
     }
 
