@@ -127,6 +127,37 @@ impl Drop for Receiver {
     }
 }
 
+/// A real `idem serve` that exports to its own receiver, with a merchant and
+/// a client for it.
+struct Traced {
+    receiver: Receiver,
+    _db: TestDb,
+    sim: TestSim,
+    secret: String,
+    client: Client,
+    _app: ServeProcess,
+}
+
+impl Traced {
+    async fn start(faults: Faults, extra: &[&str]) -> Self {
+        let receiver = Receiver::start();
+        let db = TestDb::new().await;
+        let sim = TestSim::start(faults).await;
+        let secret = db.merchant("loja").await;
+        let env = receiver.env();
+        let app = ServeProcess::start_env(&db, &sim, extra, &env_refs(&env)).await;
+        let client = Client::new(&app.url, &secret);
+        Self {
+            receiver,
+            _db: db,
+            sim,
+            secret,
+            client,
+            _app: app,
+        }
+    }
+}
+
 fn env_refs<'a>(env: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
     env.iter().map(|(k, v)| (*k, v.as_str())).collect()
 }
@@ -164,26 +195,19 @@ fn trace_of(traceparent: &str) -> &str {
 
 #[tokio::test]
 async fn a_charge_with_a_traceparent_is_one_trace_through_the_acquirer_to_its_event() {
-    let receiver = Receiver::start();
-    let db = TestDb::new().await;
-    let sim = TestSim::start(Faults::default()).await;
     let broker = TestBroker::new().await;
     let amqp = Amqp::connect(&broker).await;
     let events = amqp
         .queue("test.events", Some((EVENTS_EXCHANGE, "#")))
         .await;
-    let secret = db.merchant("loja").await;
-    let env = receiver.env();
-    let app = ServeProcess::start_env(
-        &db,
-        &sim,
+    let t = Traced::start(
+        Faults::default(),
         &["--amqp-url", &broker.url, "--outbox-poll", "100ms"],
-        &env_refs(&env),
     )
     .await;
-    let client = Client::new(&app.url, &secret);
+    let (receiver, sim, secret, client) = (&t.receiver, &t.sim, &t.secret, &t.client);
 
-    let answer = charge_in_trace(&client, 250, 25_000).await;
+    let answer = charge_in_trace(client, 250, 25_000).await;
     assert_eq!(answer.status, 201, "{answer:?}");
     let charge_id = answer.json()["id"].as_str().expect("id").to_owned();
 
@@ -235,14 +259,14 @@ async fn a_charge_with_a_traceparent_is_one_trace_through_the_acquirer_to_its_ev
         for (name, value) in &span.attributes {
             let text = value.to_string();
             assert!(
-                !text.contains(&secret) && !text.contains("25000"),
+                !text.contains(secret.as_str()) && !text.contains("25000"),
                 "no secret and no body in a span: {name} = {text}"
             );
         }
     }
 
     // The acquirer saw the trace, as the child of the acquirer call's span.
-    let sent = traceparent_at_the_acquirer(&sim).await;
+    let sent = traceparent_at_the_acquirer(sim).await;
     assert_eq!(sent, format!("00-{TRACE}-{}-01", acquirer.span_id));
 
     // The charge's event carries the trace on RabbitMQ.
@@ -255,26 +279,18 @@ async fn a_charge_with_a_traceparent_is_one_trace_through_the_acquirer_to_its_ev
 
 #[tokio::test]
 async fn a_charge_the_reconciler_settles_after_a_503_links_back_to_the_request() {
-    let receiver = Receiver::start();
-    let db = TestDb::new().await;
-    let sim = TestSim::start(Faults {
-        fault: Fault::Status(503),
-        fault_count: Some(1),
-        ..Faults::default()
-    })
-    .await;
-    let secret = db.merchant("loja").await;
-    let env = receiver.env();
-    let app = ServeProcess::start_env(
-        &db,
-        &sim,
+    let t = Traced::start(
+        Faults {
+            fault: Fault::Status(503),
+            fault_count: Some(1),
+            ..Faults::default()
+        },
         &["--reconcile-interval", "200ms"],
-        &env_refs(&env),
     )
     .await;
-    let client = Client::new(&app.url, &secret);
+    let (receiver, sim, client) = (&t.receiver, &t.sim, &t.client);
 
-    let answer = charge_in_trace(&client, 7, 1_000).await;
+    let answer = charge_in_trace(client, 7, 1_000).await;
     assert_eq!(answer.status, 503, "the acquirer's 503: unknown, for now");
 
     let spans = receiver
@@ -306,7 +322,7 @@ async fn a_charge_the_reconciler_settles_after_a_503_links_back_to_the_request()
     );
 
     // Its capture is in the reconciler's trace, at the acquirer too.
-    let sent = traceparent_at_the_acquirer(&sim).await;
+    let sent = traceparent_at_the_acquirer(sim).await;
     assert_eq!(trace_of(&sent), reconcile.trace_id);
 }
 
@@ -374,13 +390,8 @@ async fn a_queue_command_is_processed_in_its_trace_and_its_result_carries_it() {
 
 #[tokio::test]
 async fn a_malformed_traceparent_starts_a_trace_of_its_own() {
-    let receiver = Receiver::start();
-    let db = TestDb::new().await;
-    let sim = TestSim::start(Faults::default()).await;
-    let secret = db.merchant("loja").await;
-    let env = receiver.env();
-    let app = ServeProcess::start_env(&db, &sim, &[], &env_refs(&env)).await;
-    let client = Client::new(&app.url, &secret);
+    let t = Traced::start(Faults::default(), &[]).await;
+    let (receiver, sim, client) = (&t.receiver, &t.sim, &t.client);
     // Version ff is forbidden, a zero trace id is invalid, and the last is junk.
     let bad = [
         format!("ff-{TRACE}-{CLIENT_SPAN}-01"),
@@ -415,13 +426,8 @@ async fn a_malformed_traceparent_starts_a_trace_of_its_own() {
 
 #[tokio::test]
 async fn a_trace_the_client_did_not_sample_is_followed_and_still_travels() {
-    let receiver = Receiver::start();
-    let db = TestDb::new().await;
-    let sim = TestSim::start(Faults::default()).await;
-    let secret = db.merchant("loja").await;
-    let env = receiver.env();
-    let app = ServeProcess::start_env(&db, &sim, &[], &env_refs(&env)).await;
-    let client = Client::new(&app.url, &secret);
+    let t = Traced::start(Faults::default(), &[]).await;
+    let (receiver, sim, client) = (&t.receiver, &t.sim, &t.client);
     let unsampled = format!("00-{TRACE}-{CLIENT_SPAN}-00");
     let answer = client
         .charge_with(&new_key(), &body(5, 500), &[("traceparent", &unsampled)])
@@ -429,7 +435,7 @@ async fn a_trace_the_client_did_not_sample_is_followed_and_still_travels() {
     assert_eq!(answer.status, 201);
     // A sampled request after it: once its spans are in, the first one's
     // would have been too.
-    charge_in_trace(&client, 6, 600).await;
+    charge_in_trace(client, 6, 600).await;
     let spans = receiver
         .spans_when("the sampled request's spans", |s| {
             named(s, "finalize").len() == 1
