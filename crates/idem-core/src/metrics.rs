@@ -15,10 +15,10 @@ pub const HTTP_REQUESTS: &str = "idem_http_requests_total";
 /// Answers to `POST /v1/charges` by outcome: `captured`, `declined`, `failed`,
 /// `replayed`, `in_flight` (409), `key_reused` (422), `key_expired` (410),
 /// `unknown` (503), `under_review` (503).
+pub const CHARGE_OUTCOMES: &str = "idem_charge_outcomes_total";
 /// Problem answers by their `type`'s last part (`overloaded`: shed at once;
 /// `service-unavailable`, `store-unwritable`, `internal`, ...), whatever the route.
 pub const HTTP_PROBLEMS: &str = "idem_http_problems_total";
-pub const CHARGE_OUTCOMES: &str = "idem_charge_outcomes_total";
 /// Calls to the acquirer by outcome: `captured`, `declined`, `rejected`,
 /// `unknown`, `contradicted`.
 pub const ACQUIRER_CALLS: &str = "idem_acquirer_calls_total";

@@ -68,21 +68,26 @@ impl Telemetry {
     }
 }
 
-/// Where spans go: `--otlp-endpoint` (a base URL, as
-/// `OTEL_EXPORTER_OTLP_ENDPOINT` is; `/v1/traces` is added), else the
-/// standard variables; `None` when tracing is off.
+/// Where spans go: `None` when tracing is off; else the URL to give the
+/// exporter, or `Some(None)` to let it read the standard variables. As the
+/// specification orders them, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (a full
+/// URL) wins over `--otlp-endpoint`, which clap also fills from
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` (a base URL: `/v1/traces` is added).
 fn traces_endpoint(flag: Option<&str>) -> Option<Option<String>> {
-    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true"))
-        || std::env::var("OTEL_TRACES_EXPORTER").is_ok_and(|v| v.eq_ignore_ascii_case("none"));
+    let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let disabled = var("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"))
+        || var("OTEL_TRACES_EXPORTER").is_some_and(|v| v.eq_ignore_ascii_case("none"));
     if disabled {
         return None;
     }
-    if let Some(base) = flag.filter(|b| !b.is_empty()) {
-        return Some(Some(format!("{}/v1/traces", base.trim_end_matches('/'))));
+    if var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_some() {
+        return Some(None);
     }
-    let set = |name| std::env::var(name).is_ok_and(|v| !v.is_empty());
-    (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
-        .then_some(None)
+    let base = flag
+        .filter(|b| !b.is_empty())
+        .map(str::to_owned)
+        .or_else(|| var("OTEL_EXPORTER_OTLP_ENDPOINT"))?;
+    Some(Some(format!("{}/v1/traces", base.trim_end_matches('/'))))
 }
 
 /// Sets up logs (and traces, if an endpoint is given) for this process.
