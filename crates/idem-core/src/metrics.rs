@@ -5,6 +5,12 @@
 //! the engine, the workers) with the `metrics` macros under the names below;
 //! gauges that describe the database (oldest `processing` charge, pool use) are
 //! read when scraped.
+//!
+//! Every counter and histogram whose label values are known ([`KNOWN_SERIES`])
+//! exists from start-up at 0, with each of those values: Prometheus's
+//! `increase()` and `rate()` see nothing in a series whose first sample is
+//! already 1, so a series born at its first event would hide that event from
+//! every alert (the first contradicted capture, the first dead letter).
 
 use std::sync::OnceLock;
 
@@ -82,6 +88,7 @@ pub fn handle() -> Option<&'static PrometheusHandle> {
         .get_or_init(|| match PrometheusBuilder::new().install_recorder() {
             Ok(h) => {
                 describe();
+                register_known_series();
                 Some(h)
             }
             Err(e) => {
@@ -90,6 +97,117 @@ pub fn handle() -> Option<&'static PrometheusHandle> {
             }
         })
         .as_ref()
+}
+
+/// The label values each counter and histogram can take, where they are
+/// known (name, label, values; an empty label for a metric without one).
+/// Registered at 0 when the recorder is installed. The HTTP layer adds its
+/// routes' series itself ([`register`]); causes named by the acquirer's status
+/// code are born at their first event.
+pub const KNOWN_SERIES: &[(&str, &str, &[&str])] = &[
+    (
+        CHARGE_OUTCOMES,
+        "outcome",
+        &[
+            "captured",
+            "declined",
+            "failed",
+            "replayed",
+            "in_flight",
+            "key_reused",
+            "key_expired",
+            "unknown",
+            "under_review",
+        ],
+    ),
+    (
+        ACQUIRER_CALLS,
+        "outcome",
+        &[
+            "captured",
+            "declined",
+            "rejected",
+            "unknown",
+            "contradicted",
+        ],
+    ),
+    (
+        ACQUIRER_UNKNOWN,
+        "cause",
+        &["timeout", "connect", "transport", "body"],
+    ),
+    (ACQUIRER_CONTRADICTED, "", &[]),
+    (ACQUIRER_SECONDS, "", &[]),
+    (
+        WEBHOOK_DELIVERIES,
+        "result",
+        &["delivered", "retried", "failed"],
+    ),
+    (
+        RECONCILER,
+        "result",
+        &[
+            "settled",
+            "backed_off",
+            "marked_for_review",
+            "skipped",
+            "error",
+        ],
+    ),
+    (SWEPT_KEYS, "", &[]),
+    (
+        QUEUE_COMMANDS,
+        "result",
+        &[
+            "captured",
+            "declined",
+            "failed",
+            "replayed",
+            "in_flight",
+            "key_reused",
+            "key_expired",
+            "unknown",
+            "under_review",
+            "dead_lettered",
+            "requeued",
+        ],
+    ),
+    (QUEUE_RESULTS, "via", &["broker", "outbox"]),
+    (OUTBOX_PUBLISHED, "", &[]),
+    (OUTBOX_SET_ASIDE, "", &[]),
+    (STORE_BATCH_ROWS, "op", &["claim", "finalize", "result"]),
+    (REPLAY_CACHE, "result", &["hit", "miss"]),
+];
+
+/// Makes the series `name{labels}` exist at 0 (a counter, or a histogram if
+/// `name` is one of [`HISTOGRAMS`]), with nothing counted.
+pub fn register(name: &'static str, labels: &[(&'static str, String)]) {
+    let labels: Vec<metrics::Label> = labels
+        .iter()
+        .map(|(k, v)| metrics::Label::new(*k, v.clone()))
+        .collect();
+    if HISTOGRAMS.contains(&name) {
+        let _ = metrics::histogram!(name, labels);
+    } else {
+        metrics::counter!(name, labels).increment(0);
+    }
+}
+
+/// The metrics recorded as histograms (rendered as summaries).
+const HISTOGRAMS: &[&str] = &[ACQUIRER_SECONDS, STORE_BATCH_ROWS];
+
+fn register_known_series() {
+    for (name, label, values) in KNOWN_SERIES {
+        if values.is_empty() {
+            register(name, &[]);
+        }
+        for value in *values {
+            register(name, &[(*label, (*value).to_owned())]);
+        }
+    }
+    for kind in crate::problem::ProblemKind::ALL {
+        register(HTTP_PROBLEMS, &[("type", kind.slug().to_owned())]);
+    }
 }
 
 fn describe() {
@@ -148,4 +266,35 @@ fn describe() {
         STORE_BATCH_ROWS,
         "requests per batch sent to the database, by operation"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each known series is in the first scrape, before anything happened.
+    #[test]
+    fn every_known_series_is_exported_from_the_start() {
+        let rendered = handle().expect("the recorder").render();
+        let mut expected: Vec<String> = Vec::new();
+        for (name, label, values) in KNOWN_SERIES {
+            let name = if HISTOGRAMS.contains(name) {
+                format!("{name}_count")
+            } else {
+                (*name).to_owned()
+            };
+            if values.is_empty() {
+                expected.push(format!("{name} "));
+            }
+            expected.extend(values.iter().map(|v| format!("{name}{{{label}=\"{v}\"}} ")));
+        }
+        expected.push(format!("{HTTP_PROBLEMS}{{type=\"internal\"}} "));
+        expected.push(format!("{HTTP_PROBLEMS}{{type=\"timeout\"}} "));
+        for series in expected {
+            assert!(
+                rendered.lines().any(|line| line.starts_with(&series)),
+                "{series}is not exported:\n{rendered}"
+            );
+        }
+    }
 }

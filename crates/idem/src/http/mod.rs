@@ -145,6 +145,7 @@ pub fn router_with(mut state: AppState, limits: &Limits, with_metrics: bool) -> 
         ))
         .layer(DefaultBodyLimit::max(BODY_LIMIT));
 
+    register_request_series(|route| with_metrics || route != "/metrics");
     api.merge(ops)
         .route_layer(axum::middleware::from_fn(count_requests))
         .with_state(state)
@@ -285,6 +286,28 @@ impl MakeRequestId for RequestIds {
     }
 }
 
+/// Makes the request counters of the documented routes that `serves` (by
+/// route template) exist at 0, one per status each may answer, so that a
+/// rule's denominator exists before the first request (see
+/// `idem_core::metrics`).
+fn register_request_series(serves: impl Fn(&str) -> bool) {
+    for (route, method, statuses) in openapi::answers() {
+        if !serves(&route) {
+            continue;
+        }
+        for status in statuses {
+            idem_core::metrics::register(
+                idem_core::metrics::HTTP_REQUESTS,
+                &[
+                    ("route", route.clone()),
+                    ("method", method.clone()),
+                    ("status", status.to_string()),
+                ],
+            );
+        }
+    }
+}
+
 /// Counts every routed request by its route template, method and status.
 async fn count_requests(request: Request, next: axum::middleware::Next) -> Response {
     let route = request
@@ -317,6 +340,9 @@ where
         return response;
     }
     let kind = ProblemKind::for_status(status.as_u16());
+    // Counted here as `ApiError`s count themselves: a timeout's 504 and a
+    // panic's 500 come only this way, and an alert watches them.
+    metrics::counter!(idem_core::metrics::HTTP_PROBLEMS, "type" => kind.slug()).increment(1);
     let mut problem = Problem::new(kind, kind.title());
     problem.status = status.as_u16();
     let mut out = error::problem_response(&problem);
@@ -328,4 +354,35 @@ where
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problems_counted(kind: &str) -> u64 {
+        let rendered = idem_core::metrics::handle().expect("recorder").render();
+        let series = format!("{}{{type=\"{kind}\"}} ", idem_core::metrics::HTTP_PROBLEMS);
+        rendered
+            .lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The timeout layer's 504 and a caught panic's 500 become problems here,
+    /// not in `ApiError`: the server-error alert must see them too.
+    #[tokio::test]
+    async fn a_timeout_and_a_panic_are_counted_as_problems() {
+        let before = (problems_counted("timeout"), problems_counted("internal"));
+        for status in [
+            StatusCode::GATEWAY_TIMEOUT,
+            StatusCode::INTERNAL_SERVER_ERROR,
+        ] {
+            let answer = problemize(status.into_response()).await;
+            assert_eq!(answer.status(), status);
+        }
+        assert!(problems_counted("timeout") > before.0);
+        assert!(problems_counted("internal") > before.1);
+    }
 }

@@ -95,6 +95,25 @@ pub fn document_json() -> &'static str {
     &DOCUMENT
 }
 
+/// Each documented operation as (route template, method in capitals, the
+/// statuses it may answer): the label values of its requests' metric.
+pub fn answers() -> Vec<(String, String, Vec<u16>)> {
+    let doc: Value = serde_json::from_str(document_json()).unwrap_or_default();
+    let mut out = Vec::new();
+    for (path, operations) in doc["paths"].as_object().into_iter().flatten() {
+        for (method, operation) in operations.as_object().into_iter().flatten() {
+            let statuses = operation["responses"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter_map(|(status, _)| status.parse().ok())
+                .collect();
+            out.push((path.clone(), method.to_uppercase(), statuses));
+        }
+    }
+    out
+}
+
 static DOCUMENT: LazyLock<String> = LazyLock::new(|| {
     let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
     mark_required_headers(&mut doc);

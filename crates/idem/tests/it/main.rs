@@ -7,6 +7,7 @@ mod broker;
 mod helpers;
 
 mod acquirer;
+mod alerts;
 mod api;
 mod batch;
 mod concurrency;
