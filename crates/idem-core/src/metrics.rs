@@ -102,8 +102,8 @@ pub fn handle() -> Option<&'static PrometheusHandle> {
 /// The label values each counter and histogram can take, where they are
 /// known (name, label, values; an empty label for a metric without one).
 /// Registered at 0 when the recorder is installed. The HTTP layer adds its
-/// routes' series itself ([`register`]); causes named by the acquirer's status
-/// code are born at their first event.
+/// routes' and problems' series itself ([`register`]); causes named by the
+/// acquirer's status code are born at their first event.
 pub const KNOWN_SERIES: &[(&str, &str, &[&str])] = &[
     (
         CHARGE_OUTCOMES,
@@ -205,9 +205,6 @@ fn register_known_series() {
             register(name, &[(*label, (*value).to_owned())]);
         }
     }
-    for kind in crate::problem::ProblemKind::ALL {
-        register(HTTP_PROBLEMS, &[("type", kind.slug().to_owned())]);
-    }
 }
 
 fn describe() {
@@ -288,8 +285,6 @@ mod tests {
             }
             expected.extend(values.iter().map(|v| format!("{name}{{{label}=\"{v}\"}} ")));
         }
-        expected.push(format!("{HTTP_PROBLEMS}{{type=\"internal\"}} "));
-        expected.push(format!("{HTTP_PROBLEMS}{{type=\"timeout\"}} "));
         for series in expected {
             assert!(
                 rendered.lines().any(|line| line.starts_with(&series)),

@@ -145,7 +145,7 @@ pub fn router_with(mut state: AppState, limits: &Limits, with_metrics: bool) -> 
         ))
         .layer(DefaultBodyLimit::max(BODY_LIMIT));
 
-    register_request_series(|route| with_metrics || route != "/metrics");
+    register_http_series(|route| with_metrics || route != "/metrics");
     api.merge(ops)
         .route_layer(axum::middleware::from_fn(count_requests))
         .with_state(state)
@@ -286,11 +286,17 @@ impl MakeRequestId for RequestIds {
     }
 }
 
-/// Makes the request counters of the documented routes that `serves` (by
-/// route template) exist at 0, one per status each may answer, so that a
-/// rule's denominator exists before the first request (see
-/// `idem_core::metrics`).
-fn register_request_series(serves: impl Fn(&str) -> bool) {
+/// Makes the HTTP counters exist at 0 (see `idem_core::metrics`): a problem
+/// counter per problem type, and a request counter per documented route that
+/// `serves` (by route template) and status it may answer, so that a rule's
+/// denominator exists before the first request too.
+fn register_http_series(serves: impl Fn(&str) -> bool) {
+    for kind in ProblemKind::ALL {
+        idem_core::metrics::register(
+            idem_core::metrics::HTTP_PROBLEMS,
+            &[("type", kind.slug().to_owned())],
+        );
+    }
     for (route, method, statuses) in openapi::answers() {
         if !serves(&route) {
             continue;

@@ -264,7 +264,8 @@ async fn every_counter_alert_fires_on_its_first_event_in_a_real_prometheus() {
         2,
     )
     .await;
-    for line in AT_ZERO {
+    // (It serves no API: the HTTP counters are `serve`'s.)
+    for line in AT_ZERO.iter().filter(|l| !l.starts_with("idem_http_")) {
         let name = line.split([' ', '{']).next().unwrap_or_default();
         let exported = series(&format!("http://{consume_metrics}/metrics"), name).await;
         assert!(
