@@ -19,7 +19,7 @@ use anyhow::Context;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 use reqwest::StatusCode;
 
-use super::protocol::{CaptureOutcome, CaptureRequest, Echo};
+use super::protocol::{CaptureOutcome, CaptureRequest, Echo, RefundOutcome, RefundRequest};
 
 /// The longest `Retry-After` idem takes from the acquirer. A hint beyond it
 /// (a misconfigured proxy's "come back tomorrow") would park a charge the
@@ -30,6 +30,12 @@ const MAX_ACQUIRER_RETRY_AFTER: Duration = Duration::from_secs(600);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Captured {
     pub capture_id: String,
+}
+
+/// The acquirer paid the refund back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refunded {
+    pub refund_id: String,
 }
 
 /// The acquirer refused; no money moved.
@@ -66,10 +72,12 @@ pub enum AcquirerError {
     /// A definite decline.
     #[error("declined: {}", .0.reason)]
     Declined(Declined),
-    /// `422`: the acquirer knows the reference with other parameters and
-    /// refuses this request. Final, and no money moved for this request.
+    /// `422`: the acquirer refuses this request for good (a capture's
+    /// reference known with other parameters; a refund beyond what its
+    /// capture has left, or of a capture it does not know). Final, and no
+    /// money moved for this request; `reason` is the acquirer's, when given.
     #[error("rejected by the acquirer with status {status}")]
-    Rejected { status: u16 },
+    Rejected { status: u16, reason: Option<String> },
     /// No answer that settles it: money may or may not have moved.
     #[error("outcome unknown: {}", .0.why)]
     Unknown(Unknown),
@@ -116,10 +124,21 @@ impl AcquirerError {
 pub struct AcquirerClient {
     http: reqwest::Client,
     captures_url: String,
+    refunds_url: String,
 }
 
 /// A definite outcome the acquirer reported.
 pub type Settled = Result<Captured, AcquirerError>;
+
+/// A definite outcome of a refund the acquirer reported.
+pub type RefundSettled = Result<Refunded, AcquirerError>;
+
+/// An answer read in full: its status, headers and body.
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: bytes::Bytes,
+}
 
 impl AcquirerClient {
     /// A client for the acquirer at `base_url` (`http://` or `https://`). Over
@@ -153,31 +172,68 @@ impl AcquirerClient {
             }
         }
         let http = builder.build()?;
+        let base = base_url.trim_end_matches('/');
         Ok(Self {
             http,
-            captures_url: format!("{}/v1/captures", base_url.trim_end_matches('/')),
+            captures_url: format!("{base}/v1/captures"),
+            refunds_url: format!("{base}/v1/refunds"),
         })
     }
 
-    /// `POST /v1/captures` with the charge's reference as the idempotency key.
-    pub async fn capture(&self, request: &CaptureRequest) -> Result<Captured, AcquirerError> {
-        let response = self
+    /// POSTs `body` to `url` with `reference` as the idempotency key, and
+    /// reads the answer in full (a body cut short is a dropped connection:
+    /// unknown).
+    async fn post(
+        &self,
+        url: &str,
+        reference: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<Answer, AcquirerError> {
+        let request = self
             .http
-            .post(&self.captures_url)
-            .header("Idempotency-Key", &request.reference)
+            .post(url)
+            .header("Idempotency-Key", reference)
+            .json(body);
+        self.send(request).await
+    }
+
+    /// GETs `url/reference`: `None` for a `404` (no outcome there).
+    async fn get(&self, url: &str, reference: &str) -> Result<Option<Answer>, AcquirerError> {
+        let answer = self
+            .send(self.http.get(format!("{url}/{reference}")))
+            .await?;
+        Ok((answer.status != StatusCode::NOT_FOUND).then_some(answer))
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> Result<Answer, AcquirerError> {
+        let response = request
             .headers(trace_headers())
-            .json(request)
             .send()
             .await
             .map_err(|e| AcquirerError::transport(&e))?;
         let status = response.status();
         record_status(status);
         let headers = response.headers().clone();
-        // A body that cannot be read in full is a dropped connection: unknown.
         let body = response
             .bytes()
             .await
             .map_err(|e| AcquirerError::transport(&e))?;
+        Ok(Answer {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    /// `POST /v1/captures` with the charge's reference as the idempotency key.
+    pub async fn capture(&self, request: &CaptureRequest) -> Result<Captured, AcquirerError> {
+        let Answer {
+            status,
+            headers,
+            body,
+        } = self
+            .post(&self.captures_url, &request.reference, request)
+            .await?;
         match status {
             StatusCode::CREATED | StatusCode::PAYMENT_REQUIRED => {
                 match serde_json::from_slice::<CaptureOutcome>(&body) {
@@ -202,6 +258,7 @@ impl AcquirerClient {
             }
             StatusCode::UNPROCESSABLE_ENTITY => Err(AcquirerError::Rejected {
                 status: status.as_u16(),
+                reason: None,
             }),
             s => Err(AcquirerError::unexpected_status(s, &headers)),
         }
@@ -214,23 +271,14 @@ impl AcquirerClient {
     /// with the same reference settles it.
     pub async fn lookup(&self, request: &CaptureRequest) -> Result<Option<Settled>, AcquirerError> {
         let reference = request.reference.as_str();
-        let response = self
-            .http
-            .get(format!("{}/{reference}", self.captures_url))
-            .headers(trace_headers())
-            .send()
-            .await
-            .map_err(|e| AcquirerError::transport(&e))?;
-        let status = response.status();
-        record_status(status);
-        if status == StatusCode::NOT_FOUND {
+        let Some(Answer {
+            status,
+            headers,
+            body,
+        }) = self.get(&self.captures_url, reference).await?
+        else {
             return Ok(None);
-        }
-        let headers = response.headers().clone();
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| AcquirerError::transport(&e))?;
+        };
         if status != StatusCode::OK {
             return Err(AcquirerError::unexpected_status(status, &headers));
         }
@@ -249,6 +297,105 @@ impl AcquirerClient {
                 "the lookup answered a body that is not this reference's outcome",
             )),
         }
+    }
+}
+
+impl AcquirerClient {
+    /// `POST /v1/refunds` with the refund's reference as the idempotency key.
+    ///
+    /// A `422` is final only once the acquirer says so twice: a real acquirer
+    /// may refuse a retry of a refund it has already paid ("nothing left to
+    /// refund"), so a refusal is looked up by reference before it is taken,
+    /// and a lookup that finds the refund paid wins. A lookup that fails
+    /// leaves the outcome unknown.
+    pub async fn refund(&self, request: &RefundRequest) -> RefundSettled {
+        let Answer {
+            status,
+            headers,
+            body,
+        } = self
+            .post(&self.refunds_url, &request.reference, request)
+            .await?;
+        match status {
+            // Paid as asked, or paid otherwise (a contradiction); a refusal
+            // under a 201 is not the acquirer's word.
+            StatusCode::CREATED => match refund_outcome(request, &body) {
+                Some(settled) if !matches!(settled, Err(AcquirerError::Rejected { .. })) => {
+                    settled
+                }
+                _ => Err(AcquirerError::unknown(
+                    "body",
+                    format!("the acquirer answered {status} with a body that is not this refund's outcome"),
+                )),
+            },
+            StatusCode::UNPROCESSABLE_ENTITY => {
+                let said = refund_outcome(request, &body).and_then(Result::err);
+                match self.lookup_refund(request).await? {
+                    Some(settled) => settled,
+                    None => Err(said.unwrap_or(AcquirerError::Rejected {
+                        status: status.as_u16(),
+                        reason: None,
+                    })),
+                }
+            }
+            s => Err(AcquirerError::unexpected_status(s, &headers)),
+        }
+    }
+
+    /// `GET /v1/refunds/{reference}`: the acquirer's outcome for the refund,
+    /// if it has one (`404`: none yet; only a POST with the same reference
+    /// settles it).
+    pub async fn lookup_refund(
+        &self,
+        request: &RefundRequest,
+    ) -> Result<Option<RefundSettled>, AcquirerError> {
+        let Some(Answer {
+            status,
+            headers,
+            body,
+        }) = self.get(&self.refunds_url, &request.reference).await?
+        else {
+            return Ok(None);
+        };
+        if status != StatusCode::OK {
+            return Err(AcquirerError::unexpected_status(status, &headers));
+        }
+        match refund_outcome(request, &body) {
+            Some(settled) => Ok(Some(settled)),
+            None => Err(AcquirerError::unknown(
+                "body",
+                "the refund lookup answered a body that is not this reference's outcome",
+            )),
+        }
+    }
+}
+
+/// A refund outcome body for `request`'s reference, its echo checked: `None`
+/// when the body is not one.
+fn refund_outcome(request: &RefundRequest, body: &[u8]) -> Option<RefundSettled> {
+    match serde_json::from_slice::<RefundOutcome>(body).ok()? {
+        RefundOutcome::Refunded {
+            refund_id,
+            reference,
+            echo,
+        } if reference == request.reference => {
+            let differences = echo.contradictions(&Echo::of_refund(request));
+            Some(if differences.is_empty() {
+                Ok(Refunded { refund_id })
+            } else {
+                Err(AcquirerError::Contradicted(Contradiction {
+                    capture_id: refund_id,
+                    differences,
+                }))
+            })
+        }
+        RefundOutcome::Refused { reference, reason } if reference == request.reference => {
+            Some(Err(AcquirerError::Rejected {
+                status: StatusCode::UNPROCESSABLE_ENTITY.as_u16(),
+                reason: Some(reason),
+            }))
+        }
+        _ => None,
     }
 }
 
@@ -273,7 +420,7 @@ fn record_status(status: StatusCode) {
 /// A capture of `request`'s reference, as its echo says: this charge's
 /// capture, or a contradiction.
 fn captured(request: &CaptureRequest, capture_id: String, echo: &Echo) -> Settled {
-    let differences = echo.contradictions(request);
+    let differences = echo.contradictions(&Echo::of(request));
     if differences.is_empty() {
         Ok(Captured { capture_id })
     } else {

@@ -7,11 +7,16 @@
 //! the same reference can settle it. A `201` whose echo names another order,
 //! amount or currency is final but not this charge's capture
 //! ([`AcquirerError::Contradicted`]): it goes to a person.
+//!
+//! Refunds keep the same rule (`201` refunded, `422` refused, everything else
+//! unknown), with one more step: a `422` is believed only once a lookup of
+//! the refund's reference does not find it paid.
 
 mod client;
 pub mod protocol;
 
 pub use client::describe as describe_transport_error;
 pub use client::{
-    AcquirerClient, AcquirerError, Captured, Contradiction, Declined, Settled, Unknown,
+    AcquirerClient, AcquirerError, Captured, Contradiction, Declined, RefundSettled, Refunded,
+    Settled, Unknown,
 };

@@ -221,7 +221,10 @@ mod tests {
                 decline_reason: Some("insufficient_funds".to_owned())
             }
         );
-        let rejected = Err(AcquirerError::Rejected { status: 422 });
+        let rejected = Err(AcquirerError::Rejected {
+            status: 422,
+            reason: None,
+        });
         assert_eq!(
             verdict(rejected, None),
             Verdict::Final {

@@ -454,7 +454,7 @@ impl Engine {
             Err(AcquirerError::Contradicted(_)) => "contradicted",
         };
         metrics::counter!(crate::metrics::ACQUIRER_CALLS, "outcome" => label).increment(1);
-        if let Err(AcquirerError::Rejected { status }) = &result {
+        if let Err(AcquirerError::Rejected { status, .. }) = &result {
             tracing::error!(charge_id = %charge.id, status, "acquirer rejected the capture");
         }
         let (status, capture_id, decline_reason) = match verdict(result, backoff) {

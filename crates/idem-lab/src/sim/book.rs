@@ -1,17 +1,20 @@
-//! The simulator's book of captures, keyed by reference: the dedup table and
-//! the ledger at once.
+//! The simulator's book of captures and refunds, each keyed by reference: the
+//! dedup tables and the ledger at once. A refund is paid back from a capture
+//! only while the capture has that much left: the acquirer's own sum rule.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use idem_core::acquirer::protocol::{CaptureOutcome, CaptureRequest, Echo};
+use idem_core::acquirer::protocol::{
+    CaptureOutcome, CaptureRequest, Echo, RefundOutcome, RefundRequest,
+};
 
-/// The result of presenting a capture request to the book.
-pub enum Recorded {
+/// The result of presenting a capture or refund request to the book.
+pub enum Recorded<O> {
     /// The outcome for this reference: new, or the first one repeated.
-    Outcome(CaptureOutcome),
+    Outcome(O),
     /// The reference is known with other parameters.
     Mismatch,
 }
@@ -20,6 +23,9 @@ pub struct Book {
     by_reference: HashMap<String, (CaptureRequest, CaptureOutcome)>,
     /// Every capture in the order it was made.
     captures: Vec<LedgerCapture>,
+    refunds_by_reference: HashMap<String, (RefundRequest, RefundOutcome)>,
+    /// Every refund paid, in order.
+    refunds: Vec<LedgerRefund>,
     /// The book's clock starts here: captures carry their time since, so a
     /// reader can put them on the same axis as its own events.
     epoch: Instant,
@@ -30,6 +36,8 @@ impl Default for Book {
         Self {
             by_reference: HashMap::new(),
             captures: Vec::new(),
+            refunds_by_reference: HashMap::new(),
+            refunds: Vec::new(),
             epoch: Instant::now(),
         }
     }
@@ -54,6 +62,35 @@ pub struct LedgerCapture {
     pub traceparent: Option<String>,
 }
 
+/// One refund that paid money back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LedgerRefund {
+    pub refund_id: String,
+    pub reference: String,
+    /// The reference of the capture it pays back from.
+    pub capture_reference: String,
+    pub capture_id: String,
+    pub merchant: String,
+    pub amount_cents: i64,
+    pub currency: String,
+    /// As a capture's.
+    pub at_micros: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+}
+
+/// Why the book refuses a refund (the `reason` of its `422`).
+pub mod refusal {
+    /// No capture under that reference (never made, or declined).
+    pub const UNKNOWN_CAPTURE: &str = "unknown_capture";
+    /// The refund's currency is not the capture's.
+    pub const CURRENCY_MISMATCH: &str = "currency_mismatch";
+    /// More than the capture has left after its earlier refunds.
+    pub const EXCEEDS_CAPTURE: &str = "exceeds_capture";
+    /// Not a positive amount.
+    pub const INVALID_AMOUNT: &str = "invalid_amount";
+}
+
 /// Captures per `(merchant, order_id)`; more than one is a double charge
 /// unless the merchant meant to charge the order twice.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,6 +104,9 @@ pub struct LedgerCount {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ledger {
     pub captures: Vec<LedgerCapture>,
+    /// Every refund paid (none in a ledger that predates refunds).
+    #[serde(default)]
+    pub refunds: Vec<LedgerRefund>,
     pub counts: Vec<LedgerCount>,
     pub declines: u64,
     /// The simulator's clock when it wrote this ledger, in microseconds since
@@ -92,7 +132,7 @@ impl Book {
         decline: bool,
         moved: CaptureRequest,
         traceparent: Option<String>,
-    ) -> Recorded {
+    ) -> Recorded<CaptureOutcome> {
         if let Some((first, outcome)) = self.by_reference.get(&request.reference) {
             return if *first == request {
                 Recorded::Outcome(outcome.clone())
@@ -132,6 +172,79 @@ impl Book {
         self.by_reference.get(reference).map(|(_, o)| o.clone())
     }
 
+    /// Presents a refund of `request`. A known reference gets its first
+    /// outcome again (or a mismatch). A new one is paid as `moved` (`request`
+    /// unless a fault lies) if its capture exists, in its currency, and has
+    /// that much left after its earlier refunds; else it is refused, and the
+    /// refusal is remembered as its outcome.
+    pub fn refund(
+        &mut self,
+        request: RefundRequest,
+        moved: RefundRequest,
+        traceparent: Option<String>,
+    ) -> Recorded<RefundOutcome> {
+        if let Some((first, outcome)) = self.refunds_by_reference.get(&request.reference) {
+            return if *first == request {
+                Recorded::Outcome(outcome.clone())
+            } else {
+                Recorded::Mismatch
+            };
+        }
+        let refused = |reason: &str| RefundOutcome::Refused {
+            reference: request.reference.clone(),
+            reason: reason.to_owned(),
+        };
+        let capture = self
+            .captures
+            .iter()
+            .find(|c| c.reference == request.capture_reference);
+        let outcome = match capture {
+            _ if request.amount_cents <= 0 => refused(refusal::INVALID_AMOUNT),
+            None => refused(refusal::UNKNOWN_CAPTURE),
+            Some(c) if c.currency != request.currency => refused(refusal::CURRENCY_MISMATCH),
+            Some(c) if moved.amount_cents > c.amount_cents - self.refunded(&c.reference) => {
+                refused(refusal::EXCEEDS_CAPTURE)
+            }
+            Some(c) => {
+                let refund_id = format!("rf_{}", self.refunds.len() + 1);
+                self.refunds.push(LedgerRefund {
+                    refund_id: refund_id.clone(),
+                    reference: moved.reference.clone(),
+                    capture_reference: c.reference.clone(),
+                    capture_id: c.capture_id.clone(),
+                    merchant: moved.merchant.clone(),
+                    amount_cents: moved.amount_cents,
+                    currency: moved.currency.clone(),
+                    at_micros: self.micros_since_epoch(),
+                    traceparent,
+                });
+                RefundOutcome::Refunded {
+                    refund_id,
+                    reference: request.reference.clone(),
+                    echo: Echo::of_refund(&moved),
+                }
+            }
+        };
+        self.refunds_by_reference
+            .insert(request.reference.clone(), (request, outcome.clone()));
+        Recorded::Outcome(outcome)
+    }
+
+    pub fn refund_outcome(&self, reference: &str) -> Option<RefundOutcome> {
+        self.refunds_by_reference
+            .get(reference)
+            .map(|(_, o)| o.clone())
+    }
+
+    /// What the refunds of the capture under `capture_reference` paid back.
+    fn refunded(&self, capture_reference: &str) -> i64 {
+        self.refunds
+            .iter()
+            .filter(|r| r.capture_reference == capture_reference)
+            .map(|r| r.amount_cents)
+            .sum()
+    }
+
     fn micros_since_epoch(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
@@ -143,6 +256,7 @@ impl Book {
         }
         Ledger {
             captures: self.captures.clone(),
+            refunds: self.refunds.clone(),
             counts: counts
                 .into_iter()
                 .map(|((merchant, order_id), captures)| LedgerCount {
@@ -172,7 +286,11 @@ mod tests {
         }
     }
 
-    fn capture(book: &mut Book, request: CaptureRequest, decline: bool) -> Recorded {
+    fn capture(
+        book: &mut Book,
+        request: CaptureRequest,
+        decline: bool,
+    ) -> Recorded<CaptureOutcome> {
         let moved = request.clone();
         book.capture(request, decline, moved, None)
     }
@@ -231,6 +349,97 @@ mod tests {
         assert!(
             !ledger.simulated,
             "a ledger that does not say so is not the simulator's"
+        );
+    }
+
+    fn refund_of(reference: &str, capture_reference: &str, amount: i64) -> RefundRequest {
+        RefundRequest {
+            reference: reference.into(),
+            capture_reference: capture_reference.into(),
+            merchant: "m".into(),
+            amount_cents: amount,
+            currency: "BRL".into(),
+        }
+    }
+
+    fn refund(book: &mut Book, request: RefundRequest) -> RefundOutcome {
+        let moved = request.clone();
+        match book.refund(request, moved, None) {
+            Recorded::Outcome(o) => o,
+            Recorded::Mismatch => panic!("a mismatch"),
+        }
+    }
+
+    fn reason(outcome: &RefundOutcome) -> &str {
+        match outcome {
+            RefundOutcome::Refused { reason, .. } => reason,
+            RefundOutcome::Refunded { .. } => "refunded",
+        }
+    }
+
+    #[test]
+    fn refunds_never_pay_back_more_than_their_capture_and_once_per_reference() {
+        let mut book = Book::default();
+        capture(&mut book, req("c1", 100), false);
+        assert_eq!(
+            reason(&refund(&mut book, refund_of("r1", "c1", 60))),
+            "refunded"
+        );
+        assert_eq!(
+            refund(&mut book, refund_of("r1", "c1", 60)),
+            book.refund_outcome("r1").expect("known"),
+            "the same reference, the first outcome"
+        );
+        assert!(matches!(
+            book.refund(refund_of("r1", "c1", 61), refund_of("r1", "c1", 61), None),
+            Recorded::Mismatch
+        ));
+        assert_eq!(
+            reason(&refund(&mut book, refund_of("r2", "c1", 41))),
+            "exceeds_capture"
+        );
+        assert_eq!(
+            reason(&refund(&mut book, refund_of("r3", "c1", 40))),
+            "refunded"
+        );
+        assert_eq!(
+            reason(&refund(&mut book, refund_of("r4", "c1", 1))),
+            "exceeds_capture"
+        );
+        assert_eq!(
+            reason(&refund(&mut book, refund_of("r5", "nope", 1))),
+            "unknown_capture"
+        );
+        assert_eq!(
+            reason(&refund(&mut book, refund_of("r6", "c1", 0))),
+            "invalid_amount"
+        );
+        let mut other_currency = refund_of("r7", "c1", 1);
+        other_currency.currency = "USD".into();
+        assert_eq!(
+            reason(&refund(&mut book, other_currency)),
+            "currency_mismatch"
+        );
+        let ledger = book.ledger();
+        assert_eq!(ledger.refunds.len(), 2);
+        assert_eq!(
+            ledger.refunds.iter().map(|r| r.amount_cents).sum::<i64>(),
+            100
+        );
+        assert!(ledger.refunds.iter().all(|r| r.capture_id == "cap_1"));
+        assert_eq!(
+            reason(&book.refund_outcome("r2").expect("a refusal is remembered")),
+            "exceeds_capture"
+        );
+    }
+
+    #[test]
+    fn a_declined_capture_has_nothing_to_refund() {
+        let mut book = Book::default();
+        capture(&mut book, req("c1", 100), true);
+        assert_eq!(
+            reason(&refund(&mut book, refund_of("r1", "c1", 1))),
+            "unknown_capture"
         );
     }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use idem_core::acquirer::protocol::CaptureRequest;
+use idem_core::acquirer::protocol::{CaptureRequest, RefundRequest};
 
 /// One kind of misbehaviour, applied to a capture call. Written the same way
 /// on the command line and in `/_sim/faults`: `none`, `error-before`,
@@ -56,6 +56,26 @@ impl Fault {
                 .to_owned();
             }
             Self::WrongOrder => moved.order_id = asked.order_id.saturating_add(1),
+            _ => {}
+        }
+        moved
+    }
+
+    /// What a refund of `asked` pays back under this fault: `asked` itself,
+    /// unless the fault is a lie about the amount or the currency (a refund
+    /// names no order, so `wrong-order` moves it as asked).
+    pub fn refunds(self, asked: &RefundRequest) -> RefundRequest {
+        let mut moved = asked.clone();
+        match self {
+            Self::WrongAmount => moved.amount_cents = asked.amount_cents.saturating_add(1),
+            Self::WrongCurrency => {
+                moved.currency = if asked.currency == "USD" {
+                    "EUR"
+                } else {
+                    "USD"
+                }
+                .to_owned();
+            }
             _ => {}
         }
         moved

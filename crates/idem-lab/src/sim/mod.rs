@@ -3,8 +3,9 @@
 //! injection and a ledger.
 //!
 //! The ledger is the ground truth for "charged exactly once": it lists every
-//! capture the simulator made and counts them per `(merchant, order_id)`.
-//! State lives in memory; a restart forgets it.
+//! capture the simulator made and counts them per `(merchant, order_id)`, and
+//! every refund with the capture it paid back from ("refunded exactly once",
+//! "never more than captured"). State lives in memory; a restart forgets it.
 //!
 //! Like a real acquirer, it finishes a capture even when the caller hangs up:
 //! the work runs on its own task, so a client timeout never undoes a capture.
@@ -27,12 +28,13 @@ use axum::{Json, Router};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub use book::{Ledger, LedgerCapture};
+pub use book::{refusal, Ledger, LedgerCapture, LedgerRefund};
 pub use faults::{Fault, Faults};
 
 use book::{Book, Recorded};
+use faults::Plan;
 use idem::http::{Tls, HEADER_READ_TIMEOUT};
-use idem_core::acquirer::protocol::{CaptureOutcome, CaptureRequest};
+use idem_core::acquirer::protocol::{CaptureOutcome, CaptureRequest, RefundOutcome, RefundRequest};
 
 #[derive(Clone)]
 struct Sim {
@@ -52,8 +54,10 @@ pub fn router(faults: Faults) -> Router {
         in_flight: Arc::default(),
     };
     Router::new()
-        .route("/v1/captures", post(capture))
-        .route("/v1/captures/{reference}", get(lookup))
+        .route("/v1/captures", post(book_call::<CaptureRequest>))
+        .route("/v1/captures/{reference}", get(lookup::<CaptureRequest>))
+        .route("/v1/refunds", post(book_call::<RefundRequest>))
+        .route("/v1/refunds/{reference}", get(lookup::<RefundRequest>))
         .route("/_sim/faults", get(get_faults).put(put_faults))
         .route("/_sim/ledger", get(ledger))
         .with_state(sim)
@@ -72,33 +76,105 @@ pub async fn serve(
     Ok(())
 }
 
-async fn capture(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Response {
-    let request: CaptureRequest = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => {
-            return (StatusCode::BAD_REQUEST, format!("bad capture request: {e}")).into_response()
+/// A POST the simulator books: a capture or a refund. Both keep the same
+/// rules: the reference is the `Idempotency-Key`, a second POST while the
+/// first is in flight is `409`, a known reference repeats its first outcome,
+/// and the faults apply alike.
+trait Booking: serde::de::DeserializeOwned + Send + 'static {
+    type Outcome: serde::Serialize + Send + 'static;
+    fn reference(&self) -> &str;
+    /// Books `self` under `plan` (its decline and its lie).
+    fn book(
+        self,
+        book: &mut Book,
+        plan: &Plan,
+        traceparent: Option<String>,
+    ) -> Recorded<Self::Outcome>;
+    /// The outcome a lookup of `reference` finds.
+    fn find(book: &Book, reference: &str) -> Option<Self::Outcome>;
+    /// The status of a POST answered with `outcome`.
+    fn post_status(outcome: &Self::Outcome) -> StatusCode;
+}
+
+impl Booking for CaptureRequest {
+    type Outcome = CaptureOutcome;
+    fn reference(&self) -> &str {
+        &self.reference
+    }
+    fn book(
+        self,
+        book: &mut Book,
+        plan: &Plan,
+        traceparent: Option<String>,
+    ) -> Recorded<CaptureOutcome> {
+        let moved = plan.fault.captures(&self);
+        book.capture(self, plan.decline, moved, traceparent)
+    }
+    fn find(book: &Book, reference: &str) -> Option<CaptureOutcome> {
+        book.outcome(reference)
+    }
+    fn post_status(outcome: &CaptureOutcome) -> StatusCode {
+        match outcome {
+            CaptureOutcome::Captured { .. } => StatusCode::CREATED,
+            CaptureOutcome::Declined { .. } => StatusCode::PAYMENT_REQUIRED,
         }
+    }
+}
+
+impl Booking for RefundRequest {
+    type Outcome = RefundOutcome;
+    fn reference(&self) -> &str {
+        &self.reference
+    }
+    fn book(
+        self,
+        book: &mut Book,
+        plan: &Plan,
+        traceparent: Option<String>,
+    ) -> Recorded<RefundOutcome> {
+        let moved = plan.fault.refunds(&self);
+        book.refund(self, moved, traceparent)
+    }
+    fn find(book: &Book, reference: &str) -> Option<RefundOutcome> {
+        book.refund_outcome(reference)
+    }
+    fn post_status(outcome: &RefundOutcome) -> StatusCode {
+        match outcome {
+            RefundOutcome::Refunded { .. } => StatusCode::CREATED,
+            RefundOutcome::Refused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        }
+    }
+}
+
+async fn book_call<B: Booking>(
+    State(sim): State<Sim>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let request: B = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("bad request: {e}")).into_response(),
     };
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
     let traceparent = headers
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    if key != Some(request.reference.as_str()) {
+    if key != Some(request.reference()) {
         return (
             StatusCode::BAD_REQUEST,
             "the Idempotency-Key header must equal the reference",
         )
             .into_response();
     }
-    let Some(in_flight) = InFlight::enter(&sim.in_flight, &request.reference) else {
+    let Some(in_flight) = InFlight::enter(&sim.in_flight, request.reference()) else {
         return (
             StatusCode::CONFLICT,
             "a POST for this reference is still being processed",
         )
             .into_response();
     };
-    // The capture runs to the end even if the caller hangs up meanwhile, and
+    // The call runs to the end even if the caller hangs up meanwhile, and
     // the reference stays in flight until its answer is ready.
     let work = tokio::spawn(async move {
         let _in_flight = in_flight;
@@ -115,18 +191,16 @@ async fn capture(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Res
             | Fault::DropAfter
             | Fault::WrongAmount
             | Fault::WrongCurrency
-            | Fault::WrongOrder => {
-                let moved = plan.fault.captures(&request);
-                match sim
-                    .lock_book()
-                    .capture(request, plan.decline, moved, traceparent)
-                {
-                    Recorded::Mismatch => Answer::Mismatch,
-                    Recorded::Outcome(outcome) => Answer::Outcome(outcome, plan.fault),
-                }
-            }
+            | Fault::WrongOrder => match request.book(&mut sim.lock_book(), &plan, traceparent) {
+                Recorded::Mismatch => Answer::Mismatch,
+                Recorded::Outcome(outcome) => Answer::Outcome(
+                    B::post_status(&outcome),
+                    serde_json::to_vec(&outcome).unwrap_or_default(),
+                    plan.fault,
+                ),
+            },
         };
-        if let Answer::Outcome(_, Fault::Hang) = answer {
+        if let Answer::Outcome(_, _, Fault::Hang) = answer {
             tokio::time::sleep(plan.hang).await;
         }
         answer
@@ -137,14 +211,15 @@ async fn capture(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Res
     }
 }
 
-/// What a capture call comes to, decided on the capture's own task.
+/// What a capture or refund call comes to, decided on the call's own task.
 enum Answer {
     ErrorBefore,
     /// A scripted status, with its `Retry-After` seconds.
     Status(u16, Option<u64>),
     Mismatch,
-    /// The reference's outcome, and the fault that shapes its delivery.
-    Outcome(CaptureOutcome, Fault),
+    /// The reference's outcome (its POST status and JSON body), and the
+    /// fault that shapes its delivery.
+    Outcome(StatusCode, Vec<u8>, Fault),
 }
 
 impl IntoResponse for Answer {
@@ -152,7 +227,7 @@ impl IntoResponse for Answer {
         match self {
             Self::ErrorBefore => (
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "injected: error before capture",
+                "injected: error before the call",
             )
                 .into_response(),
             Self::Status(status, retry_after) => {
@@ -167,14 +242,14 @@ impl IntoResponse for Answer {
             }
             Self::Mismatch => (
                 StatusCode::UNPROCESSABLE_ENTITY,
-                "the reference is known with a different amount, currency or order",
+                "the reference is known with other parameters",
             )
                 .into_response(),
-            Self::Outcome(_, Fault::ErrorAfter) => {
-                (StatusCode::BAD_GATEWAY, "injected: error after capture").into_response()
+            Self::Outcome(_, _, Fault::ErrorAfter) => {
+                (StatusCode::BAD_GATEWAY, "injected: error after the call").into_response()
             }
-            Self::Outcome(_, Fault::DropAfter) => dropped_connection(),
-            Self::Outcome(outcome, _) => outcome_response(&outcome, true),
+            Self::Outcome(_, _, Fault::DropAfter) => dropped_connection(),
+            Self::Outcome(status, body, _) => json_response(status, body),
         }
     }
 }
@@ -208,9 +283,12 @@ impl Drop for InFlight {
     }
 }
 
-async fn lookup(State(sim): State<Sim>, Path(reference): Path<String>) -> Response {
-    match sim.lock_book().outcome(&reference) {
-        Some(outcome) => outcome_response(&outcome, false),
+async fn lookup<B: Booking>(State(sim): State<Sim>, Path(reference): Path<String>) -> Response {
+    match B::find(&sim.lock_book(), &reference) {
+        Some(outcome) => json_response(
+            StatusCode::OK,
+            serde_json::to_vec(&outcome).unwrap_or_default(),
+        ),
         None => StatusCode::NOT_FOUND.into_response(),
     }
 }
@@ -228,14 +306,8 @@ async fn ledger(State(sim): State<Sim>) -> Json<Ledger> {
     Json(sim.lock_book().ledger())
 }
 
-/// `201`/`402` for a POST, `200` for a GET, with the outcome body.
-fn outcome_response(outcome: &CaptureOutcome, post: bool) -> Response {
-    let status = match (outcome, post) {
-        (_, false) => StatusCode::OK,
-        (CaptureOutcome::Captured { .. }, true) => StatusCode::CREATED,
-        (CaptureOutcome::Declined { .. }, true) => StatusCode::PAYMENT_REQUIRED,
-    };
-    (status, Json(outcome)).into_response()
+fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 /// A response whose body fails at once: hyper aborts the connection, so the

@@ -6,4 +6,5 @@
 mod bench;
 mod conformance;
 mod demo;
+mod refunds;
 mod verify;
