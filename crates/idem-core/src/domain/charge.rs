@@ -16,7 +16,7 @@ pub struct FieldError {
 }
 
 impl FieldError {
-    fn new(field: &str, message: impl Into<String>) -> Self {
+    pub(super) fn new(field: &str, message: impl Into<String>) -> Self {
         Self {
             field: Some(field.to_owned()),
             message: message.into(),
@@ -216,7 +216,7 @@ impl ChargeRequest {
 }
 
 /// serde_json's message without its "at line 1 column 7" tail when that adds nothing.
-fn json_message(e: &serde_json::Error) -> String {
+pub(super) fn json_message(e: &serde_json::Error) -> String {
     let text = e.to_string();
     if e.line() == 0 {
         return text;

@@ -6,22 +6,36 @@
 
 use sha2::{Digest, Sha256};
 
-use super::ChargeRequest;
+use super::refund::RefundOfCharge;
+use super::{ChargeId, ChargeRequest, RefundRequest};
 
 /// SHA-256 of the operation and its canonical parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fingerprint([u8; 32]);
 
 impl Fingerprint {
-    /// The only idempotent operation; part of the hash so that a future one can
-    /// never be confused with it under the same key.
-    const OPERATION: &'static [u8] = b"POST /v1/charges\n";
+    /// The operation is part of the hash, so that one key sent to two
+    /// operations is two requests (a `422`), never one confused with the other.
+    const CHARGE: &'static [u8] = b"POST /v1/charges\n";
+    /// A refund's: its charge is in the canonical body ([`RefundOfCharge`]).
+    const REFUND: &'static [u8] = b"POST /v1/charges/{id}/refunds\n";
 
     pub fn of_charge(request: &ChargeRequest) -> Self {
-        let canonical = crate::domain::to_json(request);
+        Self::of(Self::CHARGE, &crate::domain::to_json(request))
+    }
+
+    /// A refund of `charge_id`: the same body for another charge is another request.
+    pub fn of_refund(charge_id: &ChargeId, request: &RefundRequest) -> Self {
+        Self::of(
+            Self::REFUND,
+            &crate::domain::to_json(&RefundOfCharge::new(charge_id, request)),
+        )
+    }
+
+    fn of(operation: &[u8], canonical: &[u8]) -> Self {
         let mut hasher = Sha256::new();
-        hasher.update(Self::OPERATION);
-        hasher.update(&canonical);
+        hasher.update(operation);
+        hasher.update(canonical);
         Self(hasher.finalize().into())
     }
 
@@ -40,6 +54,29 @@ mod tests {
 
     fn fp(body: &str) -> Fingerprint {
         Fingerprint::of_charge(&ChargeRequest::from_json(body.as_bytes()).unwrap())
+    }
+
+    #[test]
+    fn a_refund_is_another_request_than_a_charge_and_than_a_refund_of_another_charge() {
+        let refund = RefundRequest::from_json(b"{}").expect("refund");
+        let (a, b) = (ChargeId::generate(), ChargeId::generate());
+        assert_eq!(
+            Fingerprint::of_refund(&a, &refund),
+            Fingerprint::of_refund(&a, &refund)
+        );
+        assert_ne!(
+            Fingerprint::of_refund(&a, &refund),
+            Fingerprint::of_refund(&b, &refund)
+        );
+        let some = RefundRequest::from_json(br#"{"amount_cents": 100}"#).expect("refund");
+        assert_ne!(
+            Fingerprint::of_refund(&a, &refund),
+            Fingerprint::of_refund(&a, &some)
+        );
+        assert_ne!(
+            Fingerprint::of_refund(&a, &some),
+            fp(r#"{"order_id":123,"amount_cents":100}"#)
+        );
     }
 
     #[test]

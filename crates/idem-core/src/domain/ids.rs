@@ -17,9 +17,16 @@ use super::{Fingerprint, IdempotencyKey};
 /// any chance of collision, and short enough to read in a log line.
 const RANDOM_LEN: usize = 24;
 
-fn mint(prefix: &str) -> String {
+pub(super) fn mint(prefix: &str) -> String {
     let random = Alphanumeric.sample_string(&mut rand::rng(), RANDOM_LEN);
     format!("{prefix}{random}")
+}
+
+/// Whether `s` is an id [`mint`] makes with `prefix`.
+pub(super) fn has_shape(s: &str, prefix: &str) -> bool {
+    s.strip_prefix(prefix).is_some_and(|rest| {
+        rest.len() == RANDOM_LEN && rest.bytes().all(|b| b.is_ascii_alphanumeric())
+    })
 }
 
 /// The public id of a charge, `ch_...`.
@@ -36,9 +43,7 @@ impl ChargeId {
     /// Accepts only ids of idem's own shape, so a malformed path segment is a
     /// plain 404 without a query.
     pub fn parse(s: &str) -> Option<Self> {
-        let rest = s.strip_prefix(Self::PREFIX)?;
-        (rest.len() == RANDOM_LEN && rest.bytes().all(|b| b.is_ascii_alphanumeric()))
-            .then(|| Self(s.to_owned()))
+        has_shape(s, Self::PREFIX).then(|| Self(s.to_owned()))
     }
 
     /// Wraps a value read back from the store, where only valid ids are written.

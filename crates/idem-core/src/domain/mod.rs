@@ -14,6 +14,7 @@ mod fingerprint;
 mod ids;
 mod key;
 mod merchant;
+mod refund;
 mod response;
 mod webhook;
 
@@ -25,6 +26,7 @@ pub use fingerprint::Fingerprint;
 pub use ids::{AcquirerReference, ChargeId, EndpointId, MessageId};
 pub use key::{IdempotencyKey, KeyError};
 pub use merchant::{parse_merchant_name, Merchant, MerchantSecret, SecretHash};
+pub use refund::{RefundId, RefundReason, RefundRequest, RefundStatus};
 pub use response::StoredResponse;
 pub use webhook::{signature_header, WebhookBody, WebhookEvent, WebhookSecret};
 
