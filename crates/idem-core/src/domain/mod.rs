@@ -26,7 +26,7 @@ pub use fingerprint::Fingerprint;
 pub use ids::{AcquirerReference, ChargeId, EndpointId, MessageId};
 pub use key::{IdempotencyKey, KeyError};
 pub use merchant::{parse_merchant_name, Merchant, MerchantSecret, SecretHash};
-pub use refund::{RefundId, RefundReason, RefundRequest, RefundStatus};
+pub use refund::{Refund, RefundId, RefundReason, RefundRequest, RefundStatus};
 pub use response::StoredResponse;
 pub use webhook::{signature_header, WebhookBody, WebhookEvent, WebhookSecret};
 

@@ -5,10 +5,11 @@
 //! store's to keep (a guarded update in the refund's claim); what lives here is
 //! what a refund *is*: its values, each valid once held.
 
-use serde::{Deserialize, Serialize};
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize, Serializer};
 
-use super::charge::{json_message, AmountCents, Description, FieldError};
-use super::ChargeId;
+use super::charge::{json_message, AmountCents, Currency, Description, FieldError};
+use super::{AcquirerReference, ChargeId};
 
 /// The public id of a refund, `re_...`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -182,6 +183,44 @@ impl RefundStatus {
             _ => return None,
         })
     }
+}
+
+/// A refund as the API shows it (`GET /v1/refunds/{id}` and the stored
+/// responses). Every field is always present (`null` when it does not apply).
+#[derive(Debug, Clone, Serialize)]
+pub struct Refund {
+    #[serde(serialize_with = "display")]
+    pub id: RefundId,
+    #[serde(serialize_with = "display")]
+    pub charge_id: ChargeId,
+    pub amount_cents: AmountCents,
+    pub currency: Currency,
+    pub status: RefundStatus,
+    pub reason: Option<RefundReason>,
+    pub description: Option<Description>,
+    /// The refund's own reference at the acquirer.
+    #[serde(serialize_with = "reference")]
+    pub acquirer_reference: AcquirerReference,
+    /// The acquirer's reason when `status` is `failed`, else `null`.
+    pub failure_reason: Option<String>,
+    /// When the refund was claimed, UTC, to the second.
+    #[serde(serialize_with = "rfc3339_seconds")]
+    pub created_at: DateTime<Utc>,
+    /// The charge's reference: the capture the acquirer refunds from.
+    #[serde(skip)]
+    pub capture_reference: AcquirerReference,
+}
+
+fn display<S: Serializer, T: std::fmt::Display>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
+fn reference<S: Serializer>(r: &AcquirerReference, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(r.as_str())
+}
+
+fn rfc3339_seconds<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&t.to_rfc3339_opts(SecondsFormat::Secs, true))
 }
 
 /// The refund of `charge`'s request as the fingerprint sees it: the refunded

@@ -53,8 +53,9 @@ pub use model::{
     AttemptOutcome, Audit, AuditEntry, AuditRecord, ChargeDetail, ChargeFilter, ChargeRecord,
     ChargeSummary, Claim, DeliveryInfo, DueDelivery, EndpointChange, EndpointInfo, KeyDetail,
     KeyRecord, KeyState, KeyStatus, MerchantError, MerchantListing, NewClaim, NewEndpoint,
-    NewEvent, NewResult, NewWebhook, Orphan, OutboxMessage, PoolStats, ProcessingStats, Reschedule,
-    ResultAnswer, Rotation, SecretInfo, SecretMatch, Settlement, StuckCharge,
+    NewEvent, NewRefundClaim, NewResult, NewWebhook, Orphan, OutboxMessage, PoolStats,
+    ProcessingStats, RefundClaim, RefundRecord, RefundSettlement, Refusal, Reschedule,
+    ResultAnswer, Rotation, SecretInfo, SecretMatch, Settlement, StuckCharge, Taken,
 };
 pub use params::{claim_param_names, finalize_param_names};
 pub use postgres::{CLAIM_SQL, FINALIZE_SQL};

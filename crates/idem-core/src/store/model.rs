@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use super::StoreError;
 use crate::domain::{Charge, ChargeId, ChargeRequest, ChargeStatus, Merchant, MessageId};
 use crate::domain::{Fingerprint, IdempotencyKey, StoredResponse};
+use crate::domain::{Refund, RefundRequest, RefundStatus};
 
 /// What a new attempt asks to claim.
 pub struct NewClaim<'a> {
@@ -50,6 +51,102 @@ pub struct KeyRecord {
     /// The charge awaits a person's review: no attempt calls the acquirer
     /// for it until an operator settles it.
     pub under_review: bool,
+}
+
+/// What a new refund attempt asks to claim: its key, and the reservation of
+/// its amount against `charge_id`.
+pub struct NewRefundClaim<'a> {
+    pub merchant_id: i64,
+    pub key: &'a IdempotencyKey,
+    pub fingerprint: Fingerprint,
+    pub charge_id: &'a ChargeId,
+    pub request: &'a RefundRequest,
+    pub lease: Duration,
+    pub key_ttl: Duration,
+    pub traceparent: Option<&'a str>,
+}
+
+/// A key record with its refund, as some attempt found or made it (the
+/// key's fields as in [`KeyRecord`]; `under_review` is the refund's).
+#[derive(Debug, Clone)]
+pub struct RefundRecord {
+    pub refund: Refund,
+    pub fingerprint: Fingerprint,
+    pub state: KeyState,
+    pub attempt: i64,
+    pub expired: bool,
+    pub under_review: bool,
+}
+
+/// The answer to a refund's claim.
+#[derive(Debug)]
+pub enum RefundClaim {
+    /// This attempt inserted the key, reserved the amount against the charge
+    /// and made the refund, in one committed transaction: it must call the
+    /// acquirer.
+    Won(Box<RefundRecord>),
+    /// The key was taken: by a refund (here is what it left), or by a charge.
+    Lost(Box<Taken>),
+    /// Nothing was claimed, reserved or kept: the charge cannot give this back.
+    Refused(Refusal),
+}
+
+/// Whose a taken key is.
+#[derive(Debug)]
+pub enum Taken {
+    Refund(RefundRecord),
+    Charge(KeyRecord),
+}
+
+/// Why a refund could not be claimed. Nothing is stored for it, and its key
+/// stays free.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// No charge of this merchant has that id.
+    NoSuchCharge,
+    /// The charge is not `captured` (still processing, declined, failed), or
+    /// awaits a person's review.
+    NotRefundable {
+        status: ChargeStatus,
+        under_review: bool,
+    },
+    /// More than the charge has left to refund: `remaining` (0 when all of
+    /// it is refunded or reserved by refunds still pending).
+    Exceeds { remaining: i64 },
+}
+
+impl Refusal {
+    /// The refusal a charge's state makes (its status, whether it awaits
+    /// review, what it has left), as a refused reservation reads it; `None`:
+    /// no such charge.
+    pub(super) fn of_charge(charge: Option<(String, bool, i64)>) -> Self {
+        match charge {
+            None => Self::NoSuchCharge,
+            Some((status, under_review, remaining)) => {
+                let status = ChargeStatus::parse(&status).unwrap_or(ChargeStatus::Processing);
+                if status != ChargeStatus::Captured || under_review {
+                    Self::NotRefundable {
+                        status,
+                        under_review,
+                    }
+                } else {
+                    Self::Exceeds {
+                        remaining: remaining.max(0),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The final outcome to store for a refund.
+pub struct RefundSettlement<'a> {
+    /// `Succeeded` or `Failed`: a failed refund gives its amount back to the
+    /// charge in the same transaction.
+    pub status: RefundStatus,
+    pub acquirer_refund_id: Option<&'a str>,
+    pub failure_reason: Option<&'a str>,
+    pub response: &'a StoredResponse,
 }
 
 /// What a key stands for now, as `GET /v1/idempotency-keys/{key}` shows it.

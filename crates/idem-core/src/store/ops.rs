@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use super::model::*;
 use super::{Store, StoreError};
-use crate::domain::{Charge, ChargeId, IdempotencyKey, Merchant, SecretHash};
+use crate::domain::{Charge, ChargeId, IdempotencyKey, Merchant, Refund, RefundId, SecretHash};
 
 /// Declares each concern's trait (crate-internal: the backends implement it)
 /// and, for every operation, a public method of [`Store`] with the same name,
@@ -58,6 +58,42 @@ macro_rules! store_ops {
 }
 
 store_ops! {
+    /// Refunds: their claims (the key, the reservation against the charge and
+    /// the refund, in one transaction), their outcomes, and reading them.
+    trait Refunds {
+        /// Claims a refund's key and, in the same committed transaction,
+        /// reserves its amount against the charge with a guarded update (the
+        /// charge captured, not under review, and the amount within what it
+        /// has left) and makes the refund. A refusal leaves nothing behind.
+        fn claim_refund(&self, claim: &NewRefundClaim<'_>) -> Result<RefundClaim, StoreError>;
+        /// The record under a key, with its refund; `None` when the key is
+        /// unknown or another operation's.
+        fn refund_record(
+            &self,
+            merchant_id: i64,
+            key: &IdempotencyKey,
+        ) -> Result<Option<RefundRecord>, StoreError>;
+        /// Stores a refund's final outcome, fenced by `record.attempt` as a
+        /// charge's is; a failed refund gives its amount back to the charge in
+        /// the same transaction. `false`: this attempt no longer holds the key.
+        fn finalize_refund(
+            &self,
+            merchant_id: i64,
+            key: &IdempotencyKey,
+            record: &RefundRecord,
+            settlement: &RefundSettlement<'_>,
+            key_ttl: Duration,
+        ) -> Result<bool, StoreError>;
+        /// A merchant's refund by id.
+        fn refund(&self, merchant_id: i64, id: &RefundId) -> Result<Option<Refund>, StoreError>;
+        /// A merchant's charge's refunds, oldest first.
+        fn refunds_of(
+            &self,
+            merchant_id: i64,
+            charge_id: &ChargeId,
+        ) -> Result<Vec<Refund>, StoreError>;
+    }
+
     /// The idempotency keys: records, leases, outcomes, orphans, expiry.
     trait Keys {
         /// The record under a key, with its charge.

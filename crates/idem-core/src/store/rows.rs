@@ -7,11 +7,13 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::model::{KeyRecord, KeyState, KeyStatus, MerchantListing, Orphan, SecretInfo};
+use super::model::{
+    KeyRecord, KeyState, KeyStatus, MerchantListing, Orphan, RefundRecord, SecretInfo,
+};
 use super::StoreError;
 use crate::domain::{
     AcquirerReference, AmountCents, Charge, ChargeId, ChargeStatus, Currency, Description,
-    Merchant, OrderId,
+    Merchant, OrderId, Refund, RefundId, RefundReason, RefundStatus,
 };
 use crate::domain::{Fingerprint, IdempotencyKey, StoredResponse};
 
@@ -56,6 +58,13 @@ impl TryFrom<ChargeRow> for Charge {
 pub(super) struct RecordRow {
     #[sqlx(flatten)]
     charge: ChargeRow,
+    #[sqlx(flatten)]
+    key: KeyColumns,
+}
+
+/// A key record's own columns, whatever its subject.
+#[derive(sqlx::FromRow)]
+pub(super) struct KeyColumns {
     fingerprint: Vec<u8>,
     state: String,
     attempt: i64,
@@ -67,35 +76,128 @@ pub(super) struct RecordRow {
     under_review: bool,
 }
 
-impl TryFrom<RecordRow> for KeyRecord {
-    type Error = StoreError;
-
-    fn try_from(r: RecordRow) -> Result<Self, StoreError> {
-        let charge = Charge::try_from(r.charge)?;
-        let corrupt =
-            |what: &str| StoreError::Corrupt(format!("key of charge {}: {what}", charge.id));
+impl KeyColumns {
+    /// The fingerprint and the state, or what is corrupt about them.
+    fn read(
+        self,
+        corrupt: impl Fn(&str) -> StoreError,
+    ) -> Result<(Fingerprint, KeyState), StoreError> {
         let fingerprint =
-            Fingerprint::from_bytes(&r.fingerprint).ok_or_else(|| corrupt("fingerprint"))?;
-        let state = match (r.state.as_str(), r.response_status, r.response_body) {
+            Fingerprint::from_bytes(&self.fingerprint).ok_or_else(|| corrupt("fingerprint"))?;
+        let state = match (
+            self.state.as_str(),
+            self.response_status,
+            self.response_body,
+        ) {
             ("in_flight", _, _) => KeyState::InFlight {
-                lease_remaining: Duration::from_millis(r.lease_remaining_ms.max(0).unsigned_abs()),
+                lease_remaining: Duration::from_millis(
+                    self.lease_remaining_ms.max(0).unsigned_abs(),
+                ),
             },
             ("completed", Some(status), Some(body)) => KeyState::Completed {
                 response: StoredResponse {
                     status: u16::try_from(status).map_err(|_| corrupt("response status"))?,
                     body: body.into(),
                 },
-                expires_in: Duration::from_millis(r.expires_in_ms.max(0).unsigned_abs()),
+                expires_in: Duration::from_millis(self.expires_in_ms.max(0).unsigned_abs()),
             },
             _ => return Err(corrupt("state")),
         };
+        Ok((fingerprint, state))
+    }
+}
+
+impl TryFrom<RecordRow> for KeyRecord {
+    type Error = StoreError;
+
+    fn try_from(r: RecordRow) -> Result<Self, StoreError> {
+        let charge = Charge::try_from(r.charge)?;
+        let (attempt, expired, under_review) = (r.key.attempt, r.key.expired, r.key.under_review);
+        let (fingerprint, state) = r
+            .key
+            .read(|what| StoreError::Corrupt(format!("key of charge {}: {what}", charge.id)))?;
         Ok(KeyRecord {
             charge,
             fingerprint,
             state,
-            attempt: r.attempt,
-            expired: r.expired,
-            under_review: r.under_review,
+            attempt,
+            expired,
+            under_review,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct RefundRow {
+    id: String,
+    charge_id: String,
+    amount_cents: i64,
+    currency: String,
+    status: String,
+    reason: Option<String>,
+    description: Option<String>,
+    acquirer_reference: String,
+    failure_reason: Option<String>,
+    created_at: DateTime<Utc>,
+    capture_reference: String,
+}
+
+impl TryFrom<RefundRow> for Refund {
+    type Error = StoreError;
+
+    fn try_from(r: RefundRow) -> Result<Self, StoreError> {
+        let corrupt = |what: String| StoreError::Corrupt(format!("refund {}: {what}", r.id));
+        Ok(Refund {
+            charge_id: ChargeId::from_trusted(r.charge_id),
+            amount_cents: AmountCents::parse(r.amount_cents).map_err(|e| corrupt(e.to_string()))?,
+            currency: Currency::parse(&r.currency).map_err(|e| corrupt(e.to_string()))?,
+            status: RefundStatus::parse(&r.status)
+                .ok_or_else(|| corrupt(format!("status {:?}", r.status)))?,
+            reason: match r.reason {
+                Some(reason) => Some(
+                    RefundReason::parse(&reason)
+                        .ok_or_else(|| corrupt(format!("reason {reason:?}")))?,
+                ),
+                None => None,
+            },
+            description: r
+                .description
+                .map(Description::parse)
+                .transpose()
+                .map_err(|e| corrupt(e.to_string()))?,
+            acquirer_reference: AcquirerReference::from_trusted(r.acquirer_reference),
+            failure_reason: r.failure_reason,
+            created_at: r.created_at,
+            capture_reference: AcquirerReference::from_trusted(r.capture_reference),
+            id: RefundId::from_trusted(r.id),
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct RefundRecordRow {
+    #[sqlx(flatten)]
+    refund: RefundRow,
+    #[sqlx(flatten)]
+    key: KeyColumns,
+}
+
+impl TryFrom<RefundRecordRow> for RefundRecord {
+    type Error = StoreError;
+
+    fn try_from(r: RefundRecordRow) -> Result<Self, StoreError> {
+        let refund = Refund::try_from(r.refund)?;
+        let (attempt, expired, under_review) = (r.key.attempt, r.key.expired, r.key.under_review);
+        let (fingerprint, state) = r
+            .key
+            .read(|what| StoreError::Corrupt(format!("key of refund {}: {what}", refund.id)))?;
+        Ok(RefundRecord {
+            refund,
+            fingerprint,
+            state,
+            attempt,
+            expired,
+            under_review,
         })
     }
 }

@@ -24,6 +24,7 @@ mod outcomes;
 mod queue;
 mod race;
 mod recovery;
+mod refunds;
 mod retention;
 mod rolling;
 mod store;

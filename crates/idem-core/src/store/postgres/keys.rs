@@ -21,16 +21,21 @@ use crate::store::params::{arguments, ClaimRow, ClaimValues, FinalizeRow, Finali
 use crate::store::rows::{KeyStatusRow, OrphanRow, RecordRow};
 use crate::store::{millis, StoreError};
 
-/// Columns of a key record joined with its charge (aliases `k` and `c`).
-pub(super) const RECORD_COLUMNS: &str = concatcp!(
-    CHARGE_COLUMNS,
-    ", k.fingerprint, k.state, k.attempt, k.response_status, k.response_body, \
+/// A key record's own columns (alias `k`), whatever its subject.
+pub(super) const KEY_COLUMNS: &str =
+    "k.fingerprint, k.state, k.attempt, k.response_status, k.response_body, \
      greatest(0, ceil(extract(epoch from (k.locked_until - now())) * 1000))::bigint \
        as lease_remaining_ms, \
      (k.state = 'completed' and k.expires_at <= now()) as expired, \
      greatest(0, floor(extract(epoch from (k.expires_at - now())) * 1000))::bigint \
-       as expires_in_ms, \
-     c.review_since is not null as under_review"
+       as expires_in_ms";
+
+/// Columns of a key record joined with its charge (aliases `k` and `c`).
+pub(super) const RECORD_COLUMNS: &str = concatcp!(
+    CHARGE_COLUMNS,
+    ", ",
+    KEY_COLUMNS,
+    ", c.review_since is not null as under_review"
 );
 
 /// Rounds of insert-or-read a claim may need: each extra one means the sweeper
@@ -513,7 +518,7 @@ async fn tombstone(
     Ok(row.map(|(id,)| ChargeId::from_trusted(id)))
 }
 
-async fn key_record(
+pub(super) async fn key_record(
     db: &mut PgConnection,
     merchant_id: i64,
     key: &IdempotencyKey,

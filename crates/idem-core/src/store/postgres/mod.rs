@@ -11,6 +11,7 @@ mod keys;
 mod merchants;
 mod outbox;
 mod pool;
+mod refunds;
 mod webhooks;
 
 use std::future::Future;

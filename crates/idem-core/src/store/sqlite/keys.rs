@@ -20,10 +20,9 @@ use crate::store::params::{arguments, ClaimRow, ClaimValues, FinalizeRow, Finali
 use crate::store::rows::{KeyStatusRow, OrphanRow, RecordRow};
 use crate::store::{millis, StoreError};
 
-/// Columns of a key record joined with its charge (aliases `k` and `c`).
-pub(super) const RECORD_COLUMNS: &str = concatcp!(
-    CHARGE_COLUMNS,
-    ", k.fingerprint, k.state, k.attempt, k.response_status, k.response_body, \
+/// A key record's own columns (alias `k`), whatever its subject.
+pub(super) const KEY_COLUMNS: &str = concatcp!(
+    "k.fingerprint, k.state, k.attempt, k.response_status, k.response_body, \
      max(0, coalesce(k.locked_until, 0) - ",
     NOW,
     ") as lease_remaining_ms, \
@@ -31,7 +30,15 @@ pub(super) const RECORD_COLUMNS: &str = concatcp!(
     NOW,
     ") as expired, max(0, k.expires_at - ",
     NOW,
-    ") as expires_in_ms, c.review_since is not null as under_review"
+    ") as expires_in_ms"
+);
+
+/// Columns of a key record joined with its charge (aliases `k` and `c`).
+pub(super) const RECORD_COLUMNS: &str = concatcp!(
+    CHARGE_COLUMNS,
+    ", ",
+    KEY_COLUMNS,
+    ", c.review_since is not null as under_review"
 );
 
 /// Insert first: `on conflict do nothing returning` tells at once whether this
@@ -446,7 +453,7 @@ impl SqliteStore {
 }
 
 /// The record under a key, read on the pool or inside a write transaction.
-async fn key_record<'c, E>(
+pub(super) async fn key_record<'c, E>(
     executor: E,
     merchant_id: i64,
     key: &str,

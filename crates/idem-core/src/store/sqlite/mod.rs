@@ -18,6 +18,7 @@ mod console;
 mod keys;
 mod merchants;
 mod outbox;
+mod refunds;
 mod webhooks;
 
 use std::str::FromStr;

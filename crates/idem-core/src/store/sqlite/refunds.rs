@@ -1,0 +1,316 @@
+//! Refunds on SQLite: the same operations as PostgreSQL's, each a few
+//! statements in one write transaction (`begin immediate`, which holds the
+//! file's one write lock, so two refunds of one charge take turns and the
+//! second's guarded update sees what the first reserved). The claim inserts
+//! the key first, reserves by the guarded update, and makes the refund; a
+//! refusal deletes the key it inserted, in the same transaction, so nothing
+//! is left behind.
+
+use const_format::concatcp;
+use sqlx::sqlite::SqliteConnection;
+
+use super::keys::KEY_COLUMNS;
+use super::{SqliteStore, NOW};
+use crate::domain::{AcquirerReference, ChargeId, IdempotencyKey, Refund, RefundId, RefundStatus};
+use crate::store::model::{
+    NewRefundClaim, RefundClaim, RefundRecord, RefundSettlement, Refusal, Taken,
+};
+use crate::store::ops::Refunds;
+use crate::store::rows::{RefundRecordRow, RefundRow};
+use crate::store::{millis, StoreError};
+
+/// A refund's columns (alias `r`), with its charge's reference (alias `c`).
+const REFUND_COLUMNS: &str = "r.id, r.charge_id, r.amount_cents, r.currency, r.status, r.reason, \
+     r.description, r.acquirer_reference, r.failure_reason, \
+     strftime('%Y-%m-%dT%H:%M:%fZ', r.created_at / 1000.0, 'unixepoch') as created_at, \
+     c.acquirer_reference as capture_reference";
+
+const REFUND_RECORD_SQL: &str = concatcp!(
+    "select ",
+    REFUND_COLUMNS,
+    ", ",
+    KEY_COLUMNS,
+    ", r.review_since is not null as under_review
+       from idempotency_keys k
+       join refunds r on r.id = k.refund_id
+       join charges c on c.id = r.charge_id
+      where k.merchant_id = $1 and k.idempotency_key = $2"
+);
+
+/// As PostgreSQL's: `$1` merchant, `$2` key, `$3` fingerprint, `$4` refund
+/// id, `$5` lease ms, `$6` key TTL ms.
+const INSERT_KEY_SQL: &str = concatcp!(
+    "insert into idempotency_keys
+        (merchant_id, idempotency_key, fingerprint, refund_id, locked_until, expires_at, created_at)
+     values ($1, $2, $3, $4, ",
+    NOW,
+    " + $5, ",
+    NOW,
+    " + $6, ",
+    NOW,
+    ")
+     on conflict (merchant_id, idempotency_key) do nothing
+     returning 1"
+);
+
+/// Undoes this transaction's own key insert when the reservation is refused.
+const UNCLAIM_SQL: &str =
+    "delete from idempotency_keys where merchant_id = $1 and idempotency_key = $2 and refund_id = $3";
+
+const REMAINING_SQL: &str =
+    "select amount_cents - refunded_cents from charges where id = $1 and merchant_id = $2";
+
+/// The reservation: the sum rule is this statement's `where`. `$1` charge,
+/// `$2` merchant, `$3` amount.
+const RESERVE_SQL: &str = concatcp!(
+    "update charges
+        set refunded_cents = refunded_cents + $3, updated_at = ",
+    NOW,
+    "
+      where id = $1 and merchant_id = $2
+        and status = 'captured' and review_since is null
+        and refunded_cents + $3 <= amount_cents
+     returning currency"
+);
+
+const EXPLAIN_SQL: &str = "select status, review_since is not null as under_review,
+            amount_cents - refunded_cents as remaining
+       from charges where id = $1 and merchant_id = $2";
+
+const INSERT_REFUND_SQL: &str = concatcp!(
+    "insert into refunds
+        (id, charge_id, merchant_id, amount_cents, currency, reason, description,
+         acquirer_reference, idempotency_key, traceparent, created_at, updated_at)
+     values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, ",
+    NOW,
+    ", ",
+    NOW,
+    ")"
+);
+
+const FINALIZE_KEY_SQL: &str = concatcp!(
+    "update idempotency_keys
+        set state = 'completed', locked_until = null,
+            response_status = $5, response_body = $6, expires_at = ",
+    NOW,
+    " + $7
+      where merchant_id = $1 and idempotency_key = $2 and refund_id = $3
+        and attempt = $4 and state <> 'completed'"
+);
+
+const SETTLE_REFUND_SQL: &str = concatcp!(
+    "update refunds
+        set status = $2, acquirer_refund_id = $3, failure_reason = $4, updated_at = ",
+    NOW,
+    "
+      where id = $1 and status = 'pending'
+     returning charge_id, amount_cents"
+);
+
+const RELEASE_RESERVATION_SQL: &str = concatcp!(
+    "update charges set refunded_cents = refunded_cents - $2, updated_at = ",
+    NOW,
+    " where id = $1"
+);
+
+const REFUND_SQL: &str = concatcp!(
+    "select ",
+    REFUND_COLUMNS,
+    " from refunds r join charges c on c.id = r.charge_id
+      where r.id = $1 and r.merchant_id = $2"
+);
+
+const REFUNDS_OF_SQL: &str = concatcp!(
+    "select ",
+    REFUND_COLUMNS,
+    " from refunds r join charges c on c.id = r.charge_id
+      where r.charge_id = $1 and r.merchant_id = $2
+      order by r.created_at, r.id"
+);
+
+#[derive(sqlx::FromRow)]
+struct Refused {
+    status: String,
+    under_review: bool,
+    remaining: i64,
+}
+
+impl Refunds for SqliteStore {
+    async fn claim_refund(&self, claim: &NewRefundClaim<'_>) -> Result<RefundClaim, StoreError> {
+        let id = RefundId::generate();
+        let reference =
+            AcquirerReference::for_intent(claim.merchant_id, claim.key, &claim.fingerprint);
+        self.write(async |tx| -> Result<RefundClaim, StoreError> {
+            let inserted = sqlx::query(INSERT_KEY_SQL)
+                .bind(claim.merchant_id)
+                .bind(claim.key.as_str())
+                .bind(claim.fingerprint.as_bytes())
+                .bind(id.as_str())
+                .bind(millis(claim.lease))
+                .bind(millis(claim.key_ttl))
+                .fetch_optional(&mut *tx)
+                .await?;
+            if inserted.is_none() {
+                // Under the write lock the record cannot go meanwhile.
+                return taken(tx, claim.merchant_id, claim.key)
+                    .await?
+                    .map(|t| RefundClaim::Lost(Box::new(t)))
+                    .ok_or_else(|| StoreError::Corrupt("a taken key not found".into()));
+            }
+            let amount = match claim.request.amount_cents {
+                Some(amount) => Some(amount.get()),
+                None => sqlx::query_as::<_, (i64,)>(REMAINING_SQL)
+                    .bind(claim.charge_id.as_str())
+                    .bind(claim.merchant_id)
+                    .fetch_optional(&mut *tx)
+                    .await?
+                    .map(|(remaining,)| remaining)
+                    .filter(|remaining| *remaining > 0),
+            };
+            let reserved: Option<(String,)> = match amount {
+                Some(amount) => {
+                    sqlx::query_as(RESERVE_SQL)
+                        .bind(claim.charge_id.as_str())
+                        .bind(claim.merchant_id)
+                        .bind(amount)
+                        .fetch_optional(&mut *tx)
+                        .await?
+                }
+                None => None,
+            };
+            let (Some(amount), Some((currency,))) = (amount, reserved) else {
+                let charge: Option<Refused> = sqlx::query_as(EXPLAIN_SQL)
+                    .bind(claim.charge_id.as_str())
+                    .bind(claim.merchant_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                sqlx::query(UNCLAIM_SQL)
+                    .bind(claim.merchant_id)
+                    .bind(claim.key.as_str())
+                    .bind(id.as_str())
+                    .execute(&mut *tx)
+                    .await?;
+                return Ok(RefundClaim::Refused(Refusal::of_charge(
+                    charge.map(|c| (c.status, c.under_review, c.remaining)),
+                )));
+            };
+            sqlx::query(INSERT_REFUND_SQL)
+                .bind(id.as_str())
+                .bind(claim.charge_id.as_str())
+                .bind(claim.merchant_id)
+                .bind(amount)
+                .bind(&currency)
+                .bind(claim.request.reason.map(|r| r.as_str()))
+                .bind(claim.request.description.as_ref().map(|d| d.as_str()))
+                .bind(reference.as_str())
+                .bind(claim.key.as_str())
+                .bind(claim.traceparent)
+                .execute(&mut *tx)
+                .await?;
+            let record = refund_record(tx, claim.merchant_id, claim.key)
+                .await?
+                .ok_or_else(|| StoreError::Corrupt("a refund claimed and not read back".into()))?;
+            Ok(RefundClaim::Won(Box::new(record)))
+        })
+        .await
+    }
+
+    async fn refund_record(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+    ) -> Result<Option<RefundRecord>, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        refund_record(&mut conn, merchant_id, key).await
+    }
+
+    async fn finalize_refund(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        record: &RefundRecord,
+        settlement: &RefundSettlement<'_>,
+        key_ttl: std::time::Duration,
+    ) -> Result<bool, StoreError> {
+        self.write(async |tx| -> Result<bool, StoreError> {
+            let keyed = sqlx::query(FINALIZE_KEY_SQL)
+                .bind(merchant_id)
+                .bind(key.as_str())
+                .bind(record.refund.id.as_str())
+                .bind(record.attempt)
+                .bind(i64::from(settlement.response.status))
+                .bind(settlement.response.body.as_ref())
+                .bind(millis(key_ttl))
+                .execute(&mut *tx)
+                .await?;
+            if keyed.rows_affected() == 0 {
+                return Ok(false);
+            }
+            let settled: Option<(String, i64)> = sqlx::query_as(SETTLE_REFUND_SQL)
+                .bind(record.refund.id.as_str())
+                .bind(settlement.status.as_str())
+                .bind(settlement.acquirer_refund_id)
+                .bind(settlement.failure_reason)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if let (Some((charge_id, amount)), RefundStatus::Failed) = (settled, settlement.status)
+            {
+                sqlx::query(RELEASE_RESERVATION_SQL)
+                    .bind(charge_id)
+                    .bind(amount)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn refund(&self, merchant_id: i64, id: &RefundId) -> Result<Option<Refund>, StoreError> {
+        let row: Option<RefundRow> = sqlx::query_as(REFUND_SQL)
+            .bind(id.as_str())
+            .bind(merchant_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(Refund::try_from).transpose()
+    }
+
+    async fn refunds_of(
+        &self,
+        merchant_id: i64,
+        charge_id: &ChargeId,
+    ) -> Result<Vec<Refund>, StoreError> {
+        let rows: Vec<RefundRow> = sqlx::query_as(REFUNDS_OF_SQL)
+            .bind(charge_id.as_str())
+            .bind(merchant_id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter().map(Refund::try_from).collect()
+    }
+}
+
+async fn refund_record(
+    db: &mut SqliteConnection,
+    merchant_id: i64,
+    key: &IdempotencyKey,
+) -> Result<Option<RefundRecord>, StoreError> {
+    let row: Option<RefundRecordRow> = sqlx::query_as(REFUND_RECORD_SQL)
+        .bind(merchant_id)
+        .bind(key.as_str())
+        .fetch_optional(db)
+        .await?;
+    row.map(RefundRecord::try_from).transpose()
+}
+
+/// Whose the key is: a refund's, or a charge's; `None` if it is gone.
+async fn taken(
+    db: &mut SqliteConnection,
+    merchant_id: i64,
+    key: &IdempotencyKey,
+) -> Result<Option<Taken>, StoreError> {
+    if let Some(record) = refund_record(db, merchant_id, key).await? {
+        return Ok(Some(Taken::Refund(record)));
+    }
+    let charge = super::keys::key_record(&mut *db, merchant_id, key.as_str()).await?;
+    Ok(charge.map(Taken::Charge))
+}

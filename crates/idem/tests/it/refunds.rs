@@ -1,0 +1,439 @@
+//! Refunds in the store (issue 39, its foundation): the database decides the
+//! sum. A refund's claim inserts its key, reserves its amount against the
+//! charge with a guarded update and makes the refund, in one transaction
+//! committed before any acquirer call; a refusal leaves nothing behind.
+//! Each test runs on PostgreSQL and on SQLite.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem_core::domain::{
+    ChargeId, ChargeRequest, ChargeStatus, Fingerprint, IdempotencyKey, RefundRequest,
+    RefundStatus, StoredResponse,
+};
+use idem_core::store::{
+    Claim, NewRefundClaim, RefundClaim, RefundRecord, RefundSettlement, Refusal, Settlement, Store,
+    Taken,
+};
+
+use crate::helpers::*;
+
+const LEASE: Duration = Duration::from_secs(30);
+const TTL: Duration = Duration::from_secs(3600);
+
+/// A charge of `amount` for `merchant`, claimed and stored with `status`.
+async fn charge(
+    db: &TestDb,
+    merchant_id: i64,
+    order: i64,
+    amount: i64,
+    status: ChargeStatus,
+) -> ChargeId {
+    let key = IdempotencyKey::parse(new_key().as_bytes()).expect("key");
+    let request = ChargeRequest::from_json(body(order, amount).as_bytes()).expect("request");
+    let claim = new_claim(merchant_id, &key, &request, LEASE, TTL);
+    let Claim::Won(record) = db.store.claim(&claim).await.expect("claim") else {
+        panic!("a fresh key wins")
+    };
+    if status != ChargeStatus::Processing {
+        let response = StoredResponse {
+            status: 201,
+            body: Bytes::from_static(b"{}"),
+        };
+        let settlement = Settlement {
+            status,
+            capture_id: Some("cap_1"),
+            decline_reason: None,
+            response: &response,
+            event: None,
+            webhook: None,
+            audit: None,
+        };
+        assert!(db
+            .store
+            .finalize(merchant_id, &key, &record, &settlement, TTL)
+            .await
+            .expect("finalize"));
+    }
+    record.charge.id
+}
+
+fn refund_body(amount: Option<i64>) -> RefundRequest {
+    let body = match amount {
+        Some(a) => format!(r#"{{"amount_cents": {a}}}"#),
+        None => "{}".to_owned(),
+    };
+    RefundRequest::from_json(body.as_bytes()).expect("refund request")
+}
+
+async fn claim_refund(
+    store: &Store,
+    merchant_id: i64,
+    key: &str,
+    charge_id: &ChargeId,
+    request: &RefundRequest,
+) -> RefundClaim {
+    let key = IdempotencyKey::parse(key.as_bytes()).expect("key");
+    store
+        .claim_refund(&NewRefundClaim {
+            merchant_id,
+            key: &key,
+            fingerprint: Fingerprint::of_refund(charge_id, request),
+            charge_id,
+            request,
+            lease: LEASE,
+            key_ttl: TTL,
+            traceparent: None,
+        })
+        .await
+        .expect("claim refund")
+}
+
+async fn refunded_cents(db: &TestDb, charge_id: &ChargeId) -> i64 {
+    let (n,): (i64,) = sqlx::query_as(&format!(
+        "select refunded_cents from charges where id = '{}'",
+        charge_id.as_str()
+    ))
+    .fetch_one(&db.pool)
+    .await
+    .expect("refunded_cents");
+    n
+}
+
+async fn count(db: &TestDb, sql: &str) -> i64 {
+    let (n,): (i64,) = sqlx::query_as(sql).fetch_one(&db.pool).await.expect(sql);
+    n
+}
+
+/// Stores `record`'s outcome as `status`.
+async fn settle(
+    db: &TestDb,
+    merchant_id: i64,
+    key: &str,
+    record: &RefundRecord,
+    status: RefundStatus,
+) -> bool {
+    let response = StoredResponse {
+        status: if status == RefundStatus::Succeeded {
+            201
+        } else {
+            402
+        },
+        body: Bytes::from_static(b"{}"),
+    };
+    let key = IdempotencyKey::parse(key.as_bytes()).expect("key");
+    db.store
+        .finalize_refund(
+            merchant_id,
+            &key,
+            record,
+            &RefundSettlement {
+                status,
+                acquirer_refund_id: (status == RefundStatus::Succeeded).then_some("rf_1"),
+                failure_reason: (status == RefundStatus::Failed).then_some("exceeds_capture"),
+                response: &response,
+            },
+            TTL,
+        )
+        .await
+        .expect("finalize refund")
+}
+
+/// The issue's race: 40 refunds of 10 at once on a charge of 100, each its
+/// own key, through three stores (three instances' pools) on one database.
+/// Exactly 10 reserve; the other 30 are refused, naming nothing left; the
+/// charge's reservations sum to 100. With the guard replaced by a read of
+/// `refunded_cents` and a write of read + 10, PostgreSQL lets more through.
+#[tokio::test]
+async fn forty_refunds_of_ten_at_once_reserve_exactly_the_hundred_captured() {
+    let db = TestDb::new().await;
+    db.merchant("loja").await;
+    let merchant_id = db.merchant_id("loja").await;
+    let charge_id = charge(&db, merchant_id, 1, 100, ChargeStatus::Captured).await;
+    let mut stores = vec![db.store.clone()];
+    for _ in 0..2 {
+        stores.push(Store::connect(&db.url, 8).await.expect("another instance"));
+    }
+    let request = refund_body(Some(10));
+    let claims = (0..40).map(|n| {
+        let store = stores[n % 3].clone();
+        let (charge_id, request) = (charge_id.clone(), request.clone());
+        tokio::spawn(async move {
+            claim_refund(
+                &store,
+                merchant_id,
+                &format!("refund-{n}"),
+                &charge_id,
+                &request,
+            )
+            .await
+        })
+    });
+    let mut won = 0;
+    let mut refused = 0;
+    for claim in futures_util::future::join_all(claims).await {
+        match claim.expect("task") {
+            RefundClaim::Won(record) => {
+                assert_eq!(record.refund.amount_cents.get(), 10);
+                assert_eq!(record.refund.status, RefundStatus::Pending);
+                won += 1;
+            }
+            RefundClaim::Refused(Refusal::Exceeds { remaining: 0 }) => refused += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((won, refused), (10, 30));
+    assert_eq!(refunded_cents(&db, &charge_id).await, 100);
+    assert_eq!(count(&db, "select count(*) from refunds").await, 10);
+    assert_eq!(
+        count(
+            &db,
+            "select count(*) from idempotency_keys where refund_id is not null"
+        )
+        .await,
+        10,
+        "a refused claim leaves no key behind"
+    );
+}
+
+/// Duplicates of one refund (one key, sent at once): one claim, the rest
+/// find it, whatever the amount left; never a refusal for a duplicate.
+#[tokio::test]
+async fn one_key_sent_ten_times_at_once_is_one_refund() {
+    let db = TestDb::new().await;
+    db.merchant("loja").await;
+    let merchant_id = db.merchant_id("loja").await;
+    let charge_id = charge(&db, merchant_id, 1, 100, ChargeStatus::Captured).await;
+    let request = refund_body(None);
+    let claims = (0..10).map(|_| {
+        let store = db.store.clone();
+        let (charge_id, request) = (charge_id.clone(), request.clone());
+        tokio::spawn(async move {
+            claim_refund(&store, merchant_id, "one-refund", &charge_id, &request).await
+        })
+    });
+    let (mut won, mut lost) = (Vec::new(), 0);
+    for claim in futures_util::future::join_all(claims).await {
+        match claim.expect("task") {
+            RefundClaim::Won(record) => won.push(record),
+            RefundClaim::Lost(taken) => match *taken {
+                Taken::Refund(_) => lost += 1,
+                Taken::Charge(_) => panic!("a refund's key"),
+            },
+            RefundClaim::Refused(refusal) => panic!("a duplicate was refused: {refusal:?}"),
+        }
+    }
+    assert_eq!((won.len(), lost), (1, 9));
+    assert_eq!(won[0].refund.amount_cents.get(), 100, "the whole remainder");
+    assert_eq!(refunded_cents(&db, &charge_id).await, 100);
+}
+
+#[tokio::test]
+async fn a_refused_refund_gives_its_amount_back_and_a_success_keeps_it() {
+    let db = TestDb::new().await;
+    db.merchant("loja").await;
+    let merchant_id = db.merchant_id("loja").await;
+    let charge_id = charge(&db, merchant_id, 1, 100, ChargeStatus::Captured).await;
+    let all = refund_body(Some(100));
+    let RefundClaim::Won(first) =
+        claim_refund(&db.store, merchant_id, "r-1", &charge_id, &all).await
+    else {
+        panic!("the first refund reserves")
+    };
+    assert!(matches!(
+        claim_refund(
+            &db.store,
+            merchant_id,
+            "r-2",
+            &charge_id,
+            &refund_body(Some(1))
+        )
+        .await,
+        RefundClaim::Refused(Refusal::Exceeds { remaining: 0 })
+    ));
+    assert!(settle(&db, merchant_id, "r-1", &first, RefundStatus::Failed).await);
+    assert!(
+        !settle(&db, merchant_id, "r-1", &first, RefundStatus::Succeeded).await,
+        "an outcome is stored once"
+    );
+    assert_eq!(
+        refunded_cents(&db, &charge_id).await,
+        0,
+        "the refusal gave it back"
+    );
+
+    let RefundClaim::Won(second) =
+        claim_refund(&db.store, merchant_id, "r-3", &charge_id, &all).await
+    else {
+        panic!("a new key refunds it again")
+    };
+    assert!(settle(&db, merchant_id, "r-3", &second, RefundStatus::Succeeded).await);
+    assert_eq!(refunded_cents(&db, &charge_id).await, 100);
+    let refunds = db
+        .store
+        .refunds_of(merchant_id, &charge_id)
+        .await
+        .expect("refunds");
+    let statuses: Vec<_> = refunds.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [RefundStatus::Failed, RefundStatus::Succeeded]);
+    let shown = db
+        .store
+        .refund(merchant_id, &second.refund.id)
+        .await
+        .expect("read")
+        .expect("the refund");
+    assert_eq!(shown.status, RefundStatus::Succeeded);
+    assert_eq!(shown.capture_reference, second.refund.capture_reference);
+    assert!(matches!(
+        claim_refund(
+            &db.store,
+            merchant_id,
+            "r-4",
+            &charge_id,
+            &refund_body(None)
+        )
+        .await,
+        RefundClaim::Refused(Refusal::Exceeds { remaining: 0 })
+    ));
+}
+
+/// A charge that cannot give money back refuses, and leaves the key free.
+#[tokio::test]
+async fn refunds_of_charges_that_cannot_refund_are_refused_and_leave_nothing() {
+    let db = TestDb::new().await;
+    db.merchant("loja").await;
+    db.merchant("outra").await;
+    let merchant_id = db.merchant_id("loja").await;
+    let other_merchant = db.merchant_id("outra").await;
+    let captured = charge(&db, merchant_id, 1, 100, ChargeStatus::Captured).await;
+    let processing = charge(&db, merchant_id, 2, 100, ChargeStatus::Processing).await;
+    let declined = charge(&db, merchant_id, 3, 100, ChargeStatus::Declined).await;
+    let theirs = charge(&db, other_merchant, 4, 100, ChargeStatus::Captured).await;
+    let some = refund_body(Some(10));
+    let cases = [
+        (
+            &processing,
+            Refusal::NotRefundable {
+                status: ChargeStatus::Processing,
+                under_review: false,
+            },
+        ),
+        (
+            &declined,
+            Refusal::NotRefundable {
+                status: ChargeStatus::Declined,
+                under_review: false,
+            },
+        ),
+        (&theirs, Refusal::NoSuchCharge),
+        (&ChargeId::generate(), Refusal::NoSuchCharge),
+    ];
+    for (charge_id, refusal) in cases {
+        match claim_refund(&db.store, merchant_id, "free", charge_id, &some).await {
+            RefundClaim::Refused(got) => assert_eq!(got, refusal),
+            other => panic!("{other:?}"),
+        }
+    }
+    match claim_refund(
+        &db.store,
+        merchant_id,
+        "free",
+        &captured,
+        &refund_body(Some(101)),
+    )
+    .await
+    {
+        RefundClaim::Refused(got) => assert_eq!(got, Refusal::Exceeds { remaining: 100 }),
+        other => panic!("{other:?}"),
+    }
+    db.exec(&format!(
+        "update charges set review_since = updated_at where id = '{}'",
+        captured.as_str()
+    ))
+    .await;
+    match claim_refund(&db.store, merchant_id, "free", &captured, &some).await {
+        RefundClaim::Refused(got) => assert_eq!(
+            got,
+            Refusal::NotRefundable {
+                status: ChargeStatus::Captured,
+                under_review: true
+            }
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(count(&db, "select count(*) from refunds").await, 0);
+    assert_eq!(
+        count(
+            &db,
+            "select count(*) from idempotency_keys where refund_id is not null"
+        )
+        .await,
+        0
+    );
+    db.exec(&format!(
+        "update charges set review_since = null where id = '{}'",
+        captured.as_str()
+    ))
+    .await;
+    assert!(
+        matches!(
+            claim_refund(&db.store, merchant_id, "free", &captured, &some).await,
+            RefundClaim::Won(_)
+        ),
+        "the key stayed free"
+    );
+    assert_eq!(refunded_cents(&db, &theirs).await, 0);
+}
+
+/// One key names one operation: a charge's key sent to a refund finds the
+/// charge; a refund's key sent to a refund of another charge finds the
+/// refund, under another fingerprint (the engine answers 422 for both).
+#[tokio::test]
+async fn a_key_is_one_operations_whatever_it_is_sent_to() {
+    let db = TestDb::new().await;
+    db.merchant("loja").await;
+    let merchant_id = db.merchant_id("loja").await;
+    let key = IdempotencyKey::parse(b"shared").expect("key");
+    let request = ChargeRequest::from_json(body(9, 100).as_bytes()).expect("request");
+    let Claim::Won(charged) = db
+        .store
+        .claim(&new_claim(merchant_id, &key, &request, LEASE, TTL))
+        .await
+        .expect("claim")
+    else {
+        panic!("won")
+    };
+    let other = charge(&db, merchant_id, 1, 100, ChargeStatus::Captured).await;
+    let some = refund_body(Some(10));
+    match claim_refund(&db.store, merchant_id, "shared", &other, &some).await {
+        RefundClaim::Lost(taken) => match *taken {
+            Taken::Charge(record) => assert_eq!(record.charge.id, charged.charge.id),
+            Taken::Refund(_) => panic!("the charge's key"),
+        },
+        claim => panic!("{claim:?}"),
+    }
+    let RefundClaim::Won(refund) = claim_refund(&db.store, merchant_id, "r", &other, &some).await
+    else {
+        panic!("won")
+    };
+    let third = charge(&db, merchant_id, 2, 100, ChargeStatus::Captured).await;
+    match claim_refund(&db.store, merchant_id, "r", &third, &some).await {
+        RefundClaim::Lost(taken) => match *taken {
+            Taken::Refund(record) => {
+                assert_eq!(record.refund.id, refund.refund.id);
+                assert_ne!(record.fingerprint, Fingerprint::of_refund(&third, &some));
+            }
+            Taken::Charge(_) => panic!("the refund's key"),
+        },
+        claim => panic!("{claim:?}"),
+    }
+    // And a charge's claim of the refund's key loses without making a charge.
+    let refund_key = IdempotencyKey::parse(b"r").expect("key");
+    let charges_before = db.count("charges").await;
+    let lost = db
+        .store
+        .claim(&new_claim(merchant_id, &refund_key, &request, LEASE, TTL))
+        .await;
+    assert!(!matches!(lost, Ok(Claim::Won(_))), "{lost:?}");
+    assert_eq!(db.count("charges").await, charges_before);
+}
