@@ -113,6 +113,18 @@ async fn settle(
     record: &RefundRecord,
     status: RefundStatus,
 ) -> bool {
+    settle_for(db, merchant_id, key, record, status, TTL).await
+}
+
+/// [`settle`], the key honoured for `ttl`.
+async fn settle_for(
+    db: &TestDb,
+    merchant_id: i64,
+    key: &str,
+    record: &RefundRecord,
+    status: RefundStatus,
+    ttl: Duration,
+) -> bool {
     let response = StoredResponse {
         status: if status == RefundStatus::Succeeded {
             201
@@ -133,7 +145,7 @@ async fn settle(
                 failure_reason: (status == RefundStatus::Failed).then_some("exceeds_capture"),
                 response: &response,
             },
-            TTL,
+            ttl,
         )
         .await
         .expect("finalize refund")
@@ -436,4 +448,53 @@ async fn a_key_is_one_operations_whatever_it_is_sent_to() {
         .await;
     assert!(!matches!(lost, Ok(Claim::Won(_))), "{lost:?}");
     assert_eq!(db.count("charges").await, charges_before);
+}
+
+/// An expired refund's key is swept like a charge's, and its tombstone
+/// names the refund.
+#[tokio::test]
+async fn an_expired_refund_key_is_swept_and_its_tombstone_names_the_refund() {
+    let db = TestDb::new().await;
+    db.merchant("loja").await;
+    let merchant_id = db.merchant_id("loja").await;
+    let charge_id = charge(&db, merchant_id, 1, 100, ChargeStatus::Captured).await;
+    let RefundClaim::Won(record) = claim_refund(
+        &db.store,
+        merchant_id,
+        "old",
+        &charge_id,
+        &refund_body(Some(5)),
+    )
+    .await
+    else {
+        panic!("won")
+    };
+    assert!(
+        settle_for(
+            &db,
+            merchant_id,
+            "old",
+            &record,
+            RefundStatus::Succeeded,
+            Duration::ZERO
+        )
+        .await
+    );
+    let swept = db
+        .store
+        .sweep_expired_keys(100, Duration::from_secs(60))
+        .await
+        .expect("the sweeper takes a refund's record");
+    assert_eq!(swept, 1);
+    let (refund_id,): (Option<String>,) =
+        sqlx::query_as("select refund_id from key_tombstones where idempotency_key = 'old'")
+            .fetch_one(&db.pool)
+            .await
+            .expect("a tombstone");
+    assert_eq!(refund_id.as_deref(), Some(record.refund.id.as_str()));
+    assert_eq!(
+        refunded_cents(&db, &charge_id).await,
+        5,
+        "expiry refunds nothing back"
+    );
 }

@@ -233,15 +233,16 @@ const SWEEP_SQL: &str = "with swept as (
                 where state = 'completed' and expires_at <= now()
                 limit $1
                 for update skip locked))
-        returning merchant_id, idempotency_key, fingerprint, charge_id, expires_at
+        returning merchant_id, idempotency_key, fingerprint, charge_id, refund_id, expires_at
     )
-    insert into key_tombstones (merchant_id, idempotency_key, fingerprint, charge_id, expires_at)
-    select merchant_id, idempotency_key, fingerprint, charge_id,
+    insert into key_tombstones
+        (merchant_id, idempotency_key, fingerprint, charge_id, refund_id, expires_at)
+    select merchant_id, idempotency_key, fingerprint, charge_id, refund_id,
            expires_at + $2 * interval '1 millisecond'
       from swept
     on conflict (merchant_id, idempotency_key) do update
        set fingerprint = excluded.fingerprint, charge_id = excluded.charge_id,
-           expires_at = excluded.expires_at";
+           refund_id = excluded.refund_id, expires_at = excluded.expires_at";
 
 /// `$1` limit: tombstones past their time.
 const SWEEP_TOMBSTONES_SQL: &str = "delete from key_tombstones

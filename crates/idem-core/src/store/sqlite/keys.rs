@@ -212,17 +212,18 @@ const SWEEP_SQL: &str = concatcp!(
     NOW,
     "
              limit $1)
-     returning merchant_id, idempotency_key, fingerprint, charge_id, expires_at"
+     returning merchant_id, idempotency_key, fingerprint, charge_id, refund_id, expires_at"
 );
 
 /// One swept record's tombstone: `$1` merchant, `$2` key, `$3` fingerprint,
-/// `$4` charge id, `$5` when it ends (ms).
+/// `$4` charge id, `$5` when it ends (ms), `$6` refund id (a record names one
+/// of the two).
 const INSERT_TOMBSTONE_SQL: &str = "insert into key_tombstones
-        (merchant_id, idempotency_key, fingerprint, charge_id, expires_at)
-     values ($1, $2, $3, $4, $5)
+        (merchant_id, idempotency_key, fingerprint, charge_id, expires_at, refund_id)
+     values ($1, $2, $3, $4, $5, $6)
      on conflict (merchant_id, idempotency_key) do update
         set fingerprint = excluded.fingerprint, charge_id = excluded.charge_id,
-            expires_at = excluded.expires_at";
+            refund_id = excluded.refund_id, expires_at = excluded.expires_at";
 
 /// `$1` limit: tombstones past their time.
 const SWEEP_TOMBSTONES_SQL: &str = concatcp!(
@@ -351,17 +352,19 @@ impl Keys for SqliteStore {
         tombstone_ttl: Duration,
     ) -> Result<u64, StoreError> {
         self.write(async |tx| {
-            let swept: Vec<(i64, String, Vec<u8>, String, i64)> = sqlx::query_as(SWEEP_SQL)
+            type Swept = (i64, String, Vec<u8>, Option<String>, Option<String>, i64);
+            let swept: Vec<Swept> = sqlx::query_as(SWEEP_SQL)
                 .bind(limit)
                 .fetch_all(&mut *tx)
                 .await?;
-            for (merchant_id, key, fingerprint, charge_id, expired_at) in &swept {
+            for (merchant_id, key, fingerprint, charge_id, refund_id, expired_at) in &swept {
                 sqlx::query(INSERT_TOMBSTONE_SQL)
                     .bind(merchant_id)
                     .bind(key)
                     .bind(fingerprint)
                     .bind(charge_id)
                     .bind(expired_at.saturating_add(millis(tombstone_ttl)))
+                    .bind(refund_id)
                     .execute(&mut *tx)
                     .await?;
             }
