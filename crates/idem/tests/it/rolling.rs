@@ -215,3 +215,100 @@ async fn orphan_and_settle(
     );
     settled
 }
+
+/// This release's refunds beside the previous release, which knows nothing
+/// of them: a refund's key record names its refund, its `charge_id` null, so
+/// the previous release's reconciler (which joins records to charges) never
+/// takes a stuck refund over as a charge and captures nothing for it, and
+/// its sweeper still sweeps an expired refund's key.
+#[tokio::test]
+async fn the_previous_release_never_mistakes_a_refund_for_a_charge() {
+    use idem_core::domain::{Fingerprint, IdempotencyKey, RefundRequest};
+    use idem_core::store::{NewRefundClaim, RefundClaim};
+
+    if !runs_on(
+        Backend::Postgres,
+        "an SQLite file is one deployment's own: no instance of another release runs beside it",
+    ) {
+        return;
+    }
+    let old = previous_idem();
+    let db = TestDb::unmigrated().await;
+    let (status, _, err) = run_idem_on(&db.url, &["migrate"], &[]).await;
+    assert!(status.success(), "{err}");
+    let (status, secret, err) = run_bin(&old, &db.url, &["tenant", "create", "loja"], &[]).await;
+    assert!(status.success(), "{err}");
+    let sim = TestSim::start(latency(0)).await;
+    let flags = ["--reconcile-interval", "100ms", "--sweep-interval", "200ms"];
+    let a = ServeProcess::start_bin(&old, &db.url, &sim.url, &flags, &[]).await;
+    let on_a = Client::new(&a.url, secret.trim());
+    let captured = on_a.charge(&new_key(), &body(1, 10_000)).await;
+    assert_eq!(captured.status, 201, "{:?}", captured.body);
+    let charge_id =
+        idem_core::domain::ChargeId::parse(captured.json()["id"].as_str().expect("charge id"))
+            .expect("an id");
+    let merchant_id = db.merchant_id("loja").await;
+
+    // A refund stuck in flight (its lease over at once), and one completed
+    // and expired, as this release leaves them.
+    let claim = async |key: &str, lease: Duration| {
+        let key = IdempotencyKey::parse(key.as_bytes()).expect("key");
+        let request = RefundRequest::from_json(br#"{"amount_cents": 100}"#).expect("refund");
+        let claim = NewRefundClaim {
+            merchant_id,
+            key: &key,
+            fingerprint: Fingerprint::of_refund(&charge_id, &request),
+            charge_id: &charge_id,
+            request: &request,
+            lease,
+            key_ttl: Duration::ZERO,
+            traceparent: None,
+        };
+        match db.store.claim_refund(&claim).await.expect("claim refund") {
+            RefundClaim::Won(record) => record,
+            other => panic!("{other:?}"),
+        }
+    };
+    let stuck = claim("stuck-refund", Duration::from_millis(1)).await;
+    let done = claim("done-refund", Duration::from_secs(30)).await;
+    db.exec(&format!(
+        "update idempotency_keys set state = 'completed', response_status = 201,
+                response_body = '\\x7b7d', expires_at = now() - interval '1 second'
+          where refund_id = '{}'",
+        done.refund.id.as_str()
+    ))
+    .await;
+
+    // The previous release's sweeper takes the expired refund's key ...
+    until(
+        || async { db.count("key_tombstones").await == 1 },
+        "the previous release sweeps the expired refund's key",
+    )
+    .await;
+    // ... and its reconciler, passing every 100 ms, leaves the stuck one be.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (attempt, state): (i64, String) = sqlx::query_as(&format!(
+        "select attempt, state from idempotency_keys where refund_id = '{}'",
+        stuck.refund.id.as_str()
+    ))
+    .fetch_one(&db.pool)
+    .await
+    .expect("the stuck refund's key");
+    assert_eq!(
+        (attempt, state.as_str()),
+        (1, "in_flight"),
+        "never taken over"
+    );
+    let ledger = sim.ledger().await;
+    assert_eq!(
+        ledger.captures.len(),
+        1,
+        "only the charge's capture: {ledger:?}"
+    );
+    assert!(
+        reqwest::get(format!("{}/healthz", a.url))
+            .await
+            .is_ok_and(|r| r.status().is_success()),
+        "the previous release keeps serving"
+    );
+}
