@@ -105,21 +105,7 @@ pub fn handle() -> Option<&'static PrometheusHandle> {
 /// routes' and problems' series itself ([`register`]); causes named by the
 /// acquirer's status code are born at their first event.
 pub const KNOWN_SERIES: &[(&str, &str, &[&str])] = &[
-    (
-        CHARGE_OUTCOMES,
-        "outcome",
-        &[
-            "captured",
-            "declined",
-            "failed",
-            "replayed",
-            "in_flight",
-            "key_reused",
-            "key_expired",
-            "unknown",
-            "under_review",
-        ],
-    ),
+    (CHARGE_OUTCOMES, "outcome", ENGINE_OUTCOMES),
     (
         ACQUIRER_CALLS,
         "outcome",
@@ -155,28 +141,27 @@ pub const KNOWN_SERIES: &[(&str, &str, &[&str])] = &[
         ],
     ),
     (SWEPT_KEYS, "", &[]),
-    (
-        QUEUE_COMMANDS,
-        "result",
-        &[
-            "captured",
-            "declined",
-            "failed",
-            "replayed",
-            "in_flight",
-            "key_reused",
-            "key_expired",
-            "unknown",
-            "under_review",
-            "dead_lettered",
-            "requeued",
-        ],
-    ),
+    (QUEUE_COMMANDS, "result", ENGINE_OUTCOMES),
+    (QUEUE_COMMANDS, "result", &["dead_lettered", "requeued"]),
     (QUEUE_RESULTS, "via", &["broker", "outbox"]),
     (OUTBOX_PUBLISHED, "", &[]),
     (OUTBOX_SET_ASIDE, "", &[]),
     (STORE_BATCH_ROWS, "op", &["claim", "finalize", "result"]),
     (REPLAY_CACHE, "result", &["hit", "miss"]),
+];
+
+/// The engine's outcomes as metrics name them (`Outcome::label`), for an
+/// answer over HTTP and a queue command alike.
+const ENGINE_OUTCOMES: &[&str] = &[
+    "captured",
+    "declined",
+    "failed",
+    "replayed",
+    "in_flight",
+    "key_reused",
+    "key_expired",
+    "unknown",
+    "under_review",
 ];
 
 /// Makes the series `name{labels}` exist at 0 (a counter, or a histogram if

@@ -167,24 +167,8 @@ pub struct ChargeRequest {
 impl ChargeRequest {
     /// Parses a JSON body: one JSON object and nothing after it but
     /// whitespace. Every error names the field it is about.
-    ///
-    /// `deserialize` stops at the end of the object, so `de.end()` is what
-    /// refuses `{...}garbage` and `{...}{...}` (`serde_json::from_slice` makes
-    /// the same call; going through `serde_path_to_error` skipped it).
     pub fn from_json(body: &[u8]) -> Result<Self, FieldError> {
-        let de = &mut serde_json::Deserializer::from_slice(body);
-        let raw: RawChargeRequest = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
-            let path = e.path().to_string();
-            let inner = e.into_inner();
-            FieldError {
-                field: (path != ".").then_some(path),
-                message: json_message(&inner),
-            }
-        })?;
-        de.end().map_err(|e| FieldError {
-            field: None,
-            message: json_message(&e),
-        })?;
+        let raw: RawChargeRequest = from_json_object(body)?;
         Ok(Self {
             order_id: OrderId::parse(raw.order_id)?,
             amount_cents: AmountCents::parse(raw.amount_cents)?,
@@ -215,8 +199,33 @@ impl ChargeRequest {
     }
 }
 
+/// A request body's one JSON object, with nothing after it but whitespace;
+/// an error names the field it is about.
+///
+/// `deserialize` stops at the end of the object, so `de.end()` is what
+/// refuses `{...}garbage` and `{...}{...}` (`serde_json::from_slice` makes
+/// the same call; going through `serde_path_to_error` skipped it).
+pub(super) fn from_json_object<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+) -> Result<T, FieldError> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    let raw: T = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        FieldError {
+            field: (path != ".").then_some(path),
+            message: json_message(&inner),
+        }
+    })?;
+    de.end().map_err(|e| FieldError {
+        field: None,
+        message: json_message(&e),
+    })?;
+    Ok(raw)
+}
+
 /// serde_json's message without its "at line 1 column 7" tail when that adds nothing.
-pub(super) fn json_message(e: &serde_json::Error) -> String {
+fn json_message(e: &serde_json::Error) -> String {
     let text = e.to_string();
     if e.line() == 0 {
         return text;

@@ -8,7 +8,7 @@
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize, Serializer};
 
-use super::charge::{json_message, AmountCents, Currency, Description, FieldError};
+use super::charge::{from_json_object, AmountCents, Currency, Description, FieldError};
 use super::{AcquirerReference, ChargeId};
 
 /// The public id of a refund, `re_...`.
@@ -107,19 +107,7 @@ impl RefundRequest {
                 description: None,
             });
         }
-        let de = &mut serde_json::Deserializer::from_slice(body);
-        let raw: RawRefundRequest = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
-            let path = e.path().to_string();
-            let inner = e.into_inner();
-            FieldError {
-                field: (path != ".").then_some(path),
-                message: json_message(&inner),
-            }
-        })?;
-        de.end().map_err(|e| FieldError {
-            field: None,
-            message: json_message(&e),
-        })?;
+        let raw: RawRefundRequest = from_json_object(body)?;
         let reason = match raw.reason.as_deref() {
             None => None,
             Some(r) => Some(RefundReason::parse(r).ok_or_else(|| {

@@ -47,14 +47,7 @@ impl Fault {
         let mut moved = asked.clone();
         match self {
             Self::WrongAmount => moved.amount_cents = asked.amount_cents.saturating_add(1),
-            Self::WrongCurrency => {
-                moved.currency = if asked.currency == "USD" {
-                    "EUR"
-                } else {
-                    "USD"
-                }
-                .to_owned();
-            }
+            Self::WrongCurrency => moved.currency = other_currency(&asked.currency),
             Self::WrongOrder => moved.order_id = asked.order_id.saturating_add(1),
             _ => {}
         }
@@ -68,18 +61,16 @@ impl Fault {
         let mut moved = asked.clone();
         match self {
             Self::WrongAmount => moved.amount_cents = asked.amount_cents.saturating_add(1),
-            Self::WrongCurrency => {
-                moved.currency = if asked.currency == "USD" {
-                    "EUR"
-                } else {
-                    "USD"
-                }
-                .to_owned();
-            }
+            Self::WrongCurrency => moved.currency = other_currency(&asked.currency),
             _ => {}
         }
         moved
     }
+}
+
+/// The currency a `wrong-currency` lie names instead of `asked`.
+fn other_currency(asked: &str) -> String {
+    if asked == "USD" { "EUR" } else { "USD" }.to_owned()
 }
 
 impl std::str::FromStr for Fault {
