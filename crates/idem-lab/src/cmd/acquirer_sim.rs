@@ -23,9 +23,10 @@ pub(crate) struct Args {
     /// Chance, 0.0 to 1.0, that a new capture is declined.
     #[arg(long, env = "IDEM_SIM_DECLINE_RATE", default_value_t = 0.0, value_parser = parse_rate)]
     pub(crate) decline_rate: f64,
-    /// Fault to inject into capture calls: none, error-before, error-after,
-    /// hang, drop-after, status:N (answer status N without capturing), or a
-    /// lie: wrong-amount, wrong-currency, wrong-order (capture that, and say so).
+    /// Fault to inject into capture and refund calls: none, error-before,
+    /// error-after, hang, drop-after, status:N (answer status N without
+    /// capturing), a lie: wrong-amount, wrong-currency, wrong-order (capture
+    /// that, and say so), or refuse-paid (a refund already paid answers 422).
     #[arg(long, env = "IDEM_SIM_FAULT", default_value_t = Fault::None)]
     pub(crate) fault: Fault,
     /// Apply the fault to this many calls only (default: every call).

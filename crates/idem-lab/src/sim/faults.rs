@@ -10,8 +10,8 @@ use idem_core::acquirer::protocol::{CaptureRequest, RefundRequest};
 /// One kind of misbehaviour, applied to a capture call. Written the same way
 /// on the command line and in `/_sim/faults`: `none`, `error-before`,
 /// `error-after`, `hang`, `drop-after`, `wrong-amount`, `wrong-currency`,
-/// `wrong-order`, or `status:N` (`error_before` and the other snake-case
-/// spellings are accepted too).
+/// `wrong-order`, `refuse-paid`, or `status:N` (`error_before` and the other
+/// snake-case spellings are accepted too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub enum Fault {
@@ -38,6 +38,10 @@ pub enum Fault {
     WrongCurrency,
     /// Capture for the next order id.
     WrongOrder,
+    /// A refund's POST of a reference already paid answers `422` ("nothing
+    /// left to refund") instead of its first outcome, as some acquirers do to
+    /// a retry; its GET still says paid. Captures behave.
+    RefusePaid,
 }
 
 impl Fault {
@@ -80,7 +84,8 @@ impl std::str::FromStr for Fault {
         let bad = || {
             format!(
                 "unknown fault {s:?}: use none, error-before, error-after, hang, drop-after, \
-                 wrong-amount, wrong-currency, wrong-order or status:N (N from 100 to 599)"
+                 wrong-amount, wrong-currency, wrong-order, refuse-paid or status:N \
+                 (N from 100 to 599)"
             )
         };
         if let Some(code) = s.strip_prefix("status:") {
@@ -98,6 +103,7 @@ impl std::str::FromStr for Fault {
             "wrong-amount" => Ok(Self::WrongAmount),
             "wrong-currency" => Ok(Self::WrongCurrency),
             "wrong-order" => Ok(Self::WrongOrder),
+            "refuse-paid" => Ok(Self::RefusePaid),
             _ => Err(bad()),
         }
     }
@@ -114,6 +120,7 @@ impl std::fmt::Display for Fault {
             Self::WrongAmount => f.write_str("wrong-amount"),
             Self::WrongCurrency => f.write_str("wrong-currency"),
             Self::WrongOrder => f.write_str("wrong-order"),
+            Self::RefusePaid => f.write_str("refuse-paid"),
             Self::Status(n) => write!(f, "status:{n}"),
         }
     }
@@ -231,6 +238,7 @@ mod tests {
             "wrong-amount",
             "wrong-currency",
             "wrong-order",
+            "refuse-paid",
             "status:429",
         ] {
             let fault: Fault = text.parse().expect(text);

@@ -132,6 +132,16 @@ impl Booking for RefundRequest {
         plan: &Plan,
         traceparent: Option<String>,
     ) -> Recorded<RefundOutcome> {
+        if plan.fault == Fault::RefusePaid {
+            if let Some(RefundOutcome::Refunded { reference, .. }) =
+                book.refund_outcome(&self.reference)
+            {
+                return Recorded::Outcome(RefundOutcome::Refused {
+                    reference,
+                    reason: refusal::EXCEEDS_CAPTURE.to_owned(),
+                });
+            }
+        }
         let moved = plan.fault.refunds(&self);
         book.refund(self, moved, traceparent)
     }
@@ -191,7 +201,8 @@ async fn book_call<B: Booking>(
             | Fault::DropAfter
             | Fault::WrongAmount
             | Fault::WrongCurrency
-            | Fault::WrongOrder => match request.book(&mut sim.lock_book(), &plan, traceparent) {
+            | Fault::WrongOrder
+            | Fault::RefusePaid => match request.book(&mut sim.lock_book(), &plan, traceparent) {
                 Recorded::Mismatch => Answer::Mismatch,
                 Recorded::Outcome(outcome) => Answer::Outcome(
                     B::post_status(&outcome),

@@ -228,3 +228,31 @@ async fn a_refusal_is_looked_up_before_it_is_believed() {
     );
     stop.cancel();
 }
+
+/// The simulator's `refuse-paid`: a retry of a paid refund is answered `422`,
+/// as some acquirers do; idem's client looks it up and takes it as paid.
+#[tokio::test]
+async fn the_simulator_can_refuse_a_refund_it_has_paid_and_the_client_is_not_fooled() {
+    let sim = Sim::start().await;
+    let acquirer = client(&sim.url);
+    captured(&acquirer, "cap-1", 100).await;
+    let request = refund("rf-1", "cap-1", 100);
+    let paid = acquirer.refund(&request).await.expect("paid");
+    sim.once(Fault::RefusePaid).await;
+    let raw = sim
+        .http
+        .post(format!("{}/v1/refunds", sim.url))
+        .header("Idempotency-Key", "rf-1")
+        .json(&request)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(
+        raw.status(),
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "the lie itself"
+    );
+    sim.once(Fault::RefusePaid).await;
+    assert_eq!(acquirer.refund(&request).await.expect("not fooled"), paid);
+    assert_eq!(sim.ledger().await.refunds.len(), 1);
+}
