@@ -280,8 +280,8 @@ impl Engine {
             &fingerprint,
         ) {
             Found::Mismatch => Ok(Outcome::Mismatch {
-                charge_id: record.charge.id.clone(),
-                fields: record.charge.request().differing_fields(request),
+                charge_id: record.subject.id.clone(),
+                fields: record.subject.request().differing_fields(request),
             }),
             Found::TakeOver => {
                 match self
@@ -290,7 +290,7 @@ impl Engine {
                     .await?
                 {
                     Some(taken) => {
-                        tracing::info!(charge_id = %taken.charge.id, attempt = taken.attempt,
+                        tracing::info!(charge_id = %taken.subject.id, attempt = taken.attempt,
                             "took over an expired lease; re-driving with the same reference");
                         self.drive(merchant, key, taken, Approach::Capture).await
                     }
@@ -302,8 +302,8 @@ impl Engine {
                     merchant.id,
                     key,
                     record.fingerprint,
-                    record.charge.request(),
-                    record.charge.id.clone(),
+                    record.subject.request(),
+                    record.subject.id.clone(),
                     lease_remaining,
                 );
                 Ok(self.settled_or_waiting(merchant.id, key, record, asked))
@@ -355,8 +355,8 @@ impl Engine {
         let started = std::time::Instant::now();
         let result = match self
             .acquirer
-            .lookup(&capture_request(merchant, &record.charge))
-            .instrument(acquirer_span("GET", &record.charge))
+            .lookup(&capture_request(merchant, &record.subject))
+            .instrument(acquirer_span("GET", &record.subject))
             .await
         {
             Ok(Some(settled)) => settled,
@@ -365,9 +365,9 @@ impl Engine {
                 // fails, no pass asks the acquirer again before the lease ends.
                 self.store
                     .mark_for_review(
-                        &record.charge.id,
+                        &record.subject.id,
                         NO_OUTCOME_AT_DEADLINE,
-                        &new_webhook(WebhookEvent::ReviewRequired, merchant, &record.charge),
+                        &new_webhook(WebhookEvent::ReviewRequired, merchant, &record.subject),
                     )
                     .await?;
                 self.store
@@ -391,19 +391,19 @@ impl Engine {
         record: KeyRecord,
         approach: Approach,
     ) -> Result<Outcome, EngineError> {
-        let request = capture_request(merchant, &record.charge);
+        let request = capture_request(merchant, &record.subject);
         let called = std::time::Instant::now();
         let capture = || {
             self.acquirer
                 .capture(&request)
-                .instrument(acquirer_span("POST", &record.charge))
+                .instrument(acquirer_span("POST", &record.subject))
         };
         let result = match approach {
             Approach::Capture => capture().await,
             Approach::LookupFirst { .. } => match self
                 .acquirer
                 .lookup(&request)
-                .instrument(acquirer_span("GET", &record.charge))
+                .instrument(acquirer_span("GET", &record.subject))
                 .await
             {
                 Ok(Some(settled)) => settled,
@@ -442,7 +442,7 @@ impl Engine {
         called: std::time::Instant,
         backoff: Option<Duration>,
     ) -> Result<Outcome, EngineError> {
-        let charge = &record.charge;
+        let charge = &record.subject;
         crash::point(CrashPoint::AfterAcquirer);
         metrics::histogram!(crate::metrics::ACQUIRER_SECONDS)
             .record(called.elapsed().as_secs_f64());
@@ -511,7 +511,7 @@ impl Engine {
         let settled = Charge {
             status,
             decline_reason: decline_reason.map(str::to_owned),
-            ..record.charge.clone()
+            ..record.subject.clone()
         };
         let response = final_response(&settled);
         let event = EventType::of(status).map(|event_type| {
@@ -588,7 +588,7 @@ impl Engine {
         reschedule: &Reschedule,
         retry_after: Duration,
     ) -> Result<Outcome, EngineError> {
-        tracing::warn!(charge_id = %record.charge.id, cause = %unknown.cause, why = %unknown.why,
+        tracing::warn!(charge_id = %record.subject.id, cause = %unknown.cause, why = %unknown.why,
             "acquirer outcome unknown");
         metrics::counter!(crate::metrics::ACQUIRER_UNKNOWN, "cause" => unknown.cause).increment(1);
         self.store
@@ -597,7 +597,7 @@ impl Engine {
         // The next duplicate here must re-drive at once, not hear 409.
         self.in_flight.forget(merchant.id, key);
         Ok(Outcome::Unknown {
-            charge_id: record.charge.id.clone(),
+            charge_id: record.subject.id.clone(),
             retry_after,
         })
     }
@@ -615,7 +615,7 @@ impl Engine {
         record: &KeyRecord,
         contradiction: Contradiction,
     ) -> Result<Outcome, EngineError> {
-        let charge = &record.charge;
+        let charge = &record.subject;
         let differs = contradiction.differences.join(", ");
         tracing::error!(charge_id = %charge.id, reference = charge.acquirer_reference.as_str(),
             capture_id = %contradiction.capture_id, differs = %differs,
@@ -659,24 +659,24 @@ impl Engine {
                         merchant_id,
                         key,
                         record.fingerprint,
-                        &record.charge.id,
+                        &record.subject.id,
                         &response,
                         asked + expires_in,
                     );
                 }
                 Outcome::Completed {
-                    charge_id: record.charge.id,
+                    charge_id: record.subject.id,
                     response,
                     replayed: true,
                     honoured_until: asked + expires_in,
                 }
             }
             KeyState::InFlight { .. } if record.under_review => Outcome::UnderReview {
-                charge_id: record.charge.id,
+                charge_id: record.subject.id,
                 retry_after: UNDER_REVIEW_RETRY_AFTER,
             },
             KeyState::InFlight { .. } => Outcome::InFlight {
-                charge_id: record.charge.id,
+                charge_id: record.subject.id,
                 retry_after: IN_FLIGHT_RETRY_AFTER,
             },
         }

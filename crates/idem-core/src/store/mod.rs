@@ -54,7 +54,7 @@ pub use model::{
     ChargeSummary, Claim, DeliveryInfo, DueDelivery, EndpointChange, EndpointInfo, KeyDetail,
     KeyRecord, KeyState, KeyStatus, MerchantError, MerchantListing, NewClaim, NewEndpoint,
     NewEvent, NewRefundClaim, NewResult, NewWebhook, Orphan, OutboxMessage, PoolStats,
-    ProcessingStats, RefundClaim, RefundRecord, RefundSettlement, Refusal, Reschedule,
+    ProcessingStats, Record, RefundClaim, RefundRecord, RefundSettlement, Refusal, Reschedule,
     ResultAnswer, Rotation, SecretInfo, SecretMatch, Settlement, StuckCharge, Taken,
 };
 pub use params::{claim_param_names, finalize_param_names};
@@ -278,7 +278,7 @@ impl Store {
         };
         Ok(match claim {
             Claim::Lost(record) if record.expired && record.fingerprint == new.fingerprint => {
-                Claim::Expired(record.charge.id)
+                Claim::Expired(record.subject.id)
             }
             claim => claim,
         })
@@ -299,7 +299,7 @@ impl Store {
         let values = FinalizeValues {
             merchant_id,
             key: key.as_str(),
-            charge_id: record.charge.id.as_str(),
+            charge_id: record.subject.id.as_str(),
             attempt: record.attempt,
             status: i16::try_from(settlement.response.status).unwrap_or(i16::MAX),
             body: settlement.response.body.as_ref(),

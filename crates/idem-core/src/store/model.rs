@@ -38,20 +38,27 @@ pub enum KeyState {
     },
 }
 
-/// A key record with its charge, as some attempt found or made it.
+/// A key record with its subject (the charge or the refund it made), as
+/// some attempt found or made it.
 #[derive(Debug, Clone)]
-pub struct KeyRecord {
-    pub charge: Charge,
+pub struct Record<S> {
+    pub subject: S,
     pub fingerprint: Fingerprint,
     pub state: KeyState,
     /// The fencing token the holder of the lease must present to finalize.
     pub attempt: i64,
     /// Completed and past its time to live: the key may start a new intent.
     pub expired: bool,
-    /// The charge awaits a person's review: no attempt calls the acquirer
+    /// The subject awaits a person's review: no attempt calls the acquirer
     /// for it until an operator settles it.
     pub under_review: bool,
 }
+
+/// A charge's key record.
+pub type KeyRecord = Record<Charge>;
+
+/// A refund's key record.
+pub type RefundRecord = Record<Refund>;
 
 /// What a new refund attempt asks to claim: its key, and the reservation of
 /// its amount against `charge_id`.
@@ -64,18 +71,6 @@ pub struct NewRefundClaim<'a> {
     pub lease: Duration,
     pub key_ttl: Duration,
     pub traceparent: Option<&'a str>,
-}
-
-/// A key record with its refund, as some attempt found or made it (the
-/// key's fields as in [`KeyRecord`]; `under_review` is the refund's).
-#[derive(Debug, Clone)]
-pub struct RefundRecord {
-    pub refund: Refund,
-    pub fingerprint: Fingerprint,
-    pub state: KeyState,
-    pub attempt: i64,
-    pub expired: bool,
-    pub under_review: bool,
 }
 
 /// The answer to a refund's claim.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::model::{
-    KeyRecord, KeyState, KeyStatus, MerchantListing, Orphan, RefundRecord, SecretInfo,
+    KeyRecord, KeyState, KeyStatus, MerchantListing, Orphan, Record, RefundRecord, SecretInfo,
 };
 use super::StoreError;
 use crate::domain::{
@@ -77,6 +77,22 @@ pub(super) struct KeyColumns {
 }
 
 impl KeyColumns {
+    /// The record of `subject` these columns describe; `what` names it in
+    /// the error when a column is corrupt.
+    fn record<S>(self, subject: S, what: &str) -> Result<Record<S>, StoreError> {
+        let (attempt, expired, under_review) = (self.attempt, self.expired, self.under_review);
+        let (fingerprint, state) =
+            self.read(|column| StoreError::Corrupt(format!("{what}: {column}")))?;
+        Ok(Record {
+            subject,
+            fingerprint,
+            state,
+            attempt,
+            expired,
+            under_review,
+        })
+    }
+
     /// The fingerprint and the state, or what is corrupt about them.
     fn read(
         self,
@@ -112,18 +128,8 @@ impl TryFrom<RecordRow> for KeyRecord {
 
     fn try_from(r: RecordRow) -> Result<Self, StoreError> {
         let charge = Charge::try_from(r.charge)?;
-        let (attempt, expired, under_review) = (r.key.attempt, r.key.expired, r.key.under_review);
-        let (fingerprint, state) = r
-            .key
-            .read(|what| StoreError::Corrupt(format!("key of charge {}: {what}", charge.id)))?;
-        Ok(KeyRecord {
-            charge,
-            fingerprint,
-            state,
-            attempt,
-            expired,
-            under_review,
-        })
+        let what = format!("key of charge {}", charge.id);
+        r.key.record(charge, &what)
     }
 }
 
@@ -187,18 +193,8 @@ impl TryFrom<RefundRecordRow> for RefundRecord {
 
     fn try_from(r: RefundRecordRow) -> Result<Self, StoreError> {
         let refund = Refund::try_from(r.refund)?;
-        let (attempt, expired, under_review) = (r.key.attempt, r.key.expired, r.key.under_review);
-        let (fingerprint, state) = r
-            .key
-            .read(|what| StoreError::Corrupt(format!("key of refund {}: {what}", refund.id)))?;
-        Ok(RefundRecord {
-            refund,
-            fingerprint,
-            state,
-            attempt,
-            expired,
-            under_review,
-        })
+        let what = format!("key of refund {}", refund.id);
+        r.key.record(refund, &what)
     }
 }
 

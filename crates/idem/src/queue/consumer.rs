@@ -279,7 +279,7 @@ impl Consumer {
                 // (a refused finalize, say): name it in the dead letter, if
                 // the store still answers.
                 let made = match self.store.key_record(merchant.id, &command.key).await {
-                    Ok(Some(record)) => Some(record.charge.id),
+                    Ok(Some(record)) => Some(record.subject.id),
                     _ => None,
                 };
                 let charge = made.as_ref().map(|id| id.as_str());

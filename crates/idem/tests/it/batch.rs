@@ -118,7 +118,7 @@ async fn prepare(store: &Store, merchant_id: i64, before: &[Before]) -> HashMap<
         else {
             panic!("a fresh key is won");
         };
-        owners.insert(record.charge.id.as_str().to_owned(), Owner::Before(k));
+        owners.insert(record.subject.id.as_str().to_owned(), Owner::Before(k));
         if matches!(state, Before::InFlight) {
             continue;
         }
@@ -146,11 +146,11 @@ fn seen(
     };
     match answer {
         Ok(Claim::Won(record)) => {
-            owners.insert(record.charge.id.as_str().to_owned(), Owner::Claim(place));
+            owners.insert(record.subject.id.as_str().to_owned(), Owner::Claim(place));
             Seen::Won
         }
         Ok(Claim::Lost(KeyRecord {
-            charge,
+            subject: charge,
             fingerprint,
             state,
             expired,

@@ -55,7 +55,7 @@ async fn charge(
             .await
             .expect("finalize"));
     }
-    record.charge.id
+    record.subject.id
 }
 
 fn refund_body(amount: Option<i64>) -> RefundRequest {
@@ -186,8 +186,8 @@ async fn forty_refunds_of_ten_at_once_reserve_exactly_the_hundred_captured() {
     for claim in futures_util::future::join_all(claims).await {
         match claim.expect("task") {
             RefundClaim::Won(record) => {
-                assert_eq!(record.refund.amount_cents.get(), 10);
-                assert_eq!(record.refund.status, RefundStatus::Pending);
+                assert_eq!(record.subject.amount_cents.get(), 10);
+                assert_eq!(record.subject.status, RefundStatus::Pending);
                 won += 1;
             }
             RefundClaim::Refused(Refusal::Exceeds { remaining: 0 }) => refused += 1,
@@ -236,7 +236,11 @@ async fn one_key_sent_ten_times_at_once_is_one_refund() {
         }
     }
     assert_eq!((won.len(), lost), (1, 9));
-    assert_eq!(won[0].refund.amount_cents.get(), 100, "the whole remainder");
+    assert_eq!(
+        won[0].subject.amount_cents.get(),
+        100,
+        "the whole remainder"
+    );
     assert_eq!(refunded_cents(&db, &charge_id).await, 100);
 }
 
@@ -290,12 +294,12 @@ async fn a_refused_refund_gives_its_amount_back_and_a_success_keeps_it() {
     assert_eq!(statuses, [RefundStatus::Failed, RefundStatus::Succeeded]);
     let shown = db
         .store
-        .refund(merchant_id, &second.refund.id)
+        .refund(merchant_id, &second.subject.id)
         .await
         .expect("read")
         .expect("the refund");
     assert_eq!(shown.status, RefundStatus::Succeeded);
-    assert_eq!(shown.capture_reference, second.refund.capture_reference);
+    assert_eq!(shown.capture_reference, second.subject.capture_reference);
     assert!(matches!(
         claim_refund(
             &db.store,
@@ -419,7 +423,7 @@ async fn a_key_is_one_operations_whatever_it_is_sent_to() {
     let some = refund_body(Some(10));
     match claim_refund(&db.store, merchant_id, "shared", &other, &some).await {
         RefundClaim::Lost(taken) => match *taken {
-            Taken::Charge(record) => assert_eq!(record.charge.id, charged.charge.id),
+            Taken::Charge(record) => assert_eq!(record.subject.id, charged.subject.id),
             Taken::Refund(_) => panic!("the charge's key"),
         },
         claim => panic!("{claim:?}"),
@@ -432,7 +436,7 @@ async fn a_key_is_one_operations_whatever_it_is_sent_to() {
     match claim_refund(&db.store, merchant_id, "r", &third, &some).await {
         RefundClaim::Lost(taken) => match *taken {
             Taken::Refund(record) => {
-                assert_eq!(record.refund.id, refund.refund.id);
+                assert_eq!(record.subject.id, refund.subject.id);
                 assert_ne!(record.fingerprint, Fingerprint::of_refund(&third, &some));
             }
             Taken::Charge(_) => panic!("the refund's key"),
@@ -493,7 +497,7 @@ async fn an_expired_refund_key_is_swept_and_its_tombstone_names_the_refund() {
             .fetch_one(&db.pool)
             .await
             .expect("a tombstone");
-    assert_eq!(refund_id.as_deref(), Some(record.refund.id.as_str()));
+    assert_eq!(refund_id.as_deref(), Some(record.subject.id.as_str()));
     assert_eq!(
         refunded_cents(&db, &charge_id).await,
         5,

@@ -275,7 +275,7 @@ async fn the_previous_release_never_mistakes_a_refund_for_a_charge() {
         "update idempotency_keys set state = 'completed', response_status = 201,
                 response_body = '\\x7b7d', expires_at = now() - interval '1 second'
           where refund_id = '{}'",
-        done.refund.id.as_str()
+        done.subject.id.as_str()
     ))
     .await;
 
@@ -289,7 +289,7 @@ async fn the_previous_release_never_mistakes_a_refund_for_a_charge() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (attempt, state): (i64, String) = sqlx::query_as(&format!(
         "select attempt, state from idempotency_keys where refund_id = '{}'",
-        stuck.refund.id.as_str()
+        stuck.subject.id.as_str()
     ))
     .fetch_one(&db.pool)
     .await

@@ -105,7 +105,7 @@ async fn a_stale_holder_cannot_finalize_after_a_take_over() {
         KeyState::Completed { response, .. } => assert_eq!(response.body, "fresh"),
         other => panic!("{other:?}"),
     }
-    assert_eq!(record.charge.status, ChargeStatus::Captured);
+    assert_eq!(record.subject.status, ChargeStatus::Captured);
 }
 
 /// A key reused at the moment the sweeper deletes its expired record: the claim

@@ -166,7 +166,7 @@ impl Refunds for PgStore {
             let keyed = sqlx::query(FINALIZE_KEY_SQL)
                 .bind(merchant_id)
                 .bind(key.as_str())
-                .bind(record.refund.id.as_str())
+                .bind(record.subject.id.as_str())
                 .bind(record.attempt)
                 .bind(i16::try_from(settlement.response.status).unwrap_or(i16::MAX))
                 .bind(settlement.response.body.as_ref())
@@ -177,7 +177,7 @@ impl Refunds for PgStore {
                 return Ok(false);
             }
             let settled: Option<(String, i64)> = sqlx::query_as(SETTLE_REFUND_SQL)
-                .bind(record.refund.id.as_str())
+                .bind(record.subject.id.as_str())
                 .bind(settlement.status.as_str())
                 .bind(settlement.acquirer_refund_id)
                 .bind(settlement.failure_reason)

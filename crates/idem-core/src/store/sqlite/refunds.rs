@@ -236,7 +236,7 @@ impl Refunds for SqliteStore {
             let keyed = sqlx::query(FINALIZE_KEY_SQL)
                 .bind(merchant_id)
                 .bind(key.as_str())
-                .bind(record.refund.id.as_str())
+                .bind(record.subject.id.as_str())
                 .bind(record.attempt)
                 .bind(i64::from(settlement.response.status))
                 .bind(settlement.response.body.as_ref())
@@ -247,7 +247,7 @@ impl Refunds for SqliteStore {
                 return Ok(false);
             }
             let settled: Option<(String, i64)> = sqlx::query_as(SETTLE_REFUND_SQL)
-                .bind(record.refund.id.as_str())
+                .bind(record.subject.id.as_str())
                 .bind(settlement.status.as_str())
                 .bind(settlement.acquirer_refund_id)
                 .bind(settlement.failure_reason)
