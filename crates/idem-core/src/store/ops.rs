@@ -84,6 +84,25 @@ store_ops! {
             settlement: &RefundSettlement<'_>,
             key_ttl: Duration,
         ) -> Result<bool, StoreError>;
+        /// Takes over a refund's in-flight record whose lease has run out, as
+        /// [`Store::take_over`] does a charge's.
+        fn take_over_refund(
+            &self,
+            merchant_id: i64,
+            key: &IdempotencyKey,
+            attempt: i64,
+            lease: Duration,
+        ) -> Result<Option<RefundRecord>, StoreError>;
+        /// Ends the lease of the attempt that holds a refund's record after an
+        /// unknown outcome, scheduling the reconciler on the refund in the same
+        /// write, as [`Store::release`] does for a charge.
+        fn release_refund(
+            &self,
+            merchant_id: i64,
+            key: &IdempotencyKey,
+            attempt: i64,
+            reschedule: &Reschedule,
+        ) -> Result<(), StoreError>;
         /// A merchant's refund by id.
         fn refund(&self, merchant_id: i64, id: &RefundId) -> Result<Option<Refund>, StoreError>;
         /// A merchant's charge's refunds, oldest first.

@@ -504,3 +504,119 @@ async fn an_expired_refund_key_is_swept_and_its_tombstone_names_the_refund() {
         "expiry refunds nothing back"
     );
 }
+
+/// A refund's record is fenced as a charge's: a lease over can be taken
+/// once, a stale holder stores nothing, and a release schedules the
+/// reconciler on the refund in the same write; the reservation stays.
+#[tokio::test]
+async fn a_refunds_lease_is_taken_over_once_and_released_onto_the_refunds_schedule() {
+    use idem_core::store::Reschedule;
+
+    let db = TestDb::new().await;
+    db.merchant("loja").await;
+    let merchant_id = db.merchant_id("loja").await;
+    let charge_id = charge(&db, merchant_id, 1, 100, ChargeStatus::Captured).await;
+    let key = IdempotencyKey::parse(b"slow").expect("key");
+    let request = refund_body(Some(40));
+    let RefundClaim::Won(stale) = db
+        .store
+        .claim_refund(&NewRefundClaim {
+            merchant_id,
+            key: &key,
+            fingerprint: Fingerprint::of_refund(&charge_id, &request),
+            charge_id: &charge_id,
+            request: &request,
+            lease: Duration::from_millis(50),
+            key_ttl: TTL,
+            traceparent: None,
+        })
+        .await
+        .expect("claim")
+    else {
+        panic!("won")
+    };
+    assert!(
+        db.store
+            .take_over_refund(merchant_id, &key, stale.attempt, LEASE)
+            .await
+            .expect("take over")
+            .is_none(),
+        "a live lease cannot be taken"
+    );
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let fresh = db
+        .store
+        .take_over_refund(merchant_id, &key, stale.attempt, LEASE)
+        .await
+        .expect("take over")
+        .expect("a lease over is taken");
+    assert_eq!(fresh.attempt, stale.attempt + 1);
+    assert_eq!(fresh.subject.id, stale.subject.id);
+    assert!(db
+        .store
+        .take_over_refund(merchant_id, &key, stale.attempt, LEASE)
+        .await
+        .expect("again")
+        .is_none());
+    assert!(
+        !settle(&db, merchant_id, "slow", &stale, RefundStatus::Failed).await,
+        "the stale holder stores nothing"
+    );
+
+    let wait = Reschedule {
+        not_before: Some(Duration::from_secs(60)),
+        reconciler_try: true,
+    };
+    db.store
+        .release_refund(merchant_id, &key, stale.attempt, &wait)
+        .await
+        .expect("a stale release");
+    assert_eq!(
+        count(&db, "select reconcile_attempts from refunds").await,
+        0,
+        "a stale holder's release does nothing"
+    );
+    db.store
+        .release_refund(merchant_id, &key, fresh.attempt, &wait)
+        .await
+        .expect("release");
+    assert_eq!(
+        count(&db, "select reconcile_attempts from refunds").await,
+        1
+    );
+    let scheduled = match db.backend {
+        idem_core::store::Backend::Postgres => {
+            "select count(*) from refunds where next_reconcile_at > now() + interval '50 seconds'"
+        }
+        idem_core::store::Backend::Sqlite => {
+            "select count(*) from refunds
+              where next_reconcile_at > cast(unixepoch('subsec') * 1000 as integer) + 50000"
+        }
+    };
+    assert_eq!(
+        count(&db, scheduled).await,
+        1,
+        "the refund waits for the reconciler"
+    );
+    assert_eq!(
+        count(
+            &db,
+            "select count(*) from charges where next_reconcile_at is not null"
+        )
+        .await,
+        0,
+        "nothing scheduled on the charge"
+    );
+    assert_eq!(
+        refunded_cents(&db, &charge_id).await,
+        40,
+        "an unknown outcome keeps it"
+    );
+    // Released: taken over at once by the next attempt.
+    assert!(db
+        .store
+        .take_over_refund(merchant_id, &key, fresh.attempt, LEASE)
+        .await
+        .expect("take over")
+        .is_some());
+}

@@ -169,38 +169,49 @@ const KEY_RECORD_SQL: &str = concatcp!(
      where k.merchant_id = $1 and k.idempotency_key = $2"
 );
 
-/// `$1` merchant, `$2` key, `$3` attempt seen, `$4` lease in ms.
-const TAKE_OVER_SQL: &str = concatcp!(
-    "with k as (
+/// A CTE `k`: the record taken over, if the attempt seen still held it and
+/// its lease is over, whatever its subject. `$1` merchant, `$2` key, `$3`
+/// attempt seen, `$4` lease in ms.
+pub(super) const TAKE_OVER_K: &str = "with k as (
         update idempotency_keys
            set attempt = attempt + 1, locked_until = now() + $4 * interval '1 millisecond'
          where merchant_id = $1 and idempotency_key = $2 and attempt = $3
            and state = 'in_flight' and locked_until <= now()
         returning *
-    )
-    select ",
+    )";
+
+const TAKE_OVER_SQL: &str = concatcp!(
+    TAKE_OVER_K,
+    " select ",
     RECORD_COLUMNS,
     " from k join charges c on c.id = k.charge_id"
 );
 
-/// Ends the lease and schedules the reconciler, in one statement, so no
-/// reconciler can see the record free and the charge not yet rescheduled.
-/// `$1` merchant, `$2` key, `$3` attempt, `$4` reconciler tries to add (0 or
-/// 1), `$5` the reconciler's wait in ms (null: leave the schedule as it is;
-/// an existing later schedule is kept).
-const RELEASE_SQL: &str = "with k as (
+/// A CTE `k`: the record released (its lease ended now), if `$3` still
+/// holds it; `$1` merchant, `$2` key. The statement it opens schedules the
+/// reconciler on the subject in the same statement, so no reconciler can see
+/// the record free and its subject not yet rescheduled: `$4` reconciler tries
+/// to add (0 or 1), `$5` the reconciler's wait in ms (null: leave the schedule
+/// as it is; an existing later schedule is kept), by [`RESCHEDULE`].
+pub(super) const RELEASE_K: &str = "with k as (
         update idempotency_keys set locked_until = now()
          where merchant_id = $1 and idempotency_key = $2 and attempt = $3
            and state = 'in_flight'
-        returning charge_id
-    )
-    update charges c
-       set reconcile_attempts = c.reconcile_attempts + $4,
-           next_reconcile_at = case when $5::bigint is null then c.next_reconcile_at
-               else greatest(coalesce(c.next_reconcile_at, now()),
-                             now() + $5 * interval '1 millisecond') end
-      from k
-     where c.id = k.charge_id";
+        returning charge_id, refund_id
+    )";
+
+/// The `set` of a release's update of its subject (a charge or a refund).
+pub(super) const RESCHEDULE: &str = " set reconcile_attempts = reconcile_attempts + $4,
+           next_reconcile_at = case when $5::bigint is null then next_reconcile_at
+               else greatest(coalesce(next_reconcile_at, now()),
+                             now() + $5 * interval '1 millisecond') end";
+
+const RELEASE_SQL: &str = concatcp!(
+    RELEASE_K,
+    " update charges c",
+    RESCHEDULE,
+    " from k where c.id = k.charge_id"
+);
 
 /// Extends the lease of the attempt that holds it (fenced by `attempt`).
 /// `$1` merchant, `$2` key, `$3` attempt, `$4` lease in ms.

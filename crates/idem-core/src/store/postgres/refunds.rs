@@ -14,11 +14,11 @@
 use const_format::concatcp;
 use sqlx::PgConnection;
 
-use super::keys::KEY_COLUMNS;
+use super::keys::{KEY_COLUMNS, RELEASE_K, RESCHEDULE, TAKE_OVER_K};
 use super::PgStore;
 use crate::domain::{AcquirerReference, ChargeId, IdempotencyKey, Refund, RefundId, RefundStatus};
 use crate::store::model::{
-    NewRefundClaim, RefundClaim, RefundRecord, RefundSettlement, Refusal, Taken,
+    NewRefundClaim, RefundClaim, RefundRecord, RefundSettlement, Refusal, Reschedule, Taken,
 };
 use crate::store::ops::Refunds;
 use crate::store::rows::{RefundRecordRow, RefundRow};
@@ -39,6 +39,25 @@ const REFUND_RECORD_SQL: &str = concatcp!(
        join refunds r on r.id = k.refund_id
        join charges c on c.id = r.charge_id
       where k.merchant_id = $1 and k.idempotency_key = $2"
+);
+
+/// A refund's record taken over (as a charge's, by [`TAKE_OVER_K`]).
+const TAKE_OVER_SQL: &str = concatcp!(
+    TAKE_OVER_K,
+    " select ",
+    REFUND_COLUMNS,
+    ", ",
+    KEY_COLUMNS,
+    ", r.review_since is not null as under_review
+       from k join refunds r on r.id = k.refund_id join charges c on c.id = r.charge_id"
+);
+
+/// A refund's record released, its reconciler scheduled on the refund.
+const RELEASE_SQL: &str = concatcp!(
+    RELEASE_K,
+    " update refunds r",
+    RESCHEDULE,
+    " from k where r.id = k.refund_id"
 );
 
 /// Insert first: the refund's key, naming the refund made next in the same
@@ -192,6 +211,47 @@ impl Refunds for PgStore {
                     .await?;
             }
             Ok(true)
+        })
+        .await
+    }
+
+    async fn take_over_refund(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        attempt: i64,
+        lease: std::time::Duration,
+    ) -> Result<Option<RefundRecord>, StoreError> {
+        self.on_conn(async |db| -> Result<_, StoreError> {
+            let row: Option<RefundRecordRow> = sqlx::query_as(TAKE_OVER_SQL)
+                .bind(merchant_id)
+                .bind(key.as_str())
+                .bind(attempt)
+                .bind(millis(lease))
+                .fetch_optional(db)
+                .await?;
+            row.map(RefundRecord::try_from).transpose()
+        })
+        .await
+    }
+
+    async fn release_refund(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        attempt: i64,
+        reschedule: &Reschedule,
+    ) -> Result<(), StoreError> {
+        self.on_conn(async |db| {
+            sqlx::query(RELEASE_SQL)
+                .bind(merchant_id)
+                .bind(key.as_str())
+                .bind(attempt)
+                .bind(i32::from(reschedule.reconciler_try))
+                .bind(reschedule.not_before.map(millis))
+                .execute(db)
+                .await
+                .map(|_| ())
         })
         .await
     }

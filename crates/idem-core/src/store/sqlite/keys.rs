@@ -95,7 +95,7 @@ const KEY_RECORD_SQL: &str = concatcp!(
 );
 
 /// `$1` merchant, `$2` key, `$3` attempt seen, `$4` lease in ms.
-const TAKE_OVER_SQL: &str = concatcp!(
+pub(super) const TAKE_OVER_SQL: &str = concatcp!(
     "update idempotency_keys
         set attempt = attempt + 1, locked_until = ",
     NOW,
@@ -106,7 +106,7 @@ const TAKE_OVER_SQL: &str = concatcp!(
 );
 
 /// `$1` merchant, `$2` key, `$3` attempt.
-const RELEASE_KEY_SQL: &str = concatcp!(
+pub(super) const RELEASE_KEY_SQL: &str = concatcp!(
     "update idempotency_keys set locked_until = ",
     NOW,
     " where merchant_id = $1 and idempotency_key = $2 and attempt = $3

@@ -9,11 +9,11 @@
 use const_format::concatcp;
 use sqlx::sqlite::SqliteConnection;
 
-use super::keys::KEY_COLUMNS;
+use super::keys::{KEY_COLUMNS, RELEASE_KEY_SQL, TAKE_OVER_SQL};
 use super::{SqliteStore, NOW};
 use crate::domain::{AcquirerReference, ChargeId, IdempotencyKey, Refund, RefundId, RefundStatus};
 use crate::store::model::{
-    NewRefundClaim, RefundClaim, RefundRecord, RefundSettlement, Refusal, Taken,
+    NewRefundClaim, RefundClaim, RefundRecord, RefundSettlement, Refusal, Reschedule, Taken,
 };
 use crate::store::ops::Refunds;
 use crate::store::rows::{RefundRecordRow, RefundRow};
@@ -111,6 +111,21 @@ const RELEASE_RESERVATION_SQL: &str = concatcp!(
     "update charges set refunded_cents = refunded_cents - $2, updated_at = ",
     NOW,
     " where id = $1"
+);
+
+/// In the same transaction as [`RELEASE_KEY_SQL`]: the reconciler scheduled
+/// on the refund, as `keys.rs` schedules it on a charge.
+const RESCHEDULE_REFUND_SQL: &str = concatcp!(
+    "update refunds
+        set reconcile_attempts = reconcile_attempts + $4,
+            next_reconcile_at = case when $5 is null then next_reconcile_at
+                else max(coalesce(next_reconcile_at, ",
+    NOW,
+    "), ",
+    NOW,
+    " + $5) end
+      where id = (select refund_id from idempotency_keys
+                   where merchant_id = $1 and idempotency_key = $2 and attempt = $3)"
 );
 
 const REFUND_SQL: &str = concatcp!(
@@ -262,6 +277,59 @@ impl Refunds for SqliteStore {
                     .await?;
             }
             Ok(true)
+        })
+        .await
+    }
+
+    async fn take_over_refund(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        attempt: i64,
+        lease: std::time::Duration,
+    ) -> Result<Option<RefundRecord>, StoreError> {
+        self.write(async |tx| {
+            let taken = sqlx::query(TAKE_OVER_SQL)
+                .bind(merchant_id)
+                .bind(key.as_str())
+                .bind(attempt)
+                .bind(millis(lease))
+                .execute(&mut *tx)
+                .await?;
+            if taken.rows_affected() == 0 {
+                return Ok(None);
+            }
+            refund_record(tx, merchant_id, key).await
+        })
+        .await
+    }
+
+    async fn release_refund(
+        &self,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        attempt: i64,
+        reschedule: &Reschedule,
+    ) -> Result<(), StoreError> {
+        self.write(async |tx| {
+            let released = sqlx::query(RELEASE_KEY_SQL)
+                .bind(merchant_id)
+                .bind(key.as_str())
+                .bind(attempt)
+                .execute(&mut *tx)
+                .await?;
+            if released.rows_affected() == 0 {
+                return Ok(());
+            }
+            sqlx::query(RESCHEDULE_REFUND_SQL)
+                .bind(merchant_id)
+                .bind(key.as_str())
+                .bind(attempt)
+                .bind(i32::from(reschedule.reconciler_try))
+                .bind(reschedule.not_before.map(millis))
+                .execute(&mut *tx)
+                .await?;
+            Ok(())
         })
         .await
     }
