@@ -323,15 +323,7 @@ impl Keys for PgStore {
         lease: Duration,
     ) -> Result<Option<KeyRecord>, StoreError> {
         let row: Option<RecordRow> = self
-            .on_conn(async |db| {
-                sqlx::query_as(TAKE_OVER_SQL)
-                    .bind(merchant_id)
-                    .bind(key.as_str())
-                    .bind(attempt)
-                    .bind(millis(lease))
-                    .fetch_optional(db)
-                    .await
-            })
+            .take_over_with(TAKE_OVER_SQL, merchant_id, key, attempt, lease)
             .await?;
         row.map(KeyRecord::try_from).transpose()
     }
@@ -410,18 +402,8 @@ impl Keys for PgStore {
         attempt: i64,
         reschedule: &Reschedule,
     ) -> Result<(), StoreError> {
-        self.on_conn(async |db| {
-            sqlx::query(RELEASE_SQL)
-                .bind(merchant_id)
-                .bind(key.as_str())
-                .bind(attempt)
-                .bind(i32::from(reschedule.reconciler_try))
-                .bind(reschedule.not_before.map(millis))
-                .execute(db)
-                .await
-        })
-        .await?;
-        Ok(())
+        self.release_with(RELEASE_SQL, merchant_id, key, attempt, reschedule)
+            .await
     }
 }
 
@@ -528,6 +510,57 @@ async fn tombstone(
         .fetch_optional(&mut *db)
         .await?;
     Ok(row.map(|(id,)| ChargeId::from_trusted(id)))
+}
+
+impl PgStore {
+    /// Runs a take-over statement (one that opens with [`TAKE_OVER_K`]) for
+    /// the record of any subject, and reads its row.
+    pub(super) async fn take_over_with<R>(
+        &self,
+        sql: &'static str,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        attempt: i64,
+        lease: Duration,
+    ) -> Result<Option<R>, StoreError>
+    where
+        R: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+    {
+        self.on_conn(async |db| {
+            sqlx::query_as(sql)
+                .bind(merchant_id)
+                .bind(key.as_str())
+                .bind(attempt)
+                .bind(millis(lease))
+                .fetch_optional(db)
+                .await
+        })
+        .await
+    }
+
+    /// Runs a release statement (one that opens with [`RELEASE_K`]) for the
+    /// record of any subject.
+    pub(super) async fn release_with(
+        &self,
+        sql: &'static str,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        attempt: i64,
+        reschedule: &Reschedule,
+    ) -> Result<(), StoreError> {
+        self.on_conn(async |db| {
+            sqlx::query(sql)
+                .bind(merchant_id)
+                .bind(key.as_str())
+                .bind(attempt)
+                .bind(i32::from(reschedule.reconciler_try))
+                .bind(reschedule.not_before.map(millis))
+                .execute(db)
+                .await
+        })
+        .await?;
+        Ok(())
+    }
 }
 
 pub(super) async fn key_record(

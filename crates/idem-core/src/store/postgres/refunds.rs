@@ -222,17 +222,10 @@ impl Refunds for PgStore {
         attempt: i64,
         lease: std::time::Duration,
     ) -> Result<Option<RefundRecord>, StoreError> {
-        self.on_conn(async |db| -> Result<_, StoreError> {
-            let row: Option<RefundRecordRow> = sqlx::query_as(TAKE_OVER_SQL)
-                .bind(merchant_id)
-                .bind(key.as_str())
-                .bind(attempt)
-                .bind(millis(lease))
-                .fetch_optional(db)
-                .await?;
-            row.map(RefundRecord::try_from).transpose()
-        })
-        .await
+        let row: Option<RefundRecordRow> = self
+            .take_over_with(TAKE_OVER_SQL, merchant_id, key, attempt, lease)
+            .await?;
+        row.map(RefundRecord::try_from).transpose()
     }
 
     async fn release_refund(
@@ -242,18 +235,8 @@ impl Refunds for PgStore {
         attempt: i64,
         reschedule: &Reschedule,
     ) -> Result<(), StoreError> {
-        self.on_conn(async |db| {
-            sqlx::query(RELEASE_SQL)
-                .bind(merchant_id)
-                .bind(key.as_str())
-                .bind(attempt)
-                .bind(i32::from(reschedule.reconciler_try))
-                .bind(reschedule.not_before.map(millis))
-                .execute(db)
-                .await
-                .map(|_| ())
-        })
-        .await
+        self.release_with(RELEASE_SQL, merchant_id, key, attempt, reschedule)
+            .await
     }
 
     async fn refund(&self, merchant_id: i64, id: &RefundId) -> Result<Option<Refund>, StoreError> {

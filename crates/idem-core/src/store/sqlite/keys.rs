@@ -95,7 +95,7 @@ const KEY_RECORD_SQL: &str = concatcp!(
 );
 
 /// `$1` merchant, `$2` key, `$3` attempt seen, `$4` lease in ms.
-pub(super) const TAKE_OVER_SQL: &str = concatcp!(
+const TAKE_OVER_SQL: &str = concatcp!(
     "update idempotency_keys
         set attempt = attempt + 1, locked_until = ",
     NOW,
@@ -106,7 +106,7 @@ pub(super) const TAKE_OVER_SQL: &str = concatcp!(
 );
 
 /// `$1` merchant, `$2` key, `$3` attempt.
-pub(super) const RELEASE_KEY_SQL: &str = concatcp!(
+const RELEASE_KEY_SQL: &str = concatcp!(
     "update idempotency_keys set locked_until = ",
     NOW,
     " where merchant_id = $1 and idempotency_key = $2 and attempt = $3
@@ -296,14 +296,7 @@ impl Keys for SqliteStore {
         lease: Duration,
     ) -> Result<Option<KeyRecord>, StoreError> {
         self.write(async |tx| {
-            let taken = sqlx::query(TAKE_OVER_SQL)
-                .bind(merchant_id)
-                .bind(key.as_str())
-                .bind(attempt)
-                .bind(millis(lease))
-                .execute(&mut *tx)
-                .await?;
-            if taken.rows_affected() == 0 {
+            if !take_over_key(tx, merchant_id, key, attempt, lease).await? {
                 return Ok(None);
             }
             key_record(&mut *tx, merchant_id, key.as_str()).await
@@ -392,27 +385,68 @@ impl Keys for SqliteStore {
         reschedule: &Reschedule,
     ) -> Result<(), StoreError> {
         self.write(async |tx| {
-            let released = sqlx::query(RELEASE_KEY_SQL)
-                .bind(merchant_id)
-                .bind(key.as_str())
-                .bind(attempt)
-                .execute(&mut *tx)
-                .await?;
-            if released.rows_affected() == 0 {
-                return Ok(());
-            }
-            sqlx::query(RELEASE_CHARGE_SQL)
-                .bind(merchant_id)
-                .bind(key.as_str())
-                .bind(attempt)
-                .bind(i32::from(reschedule.reconciler_try))
-                .bind(reschedule.not_before.map(millis))
-                .execute(&mut *tx)
-                .await?;
-            Ok(())
+            release_in(
+                tx,
+                RELEASE_CHARGE_SQL,
+                merchant_id,
+                key,
+                attempt,
+                reschedule,
+            )
+            .await
         })
         .await
     }
+}
+
+/// Takes over the record of any subject, in the caller's write transaction:
+/// `false` if `attempt` no longer holds it or its lease is not over.
+pub(super) async fn take_over_key(
+    tx: &mut SqliteConnection,
+    merchant_id: i64,
+    key: &IdempotencyKey,
+    attempt: i64,
+    lease: Duration,
+) -> Result<bool, StoreError> {
+    let taken = sqlx::query(TAKE_OVER_SQL)
+        .bind(merchant_id)
+        .bind(key.as_str())
+        .bind(attempt)
+        .bind(millis(lease))
+        .execute(&mut *tx)
+        .await?;
+    Ok(taken.rows_affected() > 0)
+}
+
+/// Releases the record of any subject and, if `attempt` held it, schedules
+/// the reconciler on its subject with `reschedule_sql` (same parameters as
+/// [`RELEASE_CHARGE_SQL`]), in the caller's write transaction.
+pub(super) async fn release_in(
+    tx: &mut SqliteConnection,
+    reschedule_sql: &'static str,
+    merchant_id: i64,
+    key: &IdempotencyKey,
+    attempt: i64,
+    reschedule: &Reschedule,
+) -> Result<(), StoreError> {
+    let released = sqlx::query(RELEASE_KEY_SQL)
+        .bind(merchant_id)
+        .bind(key.as_str())
+        .bind(attempt)
+        .execute(&mut *tx)
+        .await?;
+    if released.rows_affected() == 0 {
+        return Ok(());
+    }
+    sqlx::query(reschedule_sql)
+        .bind(merchant_id)
+        .bind(key.as_str())
+        .bind(attempt)
+        .bind(i32::from(reschedule.reconciler_try))
+        .bind(reschedule.not_before.map(millis))
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
 }
 
 impl SqliteStore {

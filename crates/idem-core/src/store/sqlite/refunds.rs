@@ -9,7 +9,7 @@
 use const_format::concatcp;
 use sqlx::sqlite::SqliteConnection;
 
-use super::keys::{KEY_COLUMNS, RELEASE_KEY_SQL, TAKE_OVER_SQL};
+use super::keys::{release_in, take_over_key, KEY_COLUMNS};
 use super::{SqliteStore, NOW};
 use crate::domain::{AcquirerReference, ChargeId, IdempotencyKey, Refund, RefundId, RefundStatus};
 use crate::store::model::{
@@ -113,8 +113,8 @@ const RELEASE_RESERVATION_SQL: &str = concatcp!(
     " where id = $1"
 );
 
-/// In the same transaction as [`RELEASE_KEY_SQL`]: the reconciler scheduled
-/// on the refund, as `keys.rs` schedules it on a charge.
+/// The reconciler scheduled on a released refund (parameters as
+/// `keys::release_in` binds them), as `keys.rs` schedules it on a charge.
 const RESCHEDULE_REFUND_SQL: &str = concatcp!(
     "update refunds
         set reconcile_attempts = reconcile_attempts + $4,
@@ -289,14 +289,7 @@ impl Refunds for SqliteStore {
         lease: std::time::Duration,
     ) -> Result<Option<RefundRecord>, StoreError> {
         self.write(async |tx| {
-            let taken = sqlx::query(TAKE_OVER_SQL)
-                .bind(merchant_id)
-                .bind(key.as_str())
-                .bind(attempt)
-                .bind(millis(lease))
-                .execute(&mut *tx)
-                .await?;
-            if taken.rows_affected() == 0 {
+            if !take_over_key(tx, merchant_id, key, attempt, lease).await? {
                 return Ok(None);
             }
             refund_record(tx, merchant_id, key).await
@@ -312,24 +305,15 @@ impl Refunds for SqliteStore {
         reschedule: &Reschedule,
     ) -> Result<(), StoreError> {
         self.write(async |tx| {
-            let released = sqlx::query(RELEASE_KEY_SQL)
-                .bind(merchant_id)
-                .bind(key.as_str())
-                .bind(attempt)
-                .execute(&mut *tx)
-                .await?;
-            if released.rows_affected() == 0 {
-                return Ok(());
-            }
-            sqlx::query(RESCHEDULE_REFUND_SQL)
-                .bind(merchant_id)
-                .bind(key.as_str())
-                .bind(attempt)
-                .bind(i32::from(reschedule.reconciler_try))
-                .bind(reschedule.not_before.map(millis))
-                .execute(&mut *tx)
-                .await?;
-            Ok(())
+            release_in(
+                tx,
+                RESCHEDULE_REFUND_SQL,
+                merchant_id,
+                key,
+                attempt,
+                reschedule,
+            )
+            .await
         })
         .await
     }
