@@ -22,11 +22,16 @@ pub const HTTP_REQUESTS: &str = "idem_http_requests_total";
 /// `replayed`, `in_flight` (409), `key_reused` (422), `key_expired` (410),
 /// `unknown` (503), `under_review` (503).
 pub const CHARGE_OUTCOMES: &str = "idem_charge_outcomes_total";
+/// Answers to `POST /v1/charges/{id}/refunds` by outcome: `succeeded`,
+/// `failed` (refused by the acquirer), `refused` (the charge cannot give it:
+/// not captured, or more than it has left), `replayed`, `in_flight`,
+/// `key_reused`, `key_expired`, `unknown`, `under_review`.
+pub const REFUND_OUTCOMES: &str = "idem_refund_outcomes_total";
 /// Problem answers by their `type`'s last part (`overloaded`: shed at once;
 /// `service-unavailable`, `store-unwritable`, `internal`, ...), whatever the route.
 pub const HTTP_PROBLEMS: &str = "idem_http_problems_total";
-/// Calls to the acquirer by outcome: `captured`, `declined`, `rejected`,
-/// `unknown`, `contradicted`.
+/// Calls to the acquirer by outcome: `captured`, `refunded`, `declined`,
+/// `rejected`, `unknown`, `contradicted`.
 pub const ACQUIRER_CALLS: &str = "idem_acquirer_calls_total";
 /// Unknown acquirer outcomes by cause: the acquirer's status code (`409`,
 /// `429`, `503`, ...), or `timeout`, `connect`, `transport`, `body`.
@@ -107,10 +112,26 @@ pub fn handle() -> Option<&'static PrometheusHandle> {
 pub const KNOWN_SERIES: &[(&str, &str, &[&str])] = &[
     (CHARGE_OUTCOMES, "outcome", ENGINE_OUTCOMES),
     (
+        REFUND_OUTCOMES,
+        "outcome",
+        &[
+            "succeeded",
+            "failed",
+            "refused",
+            "replayed",
+            "in_flight",
+            "key_reused",
+            "key_expired",
+            "unknown",
+            "under_review",
+        ],
+    ),
+    (
         ACQUIRER_CALLS,
         "outcome",
         &[
             "captured",
+            "refunded",
             "declined",
             "rejected",
             "unknown",
@@ -196,6 +217,10 @@ fn describe() {
     metrics::describe_counter!(HTTP_REQUESTS, "HTTP requests by route, method and status");
     metrics::describe_counter!(HTTP_PROBLEMS, "problem+json answers by type");
     metrics::describe_counter!(CHARGE_OUTCOMES, "POST /v1/charges answers by outcome");
+    metrics::describe_counter!(
+        REFUND_OUTCOMES,
+        "POST /v1/charges/{id}/refunds answers by outcome"
+    );
     metrics::describe_counter!(ACQUIRER_CALLS, "acquirer calls by outcome");
     metrics::describe_counter!(
         ACQUIRER_UNKNOWN,

@@ -9,7 +9,7 @@ use serde::Serialize;
 use utoipa::openapi::{ObjectBuilder, RefOr, Schema, Type};
 use utoipa::ToSchema;
 
-use crate::domain::Charge;
+use crate::domain::{Charge, Refund, SubjectId};
 
 /// Every kind of problem idem reports. The URI of each is part of the contract:
 /// clients branch on it, so it never changes once published (docs/errors.md).
@@ -28,6 +28,10 @@ pub enum ProblemKind {
     UnderReview,
     Declined,
     AcquirerRejected,
+    ChargeNotRefundable,
+    RefundExceedsCaptured,
+    RefundFailed,
+    RefundUnderReview,
     NotFound,
     MethodNotAllowed,
     ServiceUnavailable,
@@ -39,7 +43,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, for docs and tests.
-    pub const ALL: [ProblemKind; 20] = [
+    pub const ALL: [ProblemKind; 24] = [
         Self::Unauthorized,
         Self::MissingIdempotencyKey,
         Self::MalformedIdempotencyKey,
@@ -53,6 +57,10 @@ impl ProblemKind {
         Self::UnderReview,
         Self::Declined,
         Self::AcquirerRejected,
+        Self::ChargeNotRefundable,
+        Self::RefundExceedsCaptured,
+        Self::RefundFailed,
+        Self::RefundUnderReview,
         Self::NotFound,
         Self::MethodNotAllowed,
         Self::ServiceUnavailable,
@@ -77,6 +85,10 @@ impl ProblemKind {
             Self::UnderReview => "charge-under-review",
             Self::Declined => "charge-declined",
             Self::AcquirerRejected => "acquirer-rejected",
+            Self::ChargeNotRefundable => "charge-not-refundable",
+            Self::RefundExceedsCaptured => "refund-exceeds-captured",
+            Self::RefundFailed => "refund-failed",
+            Self::RefundUnderReview => "refund-under-review",
             Self::NotFound => "not-found",
             Self::MethodNotAllowed => "method-not-allowed",
             Self::ServiceUnavailable => "service-unavailable",
@@ -102,6 +114,10 @@ impl ProblemKind {
             Self::UnderReview => "Charge awaiting review",
             Self::Declined => "Charge declined",
             Self::AcquirerRejected => "Charge rejected by the acquirer",
+            Self::ChargeNotRefundable => "Charge cannot be refunded",
+            Self::RefundExceedsCaptured => "Refund exceeds what the charge has left",
+            Self::RefundFailed => "Refund refused by the acquirer",
+            Self::RefundUnderReview => "Refund awaiting review",
             Self::NotFound => "Not found",
             Self::MethodNotAllowed => "Method not allowed",
             Self::ServiceUnavailable => "Service unavailable",
@@ -118,11 +134,15 @@ impl ProblemKind {
             Self::MissingIdempotencyKey | Self::MalformedIdempotencyKey | Self::InvalidBody => 400,
             Self::UnsupportedMediaType => 415,
             Self::BodyTooLarge => 413,
-            Self::KeyReused => 422,
+            Self::KeyReused
+            | Self::ChargeNotRefundable
+            | Self::RefundExceedsCaptured
+            | Self::RefundFailed => 422,
             Self::KeyExpired => 410,
             Self::RequestInFlight => 409,
             Self::OutcomeUnknown
             | Self::UnderReview
+            | Self::RefundUnderReview
             | Self::ServiceUnavailable
             | Self::StoreUnwritable
             | Self::Overloaded => 503,
@@ -192,6 +212,17 @@ pub struct Problem<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = String)]
     pub charge_id: Option<&'a str>,
+    /// The refund this problem is about (a refund the acquirer refused).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Refund)]
+    pub refund: Option<&'a Refund>,
+    /// The refund the key made: as `charge_id` for a key that made a refund.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String)]
+    pub refund_id: Option<&'a str>,
+    /// What the charge has left to refund (`refund-exceeds-captured`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remaining_cents: Option<i64>,
 }
 
 /// Every `type` URI of the catalog.
@@ -213,27 +244,36 @@ impl<'a> Problem<'a> {
             differing_fields: None,
             charge: None,
             charge_id: None,
+            refund: None,
+            refund_id: None,
+            remaining_cents: None,
         }
     }
 
     /// The `410` of a late retry: the key expired after it stored the outcome
     /// of this very request, so nothing is charged again; names the charge.
-    pub fn key_expired(charge_id: &'a str) -> Self {
-        Self {
-            charge_id: Some(charge_id),
-            ..Self::new(ProblemKind::KeyExpired, key_expired_detail(charge_id))
+    pub fn key_expired(subject: &'a SubjectId) -> Self {
+        Self::new(ProblemKind::KeyExpired, key_expired_detail(subject)).naming(subject)
+    }
+
+    /// The problem naming `subject` as the charge or the refund a key made.
+    pub fn naming(mut self, subject: &'a SubjectId) -> Self {
+        match subject {
+            SubjectId::Charge(id) => self.charge_id = Some(id.as_str()),
+            SubjectId::Refund(id) => self.refund_id = Some(id.as_str()),
         }
+        self
     }
 
     /// The `422` of a key first used for another request, naming the charge
     /// that request made and the fields that differ: the same body over HTTP
     /// and in a queue command's result.
-    pub fn key_reused(charge_id: &'a str, fields: &'a [&'static str]) -> Self {
+    pub fn key_reused(subject: &'a SubjectId, fields: &'a [&'static str]) -> Self {
         Self {
-            charge_id: Some(charge_id),
             differing_fields: Some(fields),
             ..Self::new(ProblemKind::KeyReused, key_reused_detail(fields))
         }
+        .naming(subject)
     }
 
     pub fn to_bytes(&self) -> Vec<u8> {
@@ -242,16 +282,26 @@ impl<'a> Problem<'a> {
 }
 
 /// The `detail` of an expired key's problem.
-pub fn key_expired_detail(charge_id: &str) -> String {
+pub fn key_expired_detail(subject: &SubjectId) -> String {
+    let (kind, location) = (subject.kind(), subject.location());
+    let done = match subject {
+        SubjectId::Charge(_) => "charged",
+        SubjectId::Refund(_) => "refunded",
+    };
     format!(
         "the Idempotency-Key expired after storing the outcome of this same request, \
-         charge {charge_id} (GET /v1/charges/{charge_id}); nothing was charged again. \
-         A new charge needs a new key"
+         {kind} {subject} (GET {location}); nothing was {done} again. \
+         A new {kind} needs a new key"
     )
 }
 
 /// The `detail` of a reused key's problem.
 pub fn key_reused_detail(fields: &[&str]) -> String {
+    if fields == ["operation"] {
+        return "the Idempotency-Key was first used for another operation (a charge's key \
+                sent to a refund, or a refund's to a charge)"
+            .to_owned();
+    }
     format!(
         "the Idempotency-Key was first used with different {}",
         fields.join(", ")

@@ -15,7 +15,7 @@ use super::{Fingerprint, IdempotencyKey};
 
 /// Random characters after the prefix: 24 alphanumerics are ~142 bits, far beyond
 /// any chance of collision, and short enough to read in a log line.
-const RANDOM_LEN: usize = 24;
+pub(super) const RANDOM_LEN: usize = 24;
 
 pub(super) fn mint(prefix: &str) -> String {
     let random = Alphanumeric.sample_string(&mut rand::rng(), RANDOM_LEN);

@@ -16,6 +16,7 @@ mod key;
 mod merchant;
 mod refund;
 mod response;
+mod subject;
 mod webhook;
 
 pub use charge::{
@@ -26,8 +27,9 @@ pub use fingerprint::Fingerprint;
 pub use ids::{AcquirerReference, ChargeId, EndpointId, MessageId};
 pub use key::{IdempotencyKey, KeyError};
 pub use merchant::{parse_merchant_name, Merchant, MerchantSecret, SecretHash};
-pub use refund::{Refund, RefundId, RefundReason, RefundRequest, RefundStatus};
+pub use refund::{Refund, RefundId, RefundIntent, RefundReason, RefundRequest, RefundStatus};
 pub use response::StoredResponse;
+pub use subject::SubjectId;
 pub use webhook::{signature_header, WebhookBody, WebhookEvent, WebhookSecret};
 
 /// The JSON of a domain value: a stored response's body, an event, a

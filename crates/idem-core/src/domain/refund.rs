@@ -7,6 +7,8 @@
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize, Serializer};
+use utoipa::openapi::{ObjectBuilder, RefOr, Schema, Type};
+use utoipa::{PartialSchema, ToSchema};
 
 use super::charge::{from_json_object, AmountCents, Currency, Description, FieldError};
 use super::{AcquirerReference, ChargeId};
@@ -45,7 +47,7 @@ impl std::fmt::Display for RefundId {
 
 /// Why the merchant refunds: the reasons card schemes and every payments API
 /// a merchant knows use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RefundReason {
     RequestedByCustomer,
@@ -76,13 +78,50 @@ impl RefundReason {
 }
 
 /// The wire shape of `POST /v1/charges/{id}/refunds`, before validation.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(
+    as = RefundRequest,
+    description = "A refund to make. Every field is optional (an empty body refunds what \
+        remains); unknown fields are refused (`400 invalid-body`)."
+)]
 struct RawRefundRequest {
+    /// What to give back; absent or `null`: all the charge has left to refund.
+    #[schema(value_type = Option<AmountCents>)]
     amount_cents: Option<i64>,
+    #[schema(value_type = Option<RefundReason>)]
     reason: Option<String>,
+    #[schema(value_type = Option<Description>)]
     description: Option<String>,
 }
+
+/// The request body's schema is that of its wire shape.
+impl PartialSchema for RefundRequest {
+    fn schema() -> RefOr<Schema> {
+        RawRefundRequest::schema()
+    }
+}
+impl ToSchema for RefundRequest {
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        RawRefundRequest::schemas(schemas);
+    }
+}
+
+impl PartialSchema for RefundId {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(format!(
+                "^{}[A-Za-z0-9]{{{}}}$",
+                Self::PREFIX,
+                super::ids::RANDOM_LEN
+            )))
+            .description(Some("The refund's public id."))
+            .examples(["re_7kLmQ2xZ9pR4tV8bN1cW6yHd"])
+            .into()
+    }
+}
+impl ToSchema for RefundId {}
 
 /// One intent to refund, fully validated. Without an amount it refunds
 /// whatever the charge has left when the refund is claimed.
@@ -140,8 +179,42 @@ impl RefundRequest {
     }
 }
 
+/// One intent to refund a charge: the charge, and what the client asked.
+/// What the engine runs under a refund's key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefundIntent {
+    pub charge_id: ChargeId,
+    pub request: RefundRequest,
+}
+
+impl RefundIntent {
+    /// The intent that made `refund`, as near as the refund tells it: its
+    /// amount is the one reserved, which a request without an amount did not
+    /// name.
+    pub fn of(refund: &Refund) -> Self {
+        Self {
+            charge_id: refund.charge_id.clone(),
+            request: RefundRequest {
+                amount_cents: Some(refund.amount_cents),
+                reason: refund.reason,
+                description: refund.description.clone(),
+            },
+        }
+    }
+
+    /// The names of the fields in which `self` differs from `other`.
+    pub fn differing_fields(&self, other: &RefundIntent) -> Vec<&'static str> {
+        let mut fields = Vec::new();
+        if self.charge_id != other.charge_id {
+            fields.push("charge_id");
+        }
+        fields.extend(self.request.differing_fields(&other.request));
+        fields
+    }
+}
+
 /// Where a refund is in its life. Only `pending` ever changes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum RefundStatus {
     /// Claimed, its amount reserved against the charge; the acquirer's outcome
@@ -175,7 +248,7 @@ impl RefundStatus {
 
 /// A refund as the API shows it (`GET /v1/refunds/{id}` and the stored
 /// responses). Every field is always present (`null` when it does not apply).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Refund {
     #[serde(serialize_with = "display")]
     pub id: RefundId,
@@ -184,15 +257,20 @@ pub struct Refund {
     pub amount_cents: AmountCents,
     pub currency: Currency,
     pub status: RefundStatus,
+    #[schema(required = true)]
     pub reason: Option<RefundReason>,
+    #[schema(required = true, value_type = Option<Description>)]
     pub description: Option<Description>,
-    /// The refund's own reference at the acquirer.
+    /// The refund's own reference at the acquirer, the same on every call.
     #[serde(serialize_with = "reference")]
+    #[schema(value_type = String)]
     pub acquirer_reference: AcquirerReference,
     /// The acquirer's reason when `status` is `failed`, else `null`.
+    #[schema(required = true)]
     pub failure_reason: Option<String>,
     /// When the refund was claimed, UTC, to the second.
     #[serde(serialize_with = "rfc3339_seconds")]
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: DateTime<Utc>,
     /// The charge's reference: the capture the acquirer refunds from.
     #[serde(skip)]

@@ -11,8 +11,9 @@
 
 use std::time::Duration;
 
-use crate::acquirer::{AcquirerError, Contradiction, Settled, Unknown};
-use crate::domain::{ChargeStatus, Fingerprint};
+use super::operation::{Final, Said};
+use crate::acquirer::{AcquirerError, Contradiction, Unknown};
+use crate::domain::Fingerprint;
 use crate::store::{KeyState, Reschedule};
 
 /// What a client is told to wait after an unknown outcome, unless the
@@ -65,11 +66,7 @@ pub(super) fn found(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Verdict {
     /// Final: store it under the fencing token, and answer with it ever after.
-    Final {
-        status: ChargeStatus,
-        capture_id: Option<String>,
-        decline_reason: Option<String>,
-    },
+    Final(Final),
     /// Money may or may not have moved: release the record with
     /// `reschedule`, and tell the client to retry after `retry_after`.
     Unknown {
@@ -77,7 +74,8 @@ pub(super) enum Verdict {
         reschedule: Reschedule,
         retry_after: Duration,
     },
-    /// The capture's echo is not this charge's: to a person, at once.
+    /// The echo is not this operation's (another amount, currency or
+    /// order): to a person, at once.
     Contradicted(Contradiction),
 }
 
@@ -86,11 +84,13 @@ pub(super) enum Verdict {
 /// then counts as one of its tries, and the acquirer's `Retry-After` can only
 /// lengthen the wait. A client is told to come back no sooner than
 /// [`UNKNOWN_RETRY_AFTER`], or the acquirer's `Retry-After` if longer.
-pub(super) fn verdict(result: Settled, backoff: Option<Duration>) -> Verdict {
-    let (status, capture_id, decline_reason) = match result {
-        Ok(captured) => (ChargeStatus::Captured, Some(captured.capture_id), None),
-        Err(AcquirerError::Declined(d)) => (ChargeStatus::Declined, None, Some(d.reason)),
-        Err(AcquirerError::Rejected { .. }) => (ChargeStatus::Failed, None, None),
+pub(super) fn verdict(result: Said, backoff: Option<Duration>) -> Verdict {
+    let outcome = match result {
+        Ok(acquirer_id) => Final::Done {
+            acquirer_id: Some(acquirer_id),
+        },
+        Err(AcquirerError::Declined(d)) => Final::Declined { reason: d.reason },
+        Err(AcquirerError::Rejected { reason, .. }) => Final::Refused { reason },
         Err(AcquirerError::Contradicted(c)) => return Verdict::Contradicted(c),
         Err(AcquirerError::Unknown(unknown)) => {
             let reschedule = match backoff {
@@ -113,11 +113,7 @@ pub(super) fn verdict(result: Settled, backoff: Option<Duration>) -> Verdict {
             };
         }
     };
-    Verdict::Final {
-        status,
-        capture_id,
-        decline_reason,
-    }
+    Verdict::Final(outcome)
 }
 
 #[cfg(test)]
@@ -188,7 +184,7 @@ mod tests {
         assert_eq!(found(&f, &in_flight(0), false, &f), Found::TakeOver);
     }
 
-    fn unknown(retry_after: Option<u64>) -> Settled {
+    fn unknown(retry_after: Option<u64>) -> Said {
         Err(AcquirerError::Unknown(Unknown {
             why: "no answer".to_owned(),
             cause: "timeout".to_owned(),
@@ -198,40 +194,31 @@ mod tests {
 
     #[test]
     fn a_capture_a_decline_and_a_rejection_are_final() {
-        use crate::acquirer::{Captured, Declined};
-        let captured = Ok(Captured {
-            capture_id: "cap_1".to_owned(),
-        });
+        use crate::acquirer::Declined;
         assert_eq!(
-            verdict(captured, None),
-            Verdict::Final {
-                status: ChargeStatus::Captured,
-                capture_id: Some("cap_1".to_owned()),
-                decline_reason: None
-            }
+            verdict(Ok("cap_1".to_owned()), None),
+            Verdict::Final(Final::Done {
+                acquirer_id: Some("cap_1".to_owned())
+            })
         );
         let declined = Err(AcquirerError::Declined(Declined {
             reason: "insufficient_funds".to_owned(),
         }));
         assert_eq!(
             verdict(declined, Some(Duration::from_secs(30))),
-            Verdict::Final {
-                status: ChargeStatus::Declined,
-                capture_id: None,
-                decline_reason: Some("insufficient_funds".to_owned())
-            }
+            Verdict::Final(Final::Declined {
+                reason: "insufficient_funds".to_owned()
+            })
         );
         let rejected = Err(AcquirerError::Rejected {
             status: 422,
-            reason: None,
+            reason: Some("exceeds_capture".to_owned()),
         });
         assert_eq!(
             verdict(rejected, None),
-            Verdict::Final {
-                status: ChargeStatus::Failed,
-                capture_id: None,
-                decline_reason: None
-            }
+            Verdict::Final(Final::Refused {
+                reason: Some("exceeds_capture".to_owned())
+            })
         );
     }
 

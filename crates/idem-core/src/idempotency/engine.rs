@@ -18,18 +18,15 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use super::decision::{found, verdict, Found, Verdict};
+use super::operation::{ClaimArgs, Claimed, Final, Finalize, Operation, Said};
 use super::{InFlightMemo, ReplayCache};
-use crate::acquirer::protocol::CaptureRequest;
-use crate::acquirer::{AcquirerClient, AcquirerError, Contradiction, Settled, Unknown};
+use crate::acquirer::{AcquirerClient, AcquirerError, Contradiction, Unknown};
 use crate::crash::{self, CrashPoint};
 use crate::domain::{
-    Charge, ChargeEvent, ChargeId, ChargeRequest, ChargeStatus, EventType, Fingerprint,
-    IdempotencyKey, Merchant, MessageId, StoredResponse, WebhookBody, WebhookEvent,
+    ChargeRequest, IdempotencyKey, Merchant, RefundIntent, StoredResponse, SubjectId,
 };
-use crate::problem::{Problem, ProblemKind};
 use crate::store::{
-    AuditEntry, Claim, KeyRecord, KeyState, KeyStatus, NewClaim, NewEvent, NewWebhook, Orphan,
-    Reschedule, Settlement, Store, StoreError,
+    AuditEntry, KeyState, KeyStatus, Orphan, Record, Refusal, Reschedule, Store, StoreError,
 };
 
 /// A duplicate that waits for a key in flight (`Prefer: wait`) looks at the
@@ -45,7 +42,7 @@ const WAIT_POLL_MAX: Duration = Duration::from_millis(200);
 /// (30 s by default), while a live one answers within a second or two.
 const IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// Why a charge awaits review (`idem charges stuck` shows it).
+/// Why a subject awaits review (`idem charges stuck` shows it).
 const NO_OUTCOME_AT_DEADLINE: &str =
     "the acquirer had no outcome for the reference at the settle deadline";
 
@@ -66,18 +63,17 @@ pub(super) enum Approach {
 
 /// A final outcome to store: the acquirer's, or an operator's decision.
 pub(super) struct Decided<'a> {
-    pub(super) status: ChargeStatus,
-    pub(super) capture_id: Option<&'a str>,
-    pub(super) decline_reason: Option<&'a str>,
+    pub(super) outcome: Final,
     pub(super) audit: Option<&'a AuditEntry<'a>>,
 }
 
-/// What the engine decided for one attempt.
+/// What the engine decided for one attempt. `subject` is the charge or the
+/// refund the key made.
 #[derive(Debug)]
 pub enum Outcome {
     /// A final outcome: fresh from this attempt, or the stored one replayed.
     Completed {
-        charge_id: ChargeId,
+        subject: SubjectId,
         response: StoredResponse,
         replayed: bool,
         /// Until when, at least, the key is honoured (on this process's
@@ -86,31 +82,35 @@ pub enum Outcome {
     },
     /// Another attempt holds the key; ask again after `retry_after`.
     InFlight {
-        charge_id: ChargeId,
+        subject: SubjectId,
         retry_after: Duration,
     },
-    /// The key was first used for a different request, which made `charge_id`.
+    /// The key was first used for a different request (or another
+    /// operation), which made `subject`.
     Mismatch {
-        charge_id: ChargeId,
+        subject: SubjectId,
         fields: Vec<&'static str>,
     },
     /// The key expired after storing the outcome of this very request: a late
-    /// retry, answered `410` naming the charge; nothing was claimed or charged.
-    Expired { charge_id: ChargeId },
-    /// The acquirer gave no definite answer; the charge stays `processing` and
+    /// retry, answered `410` naming the subject; nothing was claimed or moved.
+    Expired { subject: SubjectId },
+    /// The acquirer gave no definite answer; the subject stays pending and
     /// the next attempt (or the reconciler) re-drives it with the same reference.
     Unknown {
-        charge_id: ChargeId,
+        subject: SubjectId,
         retry_after: Duration,
     },
-    /// The charge awaits a person's review (the acquirer captured something
-    /// else than asked, or had no outcome by the settle deadline): it stays
-    /// `processing`, and no attempt calls the acquirer for it until an
-    /// operator settles it (`idem charges resolve`).
+    /// The subject awaits a person's review (the acquirer did something else
+    /// than asked, or had no outcome by the settle deadline): it stays
+    /// pending, and no attempt calls the acquirer for it until an operator
+    /// settles it.
     UnderReview {
-        charge_id: ChargeId,
+        subject: SubjectId,
         retry_after: Duration,
     },
+    /// A refund the charge cannot give: nothing was claimed or reserved,
+    /// and the key stays free.
+    Refused(Refusal),
 }
 
 /// What the reconciler's turn at an orphan came to.
@@ -142,14 +142,15 @@ pub struct EngineConfig {
     pub replay_cache_bytes: u64,
 }
 
-/// The idempotency engine for charges. Cheap to clone.
+/// The idempotency engine for every operation (charges, refunds). Cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
     pub(super) store: Store,
     acquirer: AcquirerClient,
     pub(super) config: EngineConfig,
     /// Keys this instance saw held by another attempt, answered from memory.
-    in_flight: InFlightMemo,
+    pub(super) charges_in_flight: InFlightMemo<ChargeRequest>,
+    pub(super) refunds_in_flight: InFlightMemo<RefundIntent>,
     /// Completed outcomes this instance read or stored, answered from memory.
     replays: ReplayCache,
 }
@@ -172,7 +173,8 @@ impl Engine {
             store,
             acquirer,
             config,
-            in_flight: InFlightMemo::default(),
+            charges_in_flight: InFlightMemo::default(),
+            refunds_in_flight: InFlightMemo::default(),
             replays: ReplayCache::new(config.replay_cache_bytes),
         }
     }
@@ -185,14 +187,14 @@ impl Engine {
     /// another instance, or its holder released it or died), the request is
     /// submitted again past the in-flight memo and answered as any retry would
     /// be: the stored outcome replayed, or, when there is none, this request
-    /// drives the charge under the same reference (so, like `submit`, not to
-    /// be cancelled once it may have claimed). At `until`, still in flight:
+    /// drives the operation under the same reference (so, like `submit`, not
+    /// to be cancelled once it may have claimed). At `until`, still in flight:
     /// the last `409`.
-    pub async fn await_outcome(
+    pub async fn await_outcome<O: Operation>(
         &self,
         merchant: &Merchant,
         key: &IdempotencyKey,
-        request: &ChargeRequest,
+        request: &O,
         in_flight: Outcome,
         until: Instant,
     ) -> Result<Outcome, EngineError> {
@@ -213,65 +215,78 @@ impl Engine {
                     continue;
                 }
             }
-            self.in_flight.forget(merchant.id, key);
+            O::memo(self).forget(merchant.id, key);
             outcome = self.submit(merchant, key, request).await?;
         }
         Ok(outcome)
     }
 
-    /// Runs one attempt of one intent to completion.
+    /// Runs one attempt of one intent (a charge, a refund) to completion.
     ///
     /// Callers should not cancel this future between claim and finalize (the HTTP
     /// layer runs it on its own task): a cancelled attempt is safe, but its key
     /// answers `409` until the lease runs out.
-    pub async fn submit(
+    pub async fn submit<O: Operation>(
         &self,
         merchant: &Merchant,
         key: &IdempotencyKey,
-        request: &ChargeRequest,
+        request: &O,
     ) -> Result<Outcome, EngineError> {
-        let fingerprint = Fingerprint::of_charge(request);
-        if let Some((charge_id, response, until)) =
+        let fingerprint = request.fingerprint();
+        if let Some((subject, response, until)) =
             self.replays.replay(merchant.id, key, &fingerprint)
         {
             // `until` is the key's own lower bound (the memory ends earlier, by its margin).
             return Ok(Outcome::Completed {
-                charge_id,
+                subject,
                 response,
                 replayed: true,
                 honoured_until: until,
             });
         }
-        if let Some(held) = self.in_flight.get(merchant.id, key) {
-            return Ok(waiting_or_mismatch(
-                &held.fingerprint,
-                &held.request,
-                held.charge_id,
-                fingerprint,
-                request,
-            ));
+        if let Some(held) = O::memo(self).get(merchant.id, key) {
+            if held.fingerprint != fingerprint {
+                return Ok(Outcome::Mismatch {
+                    subject: held.subject,
+                    fields: request.differing_fields(&held.request),
+                });
+            }
+            return Ok(Outcome::InFlight {
+                subject: held.subject,
+                retry_after: IN_FLIGHT_RETRY_AFTER,
+            });
         }
         let asked = Instant::now();
-        let claim = self
-            .store
-            .claim(&NewClaim {
-                merchant_id: merchant.id,
-                key,
-                fingerprint,
-                request,
-                lease: self.config.lease,
-                key_ttl: self.config.key_ttl,
-                traceparent: crate::trace::current_traceparent().as_deref(),
-            })
+        let claim = request
+            .claim(
+                &self.store,
+                ClaimArgs {
+                    merchant_id: merchant.id,
+                    key,
+                    fingerprint,
+                    lease: self.config.lease,
+                    key_ttl: self.config.key_ttl,
+                    traceparent: crate::trace::current_traceparent().as_deref(),
+                },
+            )
             .instrument(self.db_span("claim"))
             .await?;
         let record = match claim {
-            Claim::Won(record) => {
+            Claimed::Won(record) => {
                 crash::point(CrashPoint::AfterClaim);
-                return self.drive(merchant, key, record, Approach::Capture).await;
+                return self
+                    .drive::<O>(merchant, key, record, Approach::Capture)
+                    .await;
             }
-            Claim::Lost(record) => record,
-            Claim::Expired(charge_id) => return Ok(Outcome::Expired { charge_id }),
+            Claimed::Lost(record) => record,
+            Claimed::Expired(subject) => return Ok(Outcome::Expired { subject }),
+            Claimed::Other(subject) => {
+                return Ok(Outcome::Mismatch {
+                    subject,
+                    fields: vec!["operation"],
+                })
+            }
+            Claimed::Refused(refusal) => return Ok(Outcome::Refused(refusal)),
         };
         match found(
             &record.fingerprint,
@@ -280,290 +295,266 @@ impl Engine {
             &fingerprint,
         ) {
             Found::Mismatch => Ok(Outcome::Mismatch {
-                charge_id: record.subject.id.clone(),
-                fields: record.subject.request().differing_fields(request),
+                subject: O::id(&record.subject),
+                fields: request.differing_fields(&O::request_of(&record.subject)),
             }),
             Found::TakeOver => {
-                match self
-                    .store
-                    .take_over(merchant.id, key, record.attempt, self.config.lease)
-                    .await?
+                match O::take_over(
+                    &self.store,
+                    merchant.id,
+                    key,
+                    record.attempt,
+                    self.config.lease,
+                )
+                .await?
                 {
                     Some(taken) => {
-                        tracing::info!(charge_id = %taken.subject.id, attempt = taken.attempt,
+                        tracing::info!(subject = %O::id(&taken.subject), attempt = taken.attempt,
                             "took over an expired lease; re-driving with the same reference");
-                        self.drive(merchant, key, taken, Approach::Capture).await
+                        self.drive::<O>(merchant, key, taken, Approach::Capture)
+                            .await
                     }
-                    None => self.current(merchant, key).await,
+                    None => self.current::<O>(merchant, key).await,
                 }
             }
             Found::InFlight { lease_remaining } => {
-                self.in_flight.hold(
+                O::memo(self).hold(
                     merchant.id,
                     key,
                     record.fingerprint,
-                    record.subject.request(),
-                    record.subject.id.clone(),
+                    O::request_of(&record.subject),
+                    O::id(&record.subject),
                     lease_remaining,
                 );
-                Ok(self.settled_or_waiting(merchant.id, key, record, asked))
+                Ok(self.settled_or_waiting::<O>(merchant.id, key, record, asked))
             }
             Found::Replay | Found::UnderReview => {
-                Ok(self.settled_or_waiting(merchant.id, key, record, asked))
+                Ok(self.settled_or_waiting::<O>(merchant.id, key, record, asked))
             }
         }
     }
 
-    /// Settles a charge whose attempt died or gave up (the reconciler's job):
-    /// takes its record over if `orphan.attempt` still holds it, asks the
-    /// acquirer for the reference's outcome, and captures with the same
-    /// reference only where the acquirer has none — unless the orphan is past
-    /// the settle deadline, where the look is the last and nothing is captured:
-    /// without an outcome there, the charge is marked for review
-    /// ([`Reconciled::NoOutcome`]). An unknown answer releases the record with
-    /// `backoff` (or the acquirer's `Retry-After`, if longer) as the
-    /// reconciler's wait. `None`: another attempt took it first.
+    /// Settles a charge or a refund whose attempt died or gave up (the
+    /// reconciler's job): takes its record over if `orphan.attempt` still
+    /// holds it, asks the acquirer for the reference's outcome, and calls it
+    /// with the same reference only where the acquirer has none — unless the
+    /// orphan is past the settle deadline, where the look is the last and
+    /// nothing is sent: without an outcome there, the subject is marked for
+    /// review ([`Reconciled::NoOutcome`]). An unknown answer releases the
+    /// record with `backoff` (or the acquirer's `Retry-After`, if longer) as
+    /// the reconciler's wait. `None`: another attempt took it first.
     pub async fn settle_orphan(
         &self,
         orphan: &Orphan,
         backoff: Duration,
     ) -> Result<Option<Reconciled>, EngineError> {
-        let Some(record) = self
-            .store
-            .take_over(
-                orphan.merchant.id,
-                &orphan.key,
-                orphan.attempt,
-                self.config.lease,
-            )
-            .await?
+        match orphan.subject {
+            SubjectId::Charge(_) => self.settle::<ChargeRequest>(orphan, backoff).await,
+            SubjectId::Refund(_) => self.settle::<RefundIntent>(orphan, backoff).await,
+        }
+    }
+
+    async fn settle<O: Operation>(
+        &self,
+        orphan: &Orphan,
+        backoff: Duration,
+    ) -> Result<Option<Reconciled>, EngineError> {
+        let (merchant, key) = (&orphan.merchant, &orphan.key);
+        let Some(record) = O::take_over(
+            &self.store,
+            merchant.id,
+            key,
+            orphan.attempt,
+            self.config.lease,
+        )
+        .await?
         else {
             return Ok(None);
         };
         if !orphan.past_deadline {
             let outcome = self
-                .drive(
-                    &orphan.merchant,
-                    &orphan.key,
-                    record,
-                    Approach::LookupFirst { backoff },
-                )
+                .drive::<O>(merchant, key, record, Approach::LookupFirst { backoff })
                 .await?;
             return Ok(Some(Reconciled::Outcome(outcome)));
         }
-        let (merchant, key) = (&orphan.merchant, &orphan.key);
         let started = std::time::Instant::now();
-        let result = match self
-            .acquirer
-            .lookup(&capture_request(merchant, &record.subject))
-            .instrument(acquirer_span("GET", &record.subject))
+        let result = match O::look_up(&self.acquirer, merchant, &record.subject)
+            .instrument(acquirer_span::<O>("GET", &record.subject))
             .await
         {
             Ok(Some(settled)) => settled,
             Ok(None) => {
                 // Marked while the lease still holds the record: if marking
                 // fails, no pass asks the acquirer again before the lease ends.
-                self.store
-                    .mark_for_review(
-                        &record.subject.id,
-                        NO_OUTCOME_AT_DEADLINE,
-                        &new_webhook(WebhookEvent::ReviewRequired, merchant, &record.subject),
-                    )
-                    .await?;
-                self.store
-                    .release(merchant.id, key, record.attempt, &Reschedule::default())
-                    .await?;
+                O::mark_for_review(
+                    &self.store,
+                    merchant,
+                    &record.subject,
+                    NO_OUTCOME_AT_DEADLINE,
+                )
+                .await?;
+                O::release(
+                    &self.store,
+                    merchant.id,
+                    key,
+                    record.attempt,
+                    &Reschedule::default(),
+                )
+                .await?;
                 return Ok(Some(Reconciled::NoOutcome));
             }
             Err(e) => Err(e),
         };
         let outcome = self
-            .conclude(merchant, key, record, result, started, Some(backoff))
+            .conclude::<O>(merchant, key, record, result, started, Some(backoff))
             .await?;
         Ok(Some(Reconciled::Outcome(outcome)))
     }
 
     /// Learns the acquirer's outcome for a record this attempt holds, then stores it.
-    pub(super) async fn drive(
+    pub(super) async fn drive<O: Operation>(
         &self,
         merchant: &Merchant,
         key: &IdempotencyKey,
-        record: KeyRecord,
+        record: Record<O::Subject>,
         approach: Approach,
     ) -> Result<Outcome, EngineError> {
-        let request = capture_request(merchant, &record.subject);
         let called = std::time::Instant::now();
-        let capture = || {
-            self.acquirer
-                .capture(&request)
-                .instrument(acquirer_span("POST", &record.subject))
+        let call = || {
+            O::call(&self.acquirer, merchant, &record.subject)
+                .instrument(acquirer_span::<O>("POST", &record.subject))
         };
         let result = match approach {
-            Approach::Capture => capture().await,
-            Approach::LookupFirst { .. } => match self
-                .acquirer
-                .lookup(&request)
-                .instrument(acquirer_span("GET", &record.subject))
-                .await
-            {
-                Ok(Some(settled)) => settled,
-                Ok(None) => {
-                    // The lookup took part of the lease: renew it, so no
-                    // take-over can POST this reference while this POST runs.
-                    if !self
-                        .store
-                        .renew(merchant.id, key, record.attempt, self.config.lease)
-                        .await?
-                    {
-                        return self.current(merchant, key).await;
+            Approach::Capture => call().await,
+            Approach::LookupFirst { .. } => {
+                match O::look_up(&self.acquirer, merchant, &record.subject)
+                    .instrument(acquirer_span::<O>("GET", &record.subject))
+                    .await
+                {
+                    Ok(Some(settled)) => settled,
+                    Ok(None) => {
+                        // The lookup took part of the lease: renew it, so no
+                        // take-over can POST this reference while this POST runs.
+                        if !self
+                            .store
+                            .renew(merchant.id, key, record.attempt, self.config.lease)
+                            .await?
+                        {
+                            return self.current::<O>(merchant, key).await;
+                        }
+                        call().await
                     }
-                    capture().await
+                    Err(e) => Err(e),
                 }
-                Err(e) => Err(e),
-            },
+            }
         };
         let backoff = match approach {
             Approach::Capture => None,
             Approach::LookupFirst { backoff } => Some(backoff),
         };
-        self.conclude(merchant, key, record, result, called, backoff)
+        self.conclude::<O>(merchant, key, record, result, called, backoff)
             .await
     }
 
     /// Stores what the acquirer said for a record this attempt holds: a final
     /// outcome under the fencing token, or, when unknown, the release, with
     /// the reconciler's `backoff` when it is the reconciler asking.
-    async fn conclude(
+    async fn conclude<O: Operation>(
         &self,
         merchant: &Merchant,
         key: &IdempotencyKey,
-        record: KeyRecord,
-        result: Settled,
+        record: Record<O::Subject>,
+        result: Said,
         called: std::time::Instant,
         backoff: Option<Duration>,
     ) -> Result<Outcome, EngineError> {
-        let charge = &record.subject;
         crash::point(CrashPoint::AfterAcquirer);
         metrics::histogram!(crate::metrics::ACQUIRER_SECONDS)
             .record(called.elapsed().as_secs_f64());
-        let label = match &result {
-            Ok(_) => "captured",
-            Err(AcquirerError::Declined(_)) => "declined",
-            Err(AcquirerError::Rejected { .. }) => "rejected",
-            Err(AcquirerError::Unknown(_)) => "unknown",
-            Err(AcquirerError::Contradicted(_)) => "contradicted",
+        let label = match (&result, O::id(&record.subject)) {
+            (Ok(_), SubjectId::Charge(_)) => "captured",
+            (Ok(_), SubjectId::Refund(_)) => "refunded",
+            (Err(AcquirerError::Declined(_)), _) => "declined",
+            (Err(AcquirerError::Rejected { .. }), _) => "rejected",
+            (Err(AcquirerError::Unknown(_)), _) => "unknown",
+            (Err(AcquirerError::Contradicted(_)), _) => "contradicted",
         };
         metrics::counter!(crate::metrics::ACQUIRER_CALLS, "outcome" => label).increment(1);
-        if let Err(AcquirerError::Rejected { status, .. }) = &result {
-            tracing::error!(charge_id = %charge.id, status, "acquirer rejected the capture");
+        if let Err(AcquirerError::Rejected { status, reason }) = &result {
+            tracing::warn!(subject = %O::id(&record.subject), status, reason,
+                "the acquirer refused the request for good");
         }
-        let (status, capture_id, decline_reason) = match verdict(result, backoff) {
-            Verdict::Final {
-                status,
-                capture_id,
-                decline_reason,
-            } => (status, capture_id, decline_reason),
+        match verdict(result, backoff) {
+            Verdict::Final(outcome) => {
+                self.store_outcome::<O>(
+                    merchant,
+                    key,
+                    record,
+                    Decided {
+                        outcome,
+                        audit: None,
+                    },
+                )
+                .await
+            }
             Verdict::Unknown {
                 unknown,
                 reschedule,
                 retry_after,
             } => {
-                return self
-                    .unknown(merchant, key, &record, unknown, &reschedule, retry_after)
-                    .await;
+                self.unknown::<O>(merchant, key, &record, unknown, &reschedule, retry_after)
+                    .await
             }
             Verdict::Contradicted(contradiction) => {
-                return self
-                    .contradicted(merchant, key, &record, contradiction)
-                    .await;
+                self.contradicted::<O>(merchant, key, &record, contradiction)
+                    .await
             }
-        };
-        self.store_outcome(
-            merchant,
-            key,
-            record,
-            Decided {
-                status,
-                capture_id: capture_id.as_deref(),
-                decline_reason: decline_reason.as_deref(),
-                audit: None,
-            },
-        )
-        .await
+        }
     }
 
     /// Stores a final outcome for a record this attempt holds, under its
-    /// fencing token: the charge settled, the answer every replay repeats,
-    /// the charge event, and an operator's audit record if there is one.
-    pub(super) async fn store_outcome(
+    /// fencing token: the subject settled, the answer every replay repeats,
+    /// what the outcome announces, and an operator's audit record if there is one.
+    pub(super) async fn store_outcome<O: Operation>(
         &self,
         merchant: &Merchant,
         key: &IdempotencyKey,
-        record: KeyRecord,
+        record: Record<O::Subject>,
         decided: Decided<'_>,
     ) -> Result<Outcome, EngineError> {
-        let Decided {
-            status,
-            capture_id,
-            decline_reason,
-            audit,
-        } = decided;
-        let settled = Charge {
-            status,
-            decline_reason: decline_reason.map(str::to_owned),
-            ..record.subject.clone()
-        };
-        let response = final_response(&settled);
-        let event = EventType::of(status).map(|event_type| {
-            let message_id = MessageId::event();
-            let body =
-                ChargeEvent::new(&message_id, event_type, &merchant.name, &settled).to_bytes();
-            NewEvent {
-                message_id,
-                event_type: event_type.as_str(),
-                tenant: &merchant.name,
-                body: body.into(),
-            }
-        });
-        // A person's decision is `charge.resolved`; the acquirer's, its outcome.
-        let webhook_event = if audit.is_some() {
-            Some(WebhookEvent::Resolved)
-        } else {
-            WebhookEvent::of_final(status)
-        };
-        let webhook = webhook_event.map(|event| new_webhook(event, merchant, &settled));
+        let settled = O::settled(&record.subject, &decided.outcome);
+        let response = O::response(&settled);
         let asked = Instant::now();
-        let stored = crash::around_finalize(self.store.finalize(
-            merchant.id,
-            key,
-            &record,
-            &Settlement {
-                status,
-                capture_id,
-                decline_reason,
+        let stored = O::finalize(
+            &self.store,
+            Finalize {
+                merchant,
+                key,
+                record: &record,
+                settled: &settled,
+                outcome: &decided.outcome,
                 response: &response,
-                event: event.as_ref(),
-                webhook: webhook.as_ref(),
-                audit,
+                audit: decided.audit,
+                key_ttl: self.config.key_ttl,
             },
-            self.config.key_ttl,
-        ))
+        )
         .instrument(self.db_span("finalize"))
         .await?;
+        let subject = O::id(&settled);
         if stored {
-            self.in_flight.forget(merchant.id, key);
+            O::memo(self).forget(merchant.id, key);
             self.replays.remember(
                 merchant.id,
                 key,
                 record.fingerprint,
-                &settled.id,
+                &subject,
                 &response,
                 asked + self.config.key_ttl,
             );
             // Sent at `asked`, the statement set the expiry `key_ttl` from
             // the database's now, which came after.
             return Ok(Outcome::Completed {
-                charge_id: settled.id,
+                subject,
                 response,
                 replayed: false,
                 honoured_until: asked + self.config.key_ttl,
@@ -571,84 +562,91 @@ impl Engine {
         }
         // Fenced out: our lease ran out and another attempt took over. Its answer
         // (from the same acquirer outcome, by reference) is the one that counts.
-        tracing::warn!(charge_id = %settled.id, attempt = record.attempt,
+        tracing::warn!(%subject, attempt = record.attempt,
             "lost the lease before finalizing; answering with the current holder's outcome");
-        self.current(merchant, key).await
+        self.current::<O>(merchant, key).await
     }
 
     /// After an unknown answer: logs and counts it by cause, releases the
     /// record with the reconciler's next look scheduled (in one statement, so
     /// no reconciler skips the wait), and tells the caller when to retry.
-    async fn unknown(
+    async fn unknown<O: Operation>(
         &self,
         merchant: &Merchant,
         key: &IdempotencyKey,
-        record: &KeyRecord,
+        record: &Record<O::Subject>,
         unknown: Unknown,
         reschedule: &Reschedule,
         retry_after: Duration,
     ) -> Result<Outcome, EngineError> {
-        tracing::warn!(charge_id = %record.subject.id, cause = %unknown.cause, why = %unknown.why,
+        let subject = O::id(&record.subject);
+        tracing::warn!(%subject, cause = %unknown.cause, why = %unknown.why,
             "acquirer outcome unknown");
         metrics::counter!(crate::metrics::ACQUIRER_UNKNOWN, "cause" => unknown.cause).increment(1);
-        self.store
-            .release(merchant.id, key, record.attempt, reschedule)
-            .await?;
+        O::release(&self.store, merchant.id, key, record.attempt, reschedule).await?;
         // The next duplicate here must re-drive at once, not hear 409.
-        self.in_flight.forget(merchant.id, key);
+        O::memo(self).forget(merchant.id, key);
         Ok(Outcome::Unknown {
-            charge_id: record.subject.id.clone(),
+            subject,
             retry_after,
         })
     }
 
-    /// After a capture whose echo contradicts the charge: no retry can fix
+    /// After an answer whose echo contradicts the request: no retry can fix
     /// it (the acquirer repeats its first outcome for the reference), and it
-    /// is not this charge's capture. The charge goes to a person at once:
-    /// marked for review while this attempt still holds its record (so no
-    /// other attempt calls the acquirer meanwhile), then released; it stays
-    /// `processing` until an operator settles it.
-    async fn contradicted(
+    /// is not what was asked. The subject goes to a person at once: marked
+    /// for review while this attempt still holds its record (so no other
+    /// attempt calls the acquirer meanwhile), then released; it stays pending
+    /// until an operator settles it.
+    async fn contradicted<O: Operation>(
         &self,
         merchant: &Merchant,
         key: &IdempotencyKey,
-        record: &KeyRecord,
+        record: &Record<O::Subject>,
         contradiction: Contradiction,
     ) -> Result<Outcome, EngineError> {
-        let charge = &record.subject;
+        let subject = O::id(&record.subject);
         let differs = contradiction.differences.join(", ");
-        tracing::error!(charge_id = %charge.id, reference = charge.acquirer_reference.as_str(),
-            capture_id = %contradiction.capture_id, differs = %differs,
-            "the acquirer captured something else than the charge asked; marked for review");
+        tracing::error!(%subject, reference = O::reference(&record.subject).as_str(),
+            acquirer_id = %contradiction.capture_id, differs = %differs,
+            "the acquirer did something else than asked; marked for review");
         metrics::counter!(crate::metrics::ACQUIRER_CONTRADICTED).increment(1);
         let reason = format!(
-            "the acquirer's capture {} contradicts the charge: {differs}",
-            contradiction.capture_id
+            "the acquirer's {} {} contradicts the {}: {differs}",
+            match subject {
+                SubjectId::Charge(_) => "capture",
+                SubjectId::Refund(_) => "refund",
+            },
+            contradiction.capture_id,
+            subject.kind(),
         );
-        let webhook = new_webhook(WebhookEvent::ReviewRequired, merchant, charge);
-        self.store
-            .mark_for_review(&charge.id, &reason, &webhook)
-            .await?;
-        self.store
-            .release(merchant.id, key, record.attempt, &Reschedule::default())
-            .await?;
-        self.in_flight.forget(merchant.id, key);
+        O::mark_for_review(&self.store, merchant, &record.subject, &reason).await?;
+        O::release(
+            &self.store,
+            merchant.id,
+            key,
+            record.attempt,
+            &Reschedule::default(),
+        )
+        .await?;
+        O::memo(self).forget(merchant.id, key);
         Ok(Outcome::UnderReview {
-            charge_id: charge.id.clone(),
+            subject,
             retry_after: UNDER_REVIEW_RETRY_AFTER,
         })
     }
 
     /// A record read in a statement sent at `asked`, as an answer: its stored
     /// outcome replayed (and remembered while the key surely lives), `409`,
-    /// or, for a charge awaiting review, that.
-    fn settled_or_waiting(
+    /// or, for a subject awaiting review, that.
+    fn settled_or_waiting<O: Operation>(
         &self,
         merchant_id: i64,
         key: &IdempotencyKey,
-        record: KeyRecord,
+        record: Record<O::Subject>,
         asked: Instant,
     ) -> Outcome {
+        let subject = O::id(&record.subject);
         match record.state {
             KeyState::Completed {
                 response,
@@ -659,53 +657,62 @@ impl Engine {
                         merchant_id,
                         key,
                         record.fingerprint,
-                        &record.subject.id,
+                        &subject,
                         &response,
                         asked + expires_in,
                     );
                 }
                 Outcome::Completed {
-                    charge_id: record.subject.id,
+                    subject,
                     response,
                     replayed: true,
                     honoured_until: asked + expires_in,
                 }
             }
             KeyState::InFlight { .. } if record.under_review => Outcome::UnderReview {
-                charge_id: record.subject.id,
+                subject,
                 retry_after: UNDER_REVIEW_RETRY_AFTER,
             },
             KeyState::InFlight { .. } => Outcome::InFlight {
-                charge_id: record.subject.id,
+                subject,
                 retry_after: IN_FLIGHT_RETRY_AFTER,
             },
         }
     }
 
     /// The key's record as it is now, without taking anything over.
-    pub(super) async fn current(
+    pub(super) async fn current<O: Operation>(
         &self,
         merchant: &Merchant,
         key: &IdempotencyKey,
     ) -> Result<Outcome, EngineError> {
         let asked = Instant::now();
-        match self.store.key_record(merchant.id, key).await? {
-            Some(record) => Ok(self.settled_or_waiting(merchant.id, key, record, asked)),
+        match O::record(&self.store, merchant.id, key).await? {
+            Some(record) => Ok(self.settled_or_waiting::<O>(merchant.id, key, record, asked)),
             None => Err(StoreError::Corrupt(format!("key {key} vanished while in use")).into()),
         }
     }
 }
 
 impl Outcome {
-    /// The outcome's name in metrics: `captured`, `declined`, `failed`,
-    /// `replayed`, `in_flight`, `key_reused`, `key_expired`, `unknown`,
-    /// `under_review`.
+    /// The outcome's name in metrics. A charge's: `captured`, `declined`,
+    /// `failed`, `replayed`, `in_flight`, `key_reused`, `key_expired`,
+    /// `unknown`, `under_review`; a refund's the same, but `succeeded` for
+    /// `captured`, and `refused` for a refund its charge cannot give.
     pub fn label(&self) -> &'static str {
         match self {
             Self::Completed { replayed: true, .. } => "replayed",
-            Self::Completed { response, .. } => match response.status {
+            Self::Completed {
+                response,
+                subject: SubjectId::Charge(_),
+                ..
+            } => match response.status {
                 201 => "captured",
                 402 => "declined",
+                _ => "failed",
+            },
+            Self::Completed { response, .. } => match response.status {
+                201 => "succeeded",
                 _ => "failed",
             },
             Self::InFlight { .. } => "in_flight",
@@ -713,91 +720,44 @@ impl Outcome {
             Self::Expired { .. } => "key_expired",
             Self::Unknown { .. } => "unknown",
             Self::UnderReview { .. } => "under_review",
+            Self::Refused(_) => "refused",
+        }
+    }
+
+    /// The charge or the refund the outcome is about; `None` for a refund
+    /// refused before anything was made.
+    pub fn subject(&self) -> Option<&SubjectId> {
+        match self {
+            Self::Completed { subject, .. }
+            | Self::InFlight { subject, .. }
+            | Self::Mismatch { subject, .. }
+            | Self::Expired { subject }
+            | Self::Unknown { subject, .. }
+            | Self::UnderReview { subject, .. } => Some(subject),
+            Self::Refused(_) => None,
         }
     }
 }
 
-/// The span of a call to the acquirer about `charge` (OpenTelemetry's HTTP
-/// client conventions; the client records the status): its charge id and
+/// The span of a call to the acquirer about `subject` (OpenTelemetry's HTTP
+/// client conventions; the client records the status): its id and
 /// reference, never the request's body.
-fn acquirer_span(method: &'static str, charge: &Charge) -> tracing::Span {
-    crate::span!("acquirer", otel.name = method, otel.kind = "client",
-        http.request.method = method, url.template = "/v1/captures",
-        charge_id = %charge.id, acquirer.reference = charge.acquirer_reference.as_str(),
-        http.response.status_code = tracing::field::Empty,
-        otel.status_code = tracing::field::Empty)
-}
-
-/// The webhook event `event` of `charge` (as it is after the decision), with
-/// an id of its own: every endpoint's every attempt carries it.
-pub(super) fn new_webhook(event: WebhookEvent, merchant: &Merchant, charge: &Charge) -> NewWebhook {
-    let event_id = MessageId::event();
-    let body = WebhookBody::new(&event_id, event, &merchant.name, charge).to_bytes();
-    NewWebhook {
-        event_id,
-        event_type: event.as_str(),
-        body: body.into(),
-    }
-}
-
-/// What the acquirer is asked for a charge: its reference, and the order,
-/// amount and currency a capture's echo is checked against.
-fn capture_request(merchant: &Merchant, charge: &Charge) -> CaptureRequest {
-    CaptureRequest {
-        reference: charge.acquirer_reference.as_str().to_owned(),
-        merchant: merchant.name.clone(),
-        order_id: charge.order_id.get(),
-        amount_cents: charge.amount_cents.get(),
-        currency: charge.currency.as_str().to_owned(),
-    }
-}
-
-/// The answer for a key known to be in flight: `409`, or `422` if this
-/// request is not the one that holds it.
-fn waiting_or_mismatch(
-    held_fingerprint: &Fingerprint,
-    held_request: &ChargeRequest,
-    charge_id: ChargeId,
-    fingerprint: Fingerprint,
-    request: &ChargeRequest,
-) -> Outcome {
-    if *held_fingerprint != fingerprint {
-        return Outcome::Mismatch {
-            charge_id,
-            fields: held_request.differing_fields(request),
-        };
-    }
-    Outcome::InFlight {
-        charge_id,
-        retry_after: IN_FLIGHT_RETRY_AFTER,
-    }
-}
-
-/// The answer stored for a final outcome: what the API says, and what every
-/// replay repeats byte for byte.
-pub fn final_response(charge: &Charge) -> StoredResponse {
-    let (status, body) = match charge.status {
-        ChargeStatus::Captured => (201, crate::domain::to_json(charge)),
-        ChargeStatus::Declined => {
-            let reason = charge.decline_reason.as_deref().unwrap_or("unspecified");
-            let mut p = Problem::new(
-                ProblemKind::Declined,
-                format!("The acquirer declined the charge: {reason}. Use a new Idempotency-Key for a new attempt."),
-            );
-            p.charge = Some(charge);
-            (p.status, p.to_bytes())
-        }
-        ChargeStatus::Failed | ChargeStatus::Processing => {
-            let mut p = Problem::new(
-                ProblemKind::AcquirerRejected,
-                "The acquirer rejected the capture request; no money moved.",
-            );
-            p.charge = Some(charge);
-            (p.status, p.to_bytes())
-        }
+fn acquirer_span<O: Operation>(method: &'static str, subject: &O::Subject) -> tracing::Span {
+    let id = O::id(subject);
+    let (charge_id, refund_id) = match &id {
+        SubjectId::Charge(c) => (Some(c.as_str()), None),
+        SubjectId::Refund(r) => (None, Some(r.as_str())),
     };
-    StoredResponse {
-        status,
-        body: body.into(),
-    }
+    crate::span!(
+        "acquirer",
+        otel.name = method,
+        otel.kind = "client",
+        http.request.method = method,
+        url.template = O::ACQUIRER_PATH,
+        charge_id = charge_id,
+        refund_id = refund_id,
+        acquirer.reference = O::reference(subject).as_str(),
+        http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty
+    )
 }

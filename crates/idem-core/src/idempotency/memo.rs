@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::domain::{ChargeId, ChargeRequest, Fingerprint, IdempotencyKey};
+use crate::domain::{Fingerprint, IdempotencyKey, SubjectId};
 
 /// The longest an in-flight key is remembered: the shortest `Retry-After`.
 pub const MEMO_FOR: Duration = Duration::from_secs(1);
@@ -26,21 +26,34 @@ const PRUNE_AT: usize = 4_096;
 
 /// What is remembered of a key another attempt holds.
 #[derive(Debug, Clone)]
-pub struct Held {
+pub struct Held<R> {
     pub fingerprint: Fingerprint,
-    pub request: ChargeRequest,
-    pub charge_id: ChargeId,
+    /// The request that holds the key, to name the fields another differs in.
+    pub request: R,
+    pub subject: SubjectId,
     until: Instant,
 }
 
-#[derive(Clone, Default)]
-pub struct InFlightMemo {
-    entries: Arc<Mutex<HashMap<(i64, String), Held>>>,
+/// What is held, by merchant and key.
+type Entries<R> = HashMap<(i64, String), Held<R>>;
+
+/// Keys held in flight by requests of one kind `R` (a charge's, a refund's).
+#[derive(Clone)]
+pub struct InFlightMemo<R> {
+    entries: Arc<Mutex<Entries<R>>>,
 }
 
-impl InFlightMemo {
+impl<R> Default for InFlightMemo<R> {
+    fn default() -> Self {
+        Self {
+            entries: Arc::default(),
+        }
+    }
+}
+
+impl<R: Clone> InFlightMemo<R> {
     /// The live entry for a key, if any.
-    pub fn get(&self, merchant_id: i64, key: &IdempotencyKey) -> Option<Held> {
+    pub fn get(&self, merchant_id: i64, key: &IdempotencyKey) -> Option<Held<R>> {
         let now = Instant::now();
         let entries = self.entries.lock().ok()?;
         entries
@@ -55,8 +68,8 @@ impl InFlightMemo {
         merchant_id: i64,
         key: &IdempotencyKey,
         fingerprint: Fingerprint,
-        request: ChargeRequest,
-        charge_id: ChargeId,
+        request: R,
+        subject: SubjectId,
         lease_remaining: Duration,
     ) {
         if lease_remaining.is_zero() {
@@ -77,7 +90,7 @@ impl InFlightMemo {
             Held {
                 fingerprint,
                 request,
-                charge_id,
+                subject,
                 until: now + lease_remaining.min(MEMO_FOR),
             },
         );
@@ -94,6 +107,7 @@ impl InFlightMemo {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::{ChargeId, ChargeRequest};
 
     fn key(k: &str) -> IdempotencyKey {
         IdempotencyKey::parse(k.as_bytes()).unwrap()
@@ -103,21 +117,21 @@ mod tests {
         ChargeRequest::from_json(br#"{"order_id": 1, "amount_cents": 100}"#).unwrap()
     }
 
-    fn hold(memo: &InFlightMemo, k: &str, lease: Duration) {
+    fn hold(memo: &InFlightMemo<ChargeRequest>, k: &str, lease: Duration) {
         let r = request();
         memo.hold(
             7,
             &key(k),
             Fingerprint::of_charge(&r),
             r,
-            ChargeId::generate(),
+            ChargeId::generate().into(),
             lease,
         );
     }
 
     #[test]
     fn an_entry_lives_no_longer_than_the_lease_nor_the_memo_bound() {
-        let memo = InFlightMemo::default();
+        let memo = InFlightMemo::<ChargeRequest>::default();
         hold(&memo, "short", Duration::from_millis(30));
         hold(&memo, "long", Duration::from_secs(30));
         let long = memo.get(7, &key("long")).expect("remembered");
@@ -133,7 +147,7 @@ mod tests {
 
     #[test]
     fn a_spent_lease_is_not_remembered_and_forget_forgets() {
-        let memo = InFlightMemo::default();
+        let memo = InFlightMemo::<ChargeRequest>::default();
         hold(&memo, "spent", Duration::ZERO);
         assert!(memo.get(7, &key("spent")).is_none());
         hold(&memo, "k", Duration::from_secs(5));
@@ -143,7 +157,7 @@ mod tests {
 
     #[test]
     fn a_flood_of_keys_stays_bounded() {
-        let memo = InFlightMemo::default();
+        let memo = InFlightMemo::<ChargeRequest>::default();
         for i in 0..3 * PRUNE_AT {
             hold(&memo, &format!("k{i}"), Duration::from_secs(5));
         }

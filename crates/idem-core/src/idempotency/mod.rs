@@ -12,18 +12,25 @@
 //! - [`InFlightMemo`] answers repeated duplicates of an in-flight key from memory.
 //! - [`ReplayCache`] answers replays of a completed key from memory, until the
 //!   key's expiry on the database's clock.
+//! - [`Operation`] (`operation.rs`): what differs between the operations the
+//!   engine runs, a charge (`charge.rs`) and a refund of one (`refund.rs`):
+//!   their requests, their store calls, the acquirer's call, the answers.
 //! - `operator.rs`: an operator's retry and resolve of one charge, through the
 //!   same take-over and finalize.
 
+mod charge;
 mod decision;
 mod engine;
 mod memo;
+mod operation;
 mod operator;
+mod refund;
 mod replays;
 
 #[cfg(doc)]
 use crate::domain::{Fingerprint, IdempotencyKey, StoredResponse};
 pub use engine::{Engine, EngineConfig, EngineError, Outcome, Reconciled};
 pub use memo::InFlightMemo;
+pub use operation::{Final, Operation};
 pub use operator::{OperatorError, Resolution};
 pub use replays::ReplayCache;

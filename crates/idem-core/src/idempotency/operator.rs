@@ -7,8 +7,9 @@
 use std::time::Duration;
 
 use super::engine::{Approach, Decided};
+use super::operation::Final;
 use super::{Engine, EngineError, Outcome};
-use crate::domain::{ChargeStatus, IdempotencyKey, Merchant};
+use crate::domain::{ChargeRequest, ChargeStatus, IdempotencyKey, Merchant};
 use crate::store::{Audit, AuditEntry, ChargeRecord, KeyRecord};
 
 /// How a person settles a charge awaiting review.
@@ -74,7 +75,7 @@ impl Engine {
         let found = self.operable(id).await?;
         let taken = self.take(&found).await?;
         let outcome = self
-            .drive(
+            .drive::<ChargeRequest>(
                 &taken.merchant,
                 &taken.key,
                 taken.record,
@@ -126,19 +127,17 @@ impl Engine {
             subject: id,
             detail: &detail,
         };
-        let status = match resolution {
-            Resolution::Captured => ChargeStatus::Captured,
-            Resolution::Failed => ChargeStatus::Failed,
+        let outcome = match resolution {
+            Resolution::Captured => Final::Done { acquirer_id: None },
+            Resolution::Failed => Final::Refused { reason: None },
         };
         let outcome = self
-            .store_outcome(
+            .store_outcome::<ChargeRequest>(
                 &taken.merchant,
                 &taken.key,
                 taken.record,
                 Decided {
-                    status,
-                    capture_id: None,
-                    decline_reason: None,
+                    outcome,
                     audit: Some(&entry),
                 },
             )

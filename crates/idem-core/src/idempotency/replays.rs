@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use moka::sync::Cache;
 use moka::Expiry;
 
-use crate::domain::{ChargeId, Fingerprint, IdempotencyKey, StoredResponse};
+use crate::domain::{Fingerprint, IdempotencyKey, StoredResponse, SubjectId};
 
 /// The margin taken off every entry's life: a second, or a hundredth of the
 /// time left if that is more (clock rates differ by far less than 1 %).
@@ -42,7 +42,7 @@ const ENTRY_OVERHEAD: usize = 900;
 #[derive(Debug, Clone)]
 struct Done {
     fingerprint: Fingerprint,
-    charge_id: ChargeId,
+    subject: SubjectId,
     response: StoredResponse,
     /// When this instance stops answering from memory.
     until: Instant,
@@ -94,14 +94,14 @@ impl ReplayCache {
         merchant_id: i64,
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
-    ) -> Option<(ChargeId, StoredResponse, Instant)> {
+    ) -> Option<(SubjectId, StoredResponse, Instant)> {
         let entries = self.entries.as_ref()?;
         let done = entries
             .get(&(merchant_id, key.as_str().to_owned()))
             .filter(|d| d.until > Instant::now() && d.fingerprint == *fingerprint);
         let result = if done.is_some() { "hit" } else { "miss" };
         metrics::counter!(crate::metrics::REPLAY_CACHE, "result" => result).increment(1);
-        done.map(|d| (d.charge_id, d.response, d.key_lives_until))
+        done.map(|d| (d.subject, d.response, d.key_lives_until))
     }
 
     /// Remembers a completed outcome whose key lives at least until
@@ -112,7 +112,7 @@ impl ReplayCache {
         merchant_id: i64,
         key: &IdempotencyKey,
         fingerprint: Fingerprint,
-        charge_id: &ChargeId,
+        subject: &SubjectId,
         response: &StoredResponse,
         key_lives_until: Instant,
     ) {
@@ -128,7 +128,7 @@ impl ReplayCache {
             (merchant_id, key.as_str().to_owned()),
             Done {
                 fingerprint,
-                charge_id: charge_id.clone(),
+                subject: subject.clone(),
                 response: response.clone(),
                 until,
                 key_lives_until,
@@ -175,7 +175,7 @@ mod tests {
             7,
             &key(k),
             fingerprint(1),
-            &ChargeId::generate(),
+            &crate::domain::ChargeId::generate().into(),
             &response(body),
             Instant::now() + expires_in,
         );

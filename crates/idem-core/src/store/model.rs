@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use super::StoreError;
 use crate::domain::{Charge, ChargeId, ChargeRequest, ChargeStatus, Merchant, MessageId};
 use crate::domain::{Fingerprint, IdempotencyKey, StoredResponse};
-use crate::domain::{Refund, RefundRequest, RefundStatus};
+use crate::domain::{Refund, RefundRequest, RefundStatus, SubjectId};
 
 /// What a new attempt asks to claim.
 pub struct NewClaim<'a> {
@@ -84,6 +84,9 @@ pub enum RefundClaim {
     Lost(Box<Taken>),
     /// Nothing was claimed, reserved or kept: the charge cannot give this back.
     Refused(Refusal),
+    /// The key expired after storing the outcome of this very request: a
+    /// late retry; nothing was claimed. Here is the refund it made.
+    Expired(crate::domain::RefundId),
 }
 
 /// Whose a taken key is.
@@ -91,6 +94,31 @@ pub enum RefundClaim {
 pub enum Taken {
     Refund(RefundRecord),
     Charge(KeyRecord),
+}
+
+impl Taken {
+    pub(super) fn expired(&self) -> bool {
+        match self {
+            Self::Refund(r) => r.expired,
+            Self::Charge(r) => r.expired,
+        }
+    }
+
+    pub(super) fn fingerprint(&self) -> &Fingerprint {
+        match self {
+            Self::Refund(r) => &r.fingerprint,
+            Self::Charge(r) => &r.fingerprint,
+        }
+    }
+
+    /// A refund's claim that found the key taken: its own record expired
+    /// (the same request, come late), or lost to the record there.
+    pub(super) fn into_claim(self) -> RefundClaim {
+        match self {
+            Self::Refund(r) if r.expired => RefundClaim::Expired(r.subject.id),
+            taken => RefundClaim::Lost(Box::new(taken)),
+        }
+    }
 }
 
 /// Why a refund could not be claimed. Nothing is stored for it, and its key
@@ -149,19 +177,19 @@ pub struct RefundSettlement<'a> {
 pub enum KeyStatus {
     /// An attempt holds (or held) the lease; no outcome yet.
     InFlight {
-        charge_id: ChargeId,
+        subject: SubjectId,
         lease_remaining: Duration,
     },
     /// The outcome is stored, with this status, until `expires_at`.
     Completed {
-        charge_id: ChargeId,
+        subject: SubjectId,
         status: u16,
         expires_at: DateTime<Utc>,
     },
     /// Past its time to live: from its record not yet swept (`until` unknown),
     /// or from its tombstone, kept `until`.
     Expired {
-        charge_id: ChargeId,
+        subject: SubjectId,
         until: Option<DateTime<Utc>>,
     },
 }
@@ -177,6 +205,28 @@ pub enum Claim {
     /// record past its time to live, or the tombstone the sweeper left): a late
     /// retry, not a new intent. Nothing was claimed; here is the charge.
     Expired(ChargeId),
+    /// The key is another operation's (a refund's): nothing was claimed.
+    Other(SubjectId),
+}
+
+/// Whose a key's record is, as a claim of another operation finds it.
+#[derive(Debug, Clone)]
+pub struct KeyOwner {
+    pub subject: SubjectId,
+    /// Completed and past its time to live: free for a new intent.
+    pub expired: bool,
+}
+
+impl KeyOwner {
+    pub(super) fn new(
+        charge_id: Option<String>,
+        refund_id: Option<String>,
+        expired: bool,
+    ) -> Result<Self, StoreError> {
+        let subject = SubjectId::from_columns(charge_id, refund_id)
+            .ok_or_else(|| StoreError::Corrupt("a key with no subject".to_owned()))?;
+        Ok(Self { subject, expired })
+    }
 }
 
 /// The final outcome to store for a charge.
@@ -211,7 +261,8 @@ pub struct Reschedule {
 pub struct Orphan {
     pub merchant: Merchant,
     pub key: IdempotencyKey,
-    pub charge_id: ChargeId,
+    /// The charge or the refund the record is for.
+    pub subject: SubjectId,
     /// The fencing token seen; taking over succeeds only if it is still current.
     pub attempt: i64,
     /// Unknown outcomes the reconciler met so far, for its backoff.

@@ -103,6 +103,9 @@ store_ops! {
             attempt: i64,
             reschedule: &Reschedule,
         ) -> Result<(), StoreError>;
+        /// Stops the reconciler and every retry trying this refund; it stays
+        /// `pending` (its amount reserved) until an operator settles it.
+        fn mark_refund_for_review(&self, id: &RefundId, reason: &str) -> Result<(), StoreError>;
         /// A merchant's refund by id.
         fn refund(&self, merchant_id: i64, id: &RefundId) -> Result<Option<Refund>, StoreError>;
         /// A merchant's charge's refunds, oldest first.

@@ -15,7 +15,7 @@ use crate::domain::{
     AcquirerReference, AmountCents, Charge, ChargeId, ChargeStatus, Currency, Description,
     Merchant, OrderId, Refund, RefundId, RefundReason, RefundStatus,
 };
-use crate::domain::{Fingerprint, IdempotencyKey, StoredResponse};
+use crate::domain::{Fingerprint, IdempotencyKey, StoredResponse, SubjectId};
 
 #[derive(sqlx::FromRow)]
 pub(super) struct ChargeRow {
@@ -213,7 +213,8 @@ pub(super) struct ClaimBatchRow {
 #[derive(sqlx::FromRow)]
 pub(super) struct KeyStatusRow {
     state: String,
-    charge_id: String,
+    charge_id: Option<String>,
+    refund_id: Option<String>,
     response_status: Option<i16>,
     expires_at: DateTime<Utc>,
     lease_remaining_ms: i64,
@@ -224,29 +225,30 @@ impl TryFrom<KeyStatusRow> for KeyStatus {
     type Error = StoreError;
 
     fn try_from(r: KeyStatusRow) -> Result<Self, StoreError> {
-        let charge_id = ChargeId::from_trusted(r.charge_id);
+        let subject = SubjectId::from_columns(r.charge_id, r.refund_id)
+            .ok_or_else(|| StoreError::Corrupt("a key with no subject".to_owned()))?;
         Ok(match (r.state.as_str(), r.expired, r.response_status) {
             ("tombstone", _, _) => KeyStatus::Expired {
-                charge_id,
+                subject,
                 until: Some(r.expires_at),
             },
             ("completed", true, _) => KeyStatus::Expired {
-                charge_id,
+                subject,
                 until: None,
             },
             ("completed", false, Some(status)) => KeyStatus::Completed {
-                charge_id,
+                subject,
                 status: u16::try_from(status)
                     .map_err(|_| StoreError::Corrupt("key status".to_owned()))?,
                 expires_at: r.expires_at,
             },
             ("in_flight", _, _) => KeyStatus::InFlight {
-                charge_id,
+                subject,
                 lease_remaining: Duration::from_millis(r.lease_remaining_ms.max(0).unsigned_abs()),
             },
             (state, _, _) => {
                 return Err(StoreError::Corrupt(format!(
-                    "key of charge {charge_id}: state {state}"
+                    "key of {subject}: state {state}"
                 )))
             }
         })
@@ -258,7 +260,8 @@ pub(super) struct OrphanRow {
     merchant_id: i64,
     merchant_name: String,
     idempotency_key: String,
-    charge_id: String,
+    charge_id: Option<String>,
+    refund_id: Option<String>,
     attempt: i64,
     reconcile_attempts: i32,
     traceparent: Option<String>,
@@ -276,7 +279,8 @@ impl TryFrom<OrphanRow> for Orphan {
                 id: r.merchant_id,
                 name: r.merchant_name,
             },
-            charge_id: ChargeId::from_trusted(r.charge_id),
+            subject: SubjectId::from_columns(r.charge_id, r.refund_id)
+                .ok_or_else(|| StoreError::Corrupt("an orphan with no subject".to_owned()))?,
             attempt: r.attempt,
             reconcile_attempts: r.reconcile_attempts,
             traceparent: r.traceparent,

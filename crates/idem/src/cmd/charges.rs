@@ -167,7 +167,7 @@ async fn connect(db: &DbArgs) -> anyhow::Result<Store> {
 fn report(outcome: Outcome) -> anyhow::Result<()> {
     match outcome {
         Outcome::Completed {
-            charge_id,
+            subject: charge_id,
             response,
             ..
         } => {
@@ -176,7 +176,7 @@ fn report(outcome: Outcome) -> anyhow::Result<()> {
             Ok(())
         }
         Outcome::Unknown {
-            charge_id,
+            subject: charge_id,
             retry_after,
         } => {
             anyhow::bail!(
@@ -184,7 +184,9 @@ fn report(outcome: Outcome) -> anyhow::Result<()> {
                 retry_after.as_secs().max(1)
             )
         }
-        Outcome::UnderReview { charge_id, .. } => anyhow::bail!(
+        Outcome::UnderReview {
+            subject: charge_id, ..
+        } => anyhow::bail!(
             "{charge_id}: the acquirer's answer still cannot settle it (`idem charges stuck` says \
              why); it awaits review: resolve it with `idem charges resolve`"
         ),

@@ -19,9 +19,10 @@ use tracing::Instrument;
 use super::auth::Authenticated;
 use super::schemas::{ChargeProblem, Replayed, RetryAfter};
 use super::{ApiError, AppState, BODY_LIMIT};
-use idem_core::domain::{Charge, ChargeId, ChargeRequest};
+use idem_core::domain::{Charge, ChargeId, ChargeRequest, Merchant, RefundStatus, SubjectId};
 use idem_core::domain::{IdempotencyKey, KeyError};
-use idem_core::idempotency::Outcome;
+use idem_core::idempotency::{Operation, Outcome};
+use idem_core::metrics as metrics_name;
 use idem_core::problem::{self, Problem, PROBLEM_JSON};
 
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -147,10 +148,30 @@ pub async fn create(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    if !is_json(&headers) {
+    let (key, body) = key_and_body(&headers, body)?;
+    let request = ChargeRequest::from_json(&body).map_err(ApiError::InvalidBody)?;
+    run(
+        &state,
+        merchant,
+        key,
+        request,
+        &headers,
+        metrics_name::CHARGE_OUTCOMES,
+    )
+    .await
+}
+
+/// The headers and body every operation's `POST` checks first: JSON, and an
+/// `Idempotency-Key`; then the body, read whole within the limit. Nothing is
+/// stored for a request refused here.
+pub(super) fn key_and_body(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(IdempotencyKey, Bytes), ApiError> {
+    if !is_json(headers) {
         return Err(ApiError::UnsupportedMediaType);
     }
-    let key = idempotency_key(&headers)?;
+    let key = idempotency_key(headers)?;
     tracing::Span::current().record("idempotency_key", key.as_str());
     // Any other rejection is the body failing to arrive whole (bad chunked
     // framing, a client that hung up mid-body): the client's fault, not ours.
@@ -158,9 +179,20 @@ pub async fn create(
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::BodyTooLarge(BODY_LIMIT),
         _ => ApiError::UnreadableBody(e.body_text()),
     })?;
-    let request = ChargeRequest::from_json(&body).map_err(ApiError::InvalidBody)?;
-    let wait = preferred_wait(&headers);
+    Ok((key, body))
+}
 
+/// Runs one attempt of an operation (a charge, a refund) on its own task
+/// and answers with its outcome, counted under `outcomes`.
+pub(super) async fn run<O: Operation>(
+    state: &AppState,
+    merchant: Merchant,
+    key: IdempotencyKey,
+    request: O,
+    headers: &HeaderMap,
+    outcomes: &'static str,
+) -> Result<Response, ApiError> {
+    let wait = preferred_wait(headers);
     let engine = state.engine.clone();
     let waiters = state.waiters.clone();
     // The request's span goes along, so the engine's log lines carry its fields.
@@ -186,7 +218,8 @@ pub async fn create(
     ));
     let (outcome, waited) = task
         .await
-        .map_err(|e| ApiError::Internal(format!("charge task failed: {e}")))??;
+        .map_err(|e| ApiError::Internal(format!("attempt task failed: {e}")))??;
+    metrics::counter!(outcomes, "outcome" => outcome.label()).increment(1);
     let mut response = answer(outcome).into_response();
     if let Some(waited) = waited {
         if let Ok(applied) = HeaderValue::try_from(format!("wait={}", waited.as_secs())) {
@@ -198,16 +231,16 @@ pub async fn create(
 
 /// The answer to an attempt's outcome.
 fn answer(outcome: Outcome) -> Result<Response, ApiError> {
-    metrics::counter!(idem_core::metrics::CHARGE_OUTCOMES, "outcome" => outcome.label())
-        .increment(1);
+    if let Some(subject) = outcome.subject() {
+        tracing::Span::current().record(subject_field(subject), subject.as_str());
+    }
     match outcome {
         Outcome::Completed {
-            charge_id,
+            subject,
             response,
             replayed,
             honoured_until,
         } => {
-            tracing::Span::current().record("charge_id", charge_id.as_str());
             let status = StatusCode::from_u16(response.status)
                 .map_err(|_| ApiError::Internal(format!("stored status {}", response.status)))?;
             let content_type = problem::media_type_of(response.status);
@@ -218,7 +251,7 @@ fn answer(outcome: Outcome) -> Result<Response, ApiError> {
             )
                 .into_response();
             if status == StatusCode::CREATED {
-                if let Ok(location) = HeaderValue::try_from(format!("/v1/charges/{charge_id}")) {
+                if let Ok(location) = HeaderValue::try_from(subject.location()) {
                     r.headers_mut().insert(header::LOCATION, location);
                 }
             }
@@ -232,28 +265,31 @@ fn answer(outcome: Outcome) -> Result<Response, ApiError> {
             Ok(r)
         }
         Outcome::InFlight { retry_after, .. } => Err(ApiError::InFlight { retry_after }),
-        Outcome::Mismatch { charge_id, fields } => Err(ApiError::KeyReused(charge_id, fields)),
-        Outcome::Expired { charge_id } => Err(ApiError::KeyExpired(charge_id)),
+        Outcome::Mismatch { subject, fields } => Err(ApiError::KeyReused(subject, fields)),
+        Outcome::Expired { subject } => Err(ApiError::KeyExpired(subject)),
         Outcome::Unknown {
-            charge_id,
+            subject,
             retry_after,
-        } => {
-            tracing::Span::current().record("charge_id", charge_id.as_str());
-            Err(ApiError::OutcomeUnknown {
-                charge_id,
-                retry_after,
-            })
-        }
+        } => Err(ApiError::OutcomeUnknown {
+            subject,
+            retry_after,
+        }),
         Outcome::UnderReview {
-            charge_id,
+            subject,
             retry_after,
-        } => {
-            tracing::Span::current().record("charge_id", charge_id.as_str());
-            Err(ApiError::UnderReview {
-                charge_id,
-                retry_after,
-            })
-        }
+        } => Err(ApiError::UnderReview {
+            subject,
+            retry_after,
+        }),
+        Outcome::Refused(refusal) => Err(ApiError::RefundRefused(refusal)),
+    }
+}
+
+/// The request span's field that names `subject`.
+fn subject_field(subject: &SubjectId) -> &'static str {
+    match subject {
+        SubjectId::Charge(_) => "charge_id",
+        SubjectId::Refund(_) => "refund_id",
     }
 }
 
@@ -268,7 +304,7 @@ fn answer(outcome: Outcome) -> Result<Response, ApiError> {
     security(("bearer" = [])),
     params(("id" = inline(ChargeId), Path, description = "The charge's id, as `POST /v1/charges` answered it.")),
     responses(
-        (status = OK, description = "The charge.", body = Charge, content_type = "application/json"),
+        (status = OK, description = "The charge, with what its refunds gave back.", body = ChargeNow, content_type = "application/json"),
         (status = BAD_REQUEST, description = "`invalid-body`: the id is not UTF-8 once percent-decoded \
             (the framework's path rejection).", body = Problem, content_type = PROBLEM_JSON),
         (status = UNAUTHORIZED, description = UNAUTHORIZED_DESCRIPTION, body = Problem,
@@ -298,13 +334,32 @@ pub async fn get(
         .await?
         .ok_or(ApiError::NotFound)?;
     tracing::Span::current().record("charge_id", id.as_str());
-    let body = serde_json::to_vec(&charge).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let refunds = state.store.refunds_of(merchant.id, &id).await?;
+    let now = ChargeNow {
+        amount_refunded_cents: refunds
+            .iter()
+            .filter(|r| r.status == RefundStatus::Succeeded)
+            .map(|r| r.amount_cents.get())
+            .sum(),
+        charge,
+    };
+    let body = serde_json::to_vec(&now).map_err(|e| ApiError::Internal(e.to_string()))?;
     Ok(([(header::CONTENT_TYPE, problem::JSON)], body).into_response())
 }
 
-const UNAUTHORIZED_DESCRIPTION: &str =
+/// A charge as `GET` shows it: the charge, and what its refunds gave back.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct ChargeNow {
+    #[serde(flatten)]
+    charge: Charge,
+    /// What the charge's succeeded refunds gave back, in cents (pending
+    /// refunds not counted; the charge stays `captured`).
+    amount_refunded_cents: i64,
+}
+
+pub(super) const UNAUTHORIZED_DESCRIPTION: &str =
     "`unauthorized`: no `Authorization: Bearer` secret, or not a merchant's. Nothing stored.";
-const INTERNAL_DESCRIPTION: &str =
+pub(super) const INTERNAL_DESCRIPTION: &str =
     "`internal`: a bug; details are in the server log only. Retrying with the same key is safe.";
 
 /// Whether the request's `Content-Type` is JSON ([`problem::is_json`]).

@@ -7,10 +7,10 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use idem_core::domain::KeyError;
-use idem_core::domain::{ChargeId, FieldError};
+use idem_core::domain::{FieldError, SubjectId};
 use idem_core::idempotency::EngineError;
 use idem_core::problem::{Problem, ProblemKind, PROBLEM_JSON};
-use idem_core::store::StoreError;
+use idem_core::store::{Refusal, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -36,31 +36,36 @@ pub enum ApiError {
     /// that hung up mid-body).
     #[error("the request body could not be read: {0}")]
     UnreadableBody(String),
-    /// 422: the key was first used for another request, which made the charge.
+    /// 422: the key was first used for another request (or operation),
+    /// which made the charge or the refund.
     #[error("{}", idem_core::problem::key_reused_detail(.1))]
-    KeyReused(ChargeId, Vec<&'static str>),
-    #[error("{}", idem_core::problem::key_expired_detail(.0.as_str()))]
-    KeyExpired(ChargeId),
+    KeyReused(SubjectId, Vec<&'static str>),
+    #[error("{}", idem_core::problem::key_expired_detail(.0))]
+    KeyExpired(SubjectId),
     /// 409: another attempt with this key is still working.
     #[error("a request with this Idempotency-Key is still being processed")]
     InFlight { retry_after: Duration },
-    /// 503: the acquirer's answer is not yet known; the charge stays processing.
-    #[error("charge {charge_id} is processing: the acquirer's outcome is not yet known")]
+    /// 503: the acquirer's answer is not yet known; the charge stays
+    /// processing (a refund, pending).
+    #[error("{} {subject} is {}: the acquirer's outcome is not yet known", subject.kind(), pending(subject))]
     OutcomeUnknown {
-        charge_id: ChargeId,
+        subject: SubjectId,
         retry_after: Duration,
     },
-    /// 503: the charge awaits a person's review; no retry settles it before
-    /// an operator does.
+    /// 503: the charge (or refund) awaits a person's review; no retry
+    /// settles it before an operator does.
     #[error(
-        "charge {charge_id} awaits review by a person (the acquirer's answer could not settle it: \
-         see GET /v1/charges/{charge_id}); it stays processing until it is resolved, and no retry \
-         calls the acquirer meanwhile"
+        "{} {subject} awaits review by a person (the acquirer's answer could not settle it: \
+         see GET {}); it stays {} until it is resolved, and no retry \
+         calls the acquirer meanwhile", subject.kind(), subject.location(), pending(subject)
     )]
     UnderReview {
-        charge_id: ChargeId,
+        subject: SubjectId,
         retry_after: Duration,
     },
+    /// 404 or 422: the charge cannot give this refund back; nothing stored.
+    #[error("{}", refusal_detail(.0))]
+    RefundRefused(Refusal),
     /// 404: no such resource for this merchant.
     #[error("not found")]
     NotFound,
@@ -82,6 +87,39 @@ pub enum ApiError {
     /// 500: a bug. The cause goes to the log only.
     #[error("internal error")]
     Internal(String),
+}
+
+/// What a pending subject is called: a charge `processing`, a refund `pending`.
+fn pending(subject: &SubjectId) -> &'static str {
+    match subject {
+        SubjectId::Charge(_) => "processing",
+        SubjectId::Refund(_) => "pending",
+    }
+}
+
+/// Why the charge cannot give a refund back, for a person.
+fn refusal_detail(refusal: &Refusal) -> String {
+    match refusal {
+        Refusal::NoSuchCharge => "no such charge".to_owned(),
+        Refusal::NotRefundable {
+            under_review: true, ..
+        } => "the charge awaits a person's review; it can be refunded once it is resolved as \
+              captured. Nothing was stored; the Idempotency-Key is still free"
+            .to_owned(),
+        Refusal::NotRefundable { status, .. } => format!(
+            "the charge is {}, and only a captured charge can be refunded. Nothing was stored; \
+             the Idempotency-Key is still free",
+            status.as_str()
+        ),
+        Refusal::Exceeds { remaining: 0 } => "the charge has nothing left to refund (refunds \
+            succeeded or pending take all of it). Nothing was stored; the Idempotency-Key is \
+            still free"
+            .to_owned(),
+        Refusal::Exceeds { remaining } => format!(
+            "the refund is more than the charge has left to refund, {remaining} cents \
+             (remaining_cents). Nothing was stored; the Idempotency-Key is still free"
+        ),
+    }
 }
 
 /// `Retry-After` after a database outage.
@@ -135,7 +173,14 @@ impl ApiError {
             Self::KeyExpired(_) => ProblemKind::KeyExpired,
             Self::InFlight { .. } => ProblemKind::RequestInFlight,
             Self::OutcomeUnknown { .. } => ProblemKind::OutcomeUnknown,
-            Self::UnderReview { .. } => ProblemKind::UnderReview,
+            Self::UnderReview {
+                subject: SubjectId::Charge(_),
+                ..
+            } => ProblemKind::UnderReview,
+            Self::UnderReview { .. } => ProblemKind::RefundUnderReview,
+            Self::RefundRefused(Refusal::NoSuchCharge) => ProblemKind::NotFound,
+            Self::RefundRefused(Refusal::NotRefundable { .. }) => ProblemKind::ChargeNotRefundable,
+            Self::RefundRefused(Refusal::Exceeds { .. }) => ProblemKind::RefundExceedsCaptured,
             Self::NotFound => ProblemKind::NotFound,
             Self::Unavailable => ProblemKind::ServiceUnavailable,
             Self::Unwritable => ProblemKind::StoreUnwritable,
@@ -170,13 +215,20 @@ impl ApiError {
             other => other.to_string(),
         };
         let mut problem = match self {
-            Self::KeyReused(charge_id, fields) => Problem::key_reused(charge_id.as_str(), fields),
-            Self::KeyExpired(charge_id) => Problem::key_expired(charge_id.as_str()),
+            Self::KeyReused(subject, fields) => Problem::key_reused(subject, fields),
+            Self::KeyExpired(subject) => Problem::key_expired(subject),
+            Self::UnderReview { subject, .. } => Problem::new(kind, detail).naming(subject),
+            Self::OutcomeUnknown {
+                subject: subject @ SubjectId::Refund(_),
+                ..
+            } => Problem::new(kind, detail).naming(subject),
             _ => Problem::new(kind, detail),
         };
         match self {
             Self::InvalidBody(e) => problem.field = e.field.as_deref(),
-            Self::UnderReview { charge_id, .. } => problem.charge_id = Some(charge_id.as_str()),
+            Self::RefundRefused(Refusal::Exceeds { remaining }) => {
+                problem.remaining_cents = Some(*remaining);
+            }
             _ => {}
         }
         (problem.status, problem.to_bytes())

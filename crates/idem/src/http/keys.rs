@@ -12,7 +12,7 @@ use super::auth::Authenticated;
 use super::error::ApiError;
 use super::schemas::RetryAfter;
 use super::AppState;
-use idem_core::domain::IdempotencyKey;
+use idem_core::domain::{IdempotencyKey, SubjectId};
 use idem_core::problem::{self, Problem, PROBLEM_JSON};
 use idem_core::store::KeyStatus;
 
@@ -31,8 +31,14 @@ pub struct KeyState {
     /// request is answered `410 key-expired`.
     #[schema(pattern = "^(in_flight|completed|expired)$")]
     pub state: &'static str,
-    /// The charge the key made.
-    pub charge_id: String,
+    /// The charge the key made (absent for a refund's key).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub charge_id: Option<String>,
+    /// The refund the key made (absent for a charge's key).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub refund_id: Option<String>,
     /// `completed`: the status of the stored outcome (201, 402, 502).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
@@ -91,38 +97,44 @@ pub async fn get(
         .await?
         .ok_or(ApiError::NotFound)?;
     let key = key.as_str().to_owned();
-    let body = match status {
+    let (state, subject, status, retry_after_seconds, expires_at) = match status {
         KeyStatus::InFlight {
-            charge_id,
+            subject,
             lease_remaining,
-        } => KeyState {
-            key,
-            state: "in_flight",
-            charge_id: charge_id.as_str().to_owned(),
-            status: None,
-            retry_after_seconds: Some(lease_remaining.as_secs_f64().ceil().max(1.0) as u64),
-            expires_at: None,
-        },
+        } => (
+            "in_flight",
+            subject,
+            None,
+            Some(lease_remaining.as_secs_f64().ceil().max(1.0) as u64),
+            None,
+        ),
         KeyStatus::Completed {
-            charge_id,
+            subject,
             status,
             expires_at,
-        } => KeyState {
-            key,
-            state: "completed",
-            charge_id: charge_id.as_str().to_owned(),
-            status: Some(status),
-            retry_after_seconds: None,
-            expires_at: Some(rfc3339(expires_at)),
-        },
-        KeyStatus::Expired { charge_id, until } => KeyState {
-            key,
-            state: "expired",
-            charge_id: charge_id.as_str().to_owned(),
-            status: None,
-            retry_after_seconds: None,
-            expires_at: until.map(rfc3339),
-        },
+        } => (
+            "completed",
+            subject,
+            Some(status),
+            None,
+            Some(rfc3339(expires_at)),
+        ),
+        KeyStatus::Expired { subject, until } => {
+            ("expired", subject, None, None, until.map(rfc3339))
+        }
+    };
+    let (charge_id, refund_id) = match subject {
+        SubjectId::Charge(id) => (Some(id.as_str().to_owned()), None),
+        SubjectId::Refund(id) => (None, Some(id.as_str().to_owned())),
+    };
+    let body = KeyState {
+        key,
+        state,
+        charge_id,
+        refund_id,
+        status,
+        retry_after_seconds,
+        expires_at,
     };
     let body = serde_json::to_vec(&body).map_err(|e| ApiError::Internal(e.to_string()))?;
     Ok(([(header::CONTENT_TYPE, problem::JSON)], body).into_response())

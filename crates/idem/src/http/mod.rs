@@ -13,6 +13,7 @@ mod error;
 mod keys;
 mod openapi;
 mod ops;
+mod refunds;
 mod schemas;
 mod server;
 
@@ -99,6 +100,11 @@ pub fn router_with(mut state: AppState, limits: &Limits, with_metrics: bool) -> 
     let api = Router::new()
         .route("/v1/charges", post(charges::create))
         .route("/v1/charges/{id}", get(charges::get))
+        .route(
+            "/v1/charges/{id}/refunds",
+            post(refunds::create).get(refunds::list),
+        )
+        .route("/v1/refunds/{id}", get(refunds::get))
         .route("/v1/idempotency-keys/{key}", get(keys::get))
         .route_layer(shed);
     let mut ops = Router::new()
@@ -165,7 +171,7 @@ fn request_span(request: &Request, request_id_header: &HeaderName) -> tracing::S
     if !idem_core::trace::is_on() {
         return tracing::info_span!("request", %method, %path, request_id,
             merchant = tracing::field::Empty, idempotency_key = tracing::field::Empty,
-            charge_id = tracing::field::Empty);
+            charge_id = tracing::field::Empty, refund_id = tracing::field::Empty);
     }
     // Routed already (the middleware is the router's layer): the route, not
     // the path, names the span, so that a charge id does not make a name.
@@ -180,7 +186,7 @@ fn request_span(request: &Request, request_id_header: &HeaderName) -> tracing::S
     };
     let span = tracing::info_span!("request", %method, %path, request_id,
         merchant = tracing::field::Empty, idempotency_key = tracing::field::Empty,
-        charge_id = tracing::field::Empty,
+        charge_id = tracing::field::Empty, refund_id = tracing::field::Empty,
         otel.name = name, otel.kind = "server",
         http.request.method = %method, url.path = %path, http.route = route,
         http.response.status_code = tracing::field::Empty,

@@ -16,8 +16,8 @@ use utoipa::openapi::{HeaderBuilder, ObjectBuilder, RefOr, Type};
 use utoipa::{Modify, OpenApi};
 
 use super::schemas::REQUEST_ID;
-use super::{charges, keys, ops};
-use idem_core::domain::{Charge, ChargeRequest};
+use super::{charges, keys, ops, refunds};
+use idem_core::domain::{Charge, ChargeRequest, Refund, RefundRequest};
 use idem_core::problem::Problem;
 
 /// What the document says of the service as a whole: the promise, the key's
@@ -55,16 +55,20 @@ and no merchant can see another's charges.";
     paths(
         charges::create,
         charges::get,
+        refunds::create,
+        refunds::list,
+        refunds::get,
         keys::get,
         ops::healthz,
         ops::readyz,
         ops::metrics,
         openapi_json
     ),
-    components(schemas(Charge, ChargeRequest, Problem, keys::KeyState)),
+    components(schemas(Charge, ChargeRequest, Refund, RefundRequest, Problem, keys::KeyState)),
     modifiers(&Finish),
     tags(
         (name = "charges", description = "Charging, once per Idempotency-Key; every request needs the merchant's bearer secret."),
+        (name = "refunds", description = "Money back from a captured charge, once per Idempotency-Key, never more in all than it captured."),
         (name = "operations", description = "Liveness, readiness, metrics and this document; no authentication."),
     )
 )]

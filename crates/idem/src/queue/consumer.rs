@@ -67,7 +67,7 @@ use super::{
     connect, declare, reconnecting, Reconnect, ATTEMPTS_HEADER, CHARGE_ID_HEADER, COMMANDS_QUEUE,
     DEAD_LETTER_QUEUE, REASON_CODE_HEADER, REASON_HEADER, RESULTS_EXCHANGE,
 };
-use idem_core::domain::StoredResponse;
+use idem_core::domain::{ChargeId, StoredResponse, SubjectId};
 use idem_core::domain::{Merchant, MessageId};
 use idem_core::idempotency::{Engine, Outcome};
 use idem_core::problem::Problem;
@@ -317,25 +317,25 @@ impl Consumer {
         let mismatch;
         let (answer, replayed) = match outcome {
             Outcome::Completed {
-                charge_id,
+                subject,
                 response,
                 replayed,
                 ..
             } => {
-                tracing::Span::current().record("charge_id", charge_id.as_str());
+                tracing::Span::current().record("charge_id", subject.as_str());
                 (ResultAnswer::Now(response), *replayed)
             }
-            Outcome::Mismatch { charge_id, fields } => {
-                let problem = Problem::key_reused(charge_id.as_str(), fields);
+            Outcome::Mismatch { subject, fields } => {
+                let problem = Problem::key_reused(subject, fields);
                 mismatch = StoredResponse {
                     status: problem.status,
                     body: problem.to_bytes().into(),
                 };
                 (ResultAnswer::Now(&mismatch), false)
             }
-            Outcome::Expired { charge_id } => {
-                tracing::Span::current().record("charge_id", charge_id.as_str());
-                let problem = Problem::key_expired(charge_id.as_str());
+            Outcome::Expired { subject } => {
+                tracing::Span::current().record("charge_id", subject.as_str());
+                let problem = Problem::key_expired(subject);
                 mismatch = StoredResponse {
                     status: problem.status,
                     body: problem.to_bytes().into(),
@@ -343,23 +343,28 @@ impl Consumer {
                 (ResultAnswer::Now(&mismatch), false)
             }
             // Another attempt holds the key: its outcome will be this one's too.
-            Outcome::InFlight { charge_id, .. } => (
+            Outcome::InFlight { subject, .. } => (
                 ResultAnswer::WhenSettled {
                     merchant_id: merchant.id,
-                    charge_id,
+                    charge_id: charge_of_command(subject)?,
                 },
                 true,
             ),
             // Answered once it is settled: by a retry, the reconciler, or a person.
-            Outcome::Unknown { charge_id, .. } | Outcome::UnderReview { charge_id, .. } => {
-                tracing::Span::current().record("charge_id", charge_id.as_str());
+            Outcome::Unknown { subject, .. } | Outcome::UnderReview { subject, .. } => {
+                tracing::Span::current().record("charge_id", subject.as_str());
                 (
                     ResultAnswer::WhenSettled {
                         merchant_id: merchant.id,
-                        charge_id,
+                        charge_id: charge_of_command(subject)?,
                     },
                     false,
                 )
+            }
+            Outcome::Refused(_) => {
+                return Err(StoreError::Corrupt(
+                    "a charge command was refused as a refund".to_owned(),
+                ))
             }
         };
         let (exchange, routing_key) = match &command.reply_to {
@@ -452,13 +457,19 @@ fn command_span(delivery: &Delivery) -> tracing::Span {
 /// The charge an outcome is about, if it has one.
 fn charge_of(outcome: &Outcome) -> Option<&str> {
     match outcome {
-        Outcome::Completed { charge_id, .. }
-        | Outcome::InFlight { charge_id, .. }
-        | Outcome::Unknown { charge_id, .. }
-        | Outcome::UnderReview { charge_id, .. }
-        | Outcome::Expired { charge_id } => Some(charge_id.as_str()),
-        // Another request's charge: this command made none.
+        // Another request's charge (or refund): this command made none.
         Outcome::Mismatch { .. } => None,
+        other => other.subject().map(SubjectId::as_str),
+    }
+}
+
+/// The charge a charge command's key holds while its outcome is awaited.
+fn charge_of_command(subject: &SubjectId) -> Result<&ChargeId, StoreError> {
+    match subject {
+        SubjectId::Charge(id) => Ok(id),
+        SubjectId::Refund(id) => Err(StoreError::Corrupt(format!(
+            "a charge command's key holds refund {id}"
+        ))),
     }
 }
 

@@ -20,6 +20,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use idem_core::domain::SubjectId;
 use idem_core::idempotency::{Engine, Outcome, Reconciled};
 use idem_core::store::{Audit, AuditEntry, Orphan, Store, StoreError};
 
@@ -142,9 +143,9 @@ impl Reconciler {
             .orphans(BATCH, self.config.settle_deadline)
             .await?
         {
-            let span = tracing::info_span!("reconcile", charge_id = %orphan.charge_id,
+            let span = tracing::info_span!("reconcile", subject = %orphan.subject,
                 idempotency_key = %orphan.key, past_deadline = orphan.past_deadline);
-            // A trace of its own per charge, linked to the request that began it.
+            // A trace of its own per charge or refund, linked to the request that began it.
             if let Some(traceparent) = &orphan.traceparent {
                 idem_core::trace::link_to(&span, traceparent);
             }
@@ -173,7 +174,10 @@ impl Reconciler {
             }
             Ok(Some(Reconciled::Outcome(Outcome::UnderReview { .. }))) => {
                 report.marked_for_review += 1;
-                "the acquirer's answer contradicts the charge: marked for review".to_owned()
+                format!(
+                    "the acquirer's answer contradicts the {}: marked for review",
+                    orphan.subject.kind()
+                )
             }
             Ok(Some(Reconciled::NoOutcome)) => {
                 tracing::warn!(
@@ -192,15 +196,18 @@ impl Reconciler {
                 return;
             }
         };
-        // The charge's history, for `idem charges show`; losing a line of it
-        // never undoes what was stored.
+        // The subject's history, for `idem charges show`; losing a line of
+        // it never undoes what was stored.
         let entry = AuditEntry {
             audit: Audit {
                 actor: RECONCILER_ACTOR,
                 reason: None,
             },
-            action: "charge.reconcile",
-            subject: orphan.charge_id.as_str(),
+            action: match orphan.subject {
+                SubjectId::Charge(_) => "charge.reconcile",
+                SubjectId::Refund(_) => "refund.reconcile",
+            },
+            subject: orphan.subject.as_str(),
             detail: &history,
         };
         if let Err(e) = self.store.record_audit(&entry).await {

@@ -165,6 +165,7 @@ fn seen(
             expired,
         },
         Ok(Claim::Expired(id)) => Seen::Expired(owner(id.as_str(), owners)),
+        Ok(Claim::Other(subject)) => Seen::Failed(format!("a charge key held by {subject}")),
         Err(e) => Seen::Failed(e.to_string()),
     }
 }

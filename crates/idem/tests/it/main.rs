@@ -25,6 +25,7 @@ mod queue;
 mod race;
 mod recovery;
 mod refunds;
+mod refunds_api;
 mod retention;
 mod rolling;
 mod store;

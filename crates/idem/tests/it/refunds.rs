@@ -233,6 +233,7 @@ async fn one_key_sent_ten_times_at_once_is_one_refund() {
                 Taken::Charge(_) => panic!("a refund's key"),
             },
             RefundClaim::Refused(refusal) => panic!("a duplicate was refused: {refusal:?}"),
+            RefundClaim::Expired(id) => panic!("a live key expired: {id}"),
         }
     }
     assert_eq!((won.len(), lost), (1, 9));

@@ -167,6 +167,7 @@ async fn a_claim_racing_the_sweeper_on_an_expired_key_never_fails() {
             }
             Claim::Lost(record) => panic!("an expired key is free, got {:?}", record.state),
             Claim::Expired(charge) => panic!("another request each round, yet expired: {charge}"),
+            Claim::Other(subject) => panic!("only charges here, yet {subject}"),
         }
     }
     sweeping.await.expect("sweeper");

@@ -15,7 +15,7 @@ use super::pool::PgPool;
 use super::PgStore;
 use crate::domain::{ChargeId, IdempotencyKey};
 use crate::store::batch::Batched;
-use crate::store::model::{Claim, KeyRecord, KeyStatus, NewClaim, Orphan, Reschedule};
+use crate::store::model::{Claim, KeyOwner, KeyRecord, KeyStatus, NewClaim, Orphan, Reschedule};
 use crate::store::ops::Keys;
 use crate::store::params::{arguments, ClaimRow, ClaimValues, FinalizeRow, FinalizeValues};
 use crate::store::rows::{KeyStatusRow, OrphanRow, RecordRow};
@@ -89,7 +89,7 @@ pub const CLAIM_SQL: &str = concatcp!(
 const RECLAIM_SQL: &str = concatcp!(
     "with k as (
         update idempotency_keys
-           set fingerprint = $3, charge_id = $4, state = 'in_flight',
+           set fingerprint = $3, charge_id = $4, refund_id = null, state = 'in_flight',
                attempt = attempt + 1, response_status = null, response_body = null,
                locked_until = now() + $5 * interval '1 millisecond',
                expires_at = now() + $6 * interval '1 millisecond', created_at = now()
@@ -220,19 +220,36 @@ const RENEW_SQL: &str = "update idempotency_keys
       where merchant_id = $1 and idempotency_key = $2 and attempt = $3
         and state = 'in_flight'";
 
-/// `$1` limit, `$2` settle deadline in ms.
-const ORPHANS_SQL: &str =
-    "select k.merchant_id, m.name as merchant_name, k.idempotency_key, k.charge_id,
-            k.attempt, c.reconcile_attempts, c.traceparent,
-            c.created_at + $2 * interval '1 millisecond' <= now() as past_deadline
-       from idempotency_keys k
-       join charges c on c.id = k.charge_id
-       join merchants m on m.id = k.merchant_id
-      where k.state = 'in_flight' and k.locked_until <= now()
-        and c.review_since is null
-        and (c.next_reconcile_at is null or c.next_reconcile_at <= now())
-      order by k.locked_until
-      limit $1";
+/// `$1` limit, `$2` settle deadline in ms: the charges' orphans and the
+/// refunds', oldest lease first.
+const ORPHANS_SQL: &str = "select * from (
+     (select k.merchant_id, m.name as merchant_name, k.idempotency_key, k.charge_id,
+             k.refund_id, k.attempt, c.reconcile_attempts, c.traceparent,
+             c.created_at + $2 * interval '1 millisecond' <= now() as past_deadline,
+             k.locked_until
+        from idempotency_keys k
+        join charges c on c.id = k.charge_id
+        join merchants m on m.id = k.merchant_id
+       where k.state = 'in_flight' and k.locked_until <= now()
+         and c.review_since is null
+         and (c.next_reconcile_at is null or c.next_reconcile_at <= now())
+       order by k.locked_until
+       limit $1)
+     union all
+     (select k.merchant_id, m.name, k.idempotency_key, k.charge_id, k.refund_id, k.attempt,
+             r.reconcile_attempts, r.traceparent,
+             r.created_at + $2 * interval '1 millisecond' <= now(), k.locked_until
+        from idempotency_keys k
+        join refunds r on r.id = k.refund_id
+        join merchants m on m.id = k.merchant_id
+       where k.state = 'in_flight' and k.locked_until <= now()
+         and r.review_since is null
+         and (r.next_reconcile_at is null or r.next_reconcile_at <= now())
+       order by k.locked_until
+       limit $1)
+    ) o
+    order by locked_until
+    limit $1";
 
 /// `$1` limit, `$2` the tombstone's time to live in ms (from the key's
 /// expiry). Each swept record leaves its tombstone, in the same statement.
@@ -263,17 +280,22 @@ const SWEEP_TOMBSTONES_SQL: &str = "delete from key_tombstones
              for update skip locked))";
 
 /// `$1` merchant, `$2` key: the record's state, else a live tombstone's.
-const KEY_STATUS_SQL: &str = "select state, charge_id, response_status, expires_at,
+const KEY_STATUS_SQL: &str = "select state, charge_id, refund_id, response_status, expires_at,
             greatest(0, ceil(extract(epoch from (locked_until - now())) * 1000))::bigint
               as lease_remaining_ms,
             (state = 'completed' and expires_at <= now()) as expired
        from idempotency_keys where merchant_id = $1 and idempotency_key = $2
      union all
-     select 'tombstone', charge_id, null, expires_at, 0, true
+     select 'tombstone', charge_id, refund_id, null, expires_at, 0, true
        from key_tombstones
       where merchant_id = $1 and idempotency_key = $2 and expires_at > now()
         and not exists (select 1 from idempotency_keys
                          where merchant_id = $1 and idempotency_key = $2)";
+
+/// `$1` merchant, `$2` key: whose the record is, and whether it expired.
+pub(super) const KEY_OWNER_SQL: &str = "select charge_id, refund_id,
+            (state = 'completed' and expires_at <= now()) as expired
+       from idempotency_keys where merchant_id = $1 and idempotency_key = $2";
 
 /// `$1` merchant, `$2` key, `$3` fingerprint: the charge of a live tombstone
 /// left by the same request.
@@ -468,7 +490,13 @@ async fn try_claim(db: &mut PgConnection, new: &NewClaim<'_>) -> Result<Option<C
         // Or the same request left a tombstone: nothing was claimed.
         None => match key_record(db, new.merchant_id, new.key).await? {
             Some(record) => record,
-            None => return Ok(tombstone(db, new).await?.map(Claim::Expired)),
+            None => match key_owner(db, new.merchant_id, new.key).await? {
+                // Another operation's live key; an expired one is free to
+                // become this new intent's.
+                Some(owner) if !owner.expired => return Ok(Some(Claim::Other(owner.subject))),
+                Some(_) => return reclaim_expired(db, new).await,
+                None => return Ok(tombstone(db, new).await?.map(Claim::Expired)),
+            },
         },
     };
     // An expired record is a new intent only for another request; the same
@@ -561,6 +589,21 @@ impl PgStore {
         .await?;
         Ok(())
     }
+}
+
+/// Whose the record under a key is, whatever its subject; `None`: no record.
+pub(super) async fn key_owner(
+    db: &mut PgConnection,
+    merchant_id: i64,
+    key: &IdempotencyKey,
+) -> Result<Option<KeyOwner>, StoreError> {
+    let row: Option<(Option<String>, Option<String>, bool)> = sqlx::query_as(KEY_OWNER_SQL)
+        .bind(merchant_id)
+        .bind(key.as_str())
+        .fetch_optional(&mut *db)
+        .await?;
+    row.map(|(charge_id, refund_id, expired)| KeyOwner::new(charge_id, refund_id, expired))
+        .transpose()
 }
 
 pub(super) async fn key_record(

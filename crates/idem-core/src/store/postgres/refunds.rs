@@ -70,6 +70,24 @@ const INSERT_KEY_SQL: &str = "insert into idempotency_keys
      on conflict (merchant_id, idempotency_key) do nothing
      returning 1";
 
+/// An expired, completed record of another request (a refund's or a
+/// charge's) made this refund's claim, in the claim's transaction. `$1`
+/// merchant, `$2` key, `$3` fingerprint, `$4` refund id, `$5` lease ms, `$6`
+/// key TTL ms.
+const RECLAIM_SQL: &str = "update idempotency_keys
+        set fingerprint = $3, refund_id = $4, charge_id = null, state = 'in_flight',
+            attempt = attempt + 1, response_status = null, response_body = null,
+            locked_until = now() + $5 * interval '1 millisecond',
+            expires_at = now() + $6 * interval '1 millisecond', created_at = now()
+      where merchant_id = $1 and idempotency_key = $2
+        and state = 'completed' and expires_at <= now() and fingerprint <> $3";
+
+/// `$1` merchant, `$2` key, `$3` fingerprint: the refund of a live tombstone
+/// the same request left.
+const TOMBSTONE_SQL: &str = "select refund_id from key_tombstones
+      where merchant_id = $1 and idempotency_key = $2 and fingerprint = $3
+        and refund_id is not null and expires_at > now()";
+
 /// What a refund of the whole remainder would take now (`$1` charge, `$2`
 /// merchant): read without a lock, then reserved by the guarded update, which
 /// refuses it if another refund took part of it meanwhile.
@@ -84,6 +102,12 @@ const RESERVE_SQL: &str = "update charges
         and status = 'captured' and review_since is null
         and refunded_cents + $3 <= amount_cents
      returning currency";
+
+/// A refund's review: the reconciler and every retry leave it alone until
+/// an operator settles it. `$1` refund, `$2` reason.
+const MARK_FOR_REVIEW_SQL: &str = "update refunds
+        set review_since = now(), review_reason = $2, updated_at = now()
+      where id = $1 and status = 'pending' and review_since is null";
 
 /// Why a reservation was refused: the charge as it is now.
 const EXPLAIN_SQL: &str = "select status, review_since is not null as under_review,
@@ -239,6 +263,18 @@ impl Refunds for PgStore {
             .await
     }
 
+    async fn mark_refund_for_review(&self, id: &RefundId, reason: &str) -> Result<(), StoreError> {
+        self.on_conn(async |db| {
+            sqlx::query(MARK_FOR_REVIEW_SQL)
+                .bind(id.as_str())
+                .bind(reason)
+                .execute(db)
+                .await
+        })
+        .await?;
+        Ok(())
+    }
+
     async fn refund(&self, merchant_id: i64, id: &RefundId) -> Result<Option<Refund>, StoreError> {
         self.on_conn(async |db| -> Result<_, StoreError> {
             let row: Option<RefundRow> = sqlx::query_as(REFUND_SQL)
@@ -278,6 +314,18 @@ async fn claim_once(
 ) -> Result<Option<RefundClaim>, StoreError> {
     let id = RefundId::generate();
     let mut tx = sqlx::Connection::begin(&mut *db).await?;
+    if let Some((refund_id,)) = sqlx::query_as::<_, (String,)>(TOMBSTONE_SQL)
+        .bind(claim.merchant_id)
+        .bind(claim.key.as_str())
+        .bind(claim.fingerprint.as_bytes())
+        .fetch_optional(&mut *tx)
+        .await?
+    {
+        tx.rollback().await?;
+        return Ok(Some(RefundClaim::Expired(RefundId::from_trusted(
+            refund_id,
+        ))));
+    }
     let inserted = sqlx::query(INSERT_KEY_SQL)
         .bind(claim.merchant_id)
         .bind(claim.key.as_str())
@@ -288,9 +336,33 @@ async fn claim_once(
         .fetch_optional(&mut *tx)
         .await?;
     if inserted.is_none() {
-        tx.rollback().await?;
-        let taken = taken(db, claim.merchant_id, claim.key).await?;
-        return Ok(taken.map(|t| RefundClaim::Lost(Box::new(t))));
+        let found = taken(&mut tx, claim.merchant_id, claim.key).await?;
+        let free = found
+            .as_ref()
+            .is_some_and(|t| t.expired() && *t.fingerprint() != claim.fingerprint);
+        // An expired record of another request: this new intent's, if no
+        // other claim makes it its own first.
+        let reclaimed = free
+            && sqlx::query(RECLAIM_SQL)
+                .bind(claim.merchant_id)
+                .bind(claim.key.as_str())
+                .bind(claim.fingerprint.as_bytes())
+                .bind(id.as_str())
+                .bind(millis(claim.lease))
+                .bind(millis(claim.key_ttl))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+                == 1;
+        if !reclaimed {
+            tx.rollback().await?;
+            return Ok(match found {
+                // Gone (swept) or reclaimed by another: the next round sees.
+                None => None,
+                Some(_) if free => None,
+                Some(t) => Some(t.into_claim()),
+            });
+        }
     }
     let Some((amount, currency)) = reserve(&mut tx, claim).await? else {
         let refusal = explain(&mut tx, claim).await?;

@@ -12,7 +12,7 @@ use sqlx::sqlite::{SqliteArguments, SqliteConnection};
 use super::charges::CHARGE_COLUMNS;
 use super::webhooks::ENDPOINT_HEARS;
 use super::{SqliteStore, NOW};
-use crate::domain::{ChargeId, IdempotencyKey};
+use crate::domain::{ChargeId, IdempotencyKey, SubjectId};
 use crate::store::batch::Batched;
 use crate::store::model::{Claim, KeyRecord, KeyStatus, NewClaim, Orphan, Reschedule};
 use crate::store::ops::Keys;
@@ -72,7 +72,7 @@ const INSERT_CHARGE_SQL: &str = concatcp!(
 /// An expired, completed record made a fresh claim for a new intent.
 const RECLAIM_SQL: &str = concatcp!(
     "update idempotency_keys
-        set fingerprint = $3, charge_id = $4, state = 'in_flight',
+        set fingerprint = $3, charge_id = $4, refund_id = null, state = 'in_flight',
             attempt = attempt + 1, response_status = null, response_body = null,
             locked_until = ",
     NOW,
@@ -180,13 +180,15 @@ const FINALIZE_CHARGE_SQL: &str = concatcp!(
     " where id = $3"
 );
 
-/// `$1` limit, `$2` settle deadline in ms.
+/// `$1` limit, `$2` settle deadline in ms: the charges' orphans and the
+/// refunds', oldest lease first.
 const ORPHANS_SQL: &str = concatcp!(
-    "select k.merchant_id, m.name as merchant_name, k.idempotency_key, k.charge_id,
-            k.attempt, c.reconcile_attempts, c.traceparent,
+    "select * from (
+     select k.merchant_id, m.name as merchant_name, k.idempotency_key, k.charge_id,
+            k.refund_id, k.attempt, c.reconcile_attempts, c.traceparent,
             c.created_at + $2 <= ",
     NOW,
-    " as past_deadline
+    " as past_deadline, k.locked_until
        from idempotency_keys k
        join charges c on c.id = k.charge_id
        join merchants m on m.id = k.merchant_id
@@ -197,7 +199,22 @@ const ORPHANS_SQL: &str = concatcp!(
         and (c.next_reconcile_at is null or c.next_reconcile_at <= ",
     NOW,
     ")
-      order by k.locked_until
+     union all
+     select k.merchant_id, m.name, k.idempotency_key, k.charge_id, k.refund_id, k.attempt,
+            r.reconcile_attempts, r.traceparent, r.created_at + $2 <= ",
+    NOW,
+    ", k.locked_until
+       from idempotency_keys k
+       join refunds r on r.id = k.refund_id
+       join merchants m on m.id = k.merchant_id
+      where k.state = 'in_flight' and k.locked_until <= ",
+    NOW,
+    "
+        and r.review_since is null
+        and (r.next_reconcile_at is null or r.next_reconcile_at <= ",
+    NOW,
+    ")
+     ) order by locked_until
       limit $1"
 );
 
@@ -237,7 +254,7 @@ const SWEEP_TOMBSTONES_SQL: &str = concatcp!(
 
 /// `$1` merchant, `$2` key: the record's state, else a live tombstone's.
 const KEY_STATUS_SQL: &str = concatcp!(
-    "select state, charge_id, response_status,
+    "select state, charge_id, refund_id, response_status,
             strftime('%Y-%m-%dT%H:%M:%fZ', expires_at / 1000.0, 'unixepoch') as expires_at,
             max(0, coalesce(locked_until, 0) - ",
     NOW,
@@ -247,7 +264,7 @@ const KEY_STATUS_SQL: &str = concatcp!(
     ") as expired
        from idempotency_keys where merchant_id = $1 and idempotency_key = $2
      union all
-     select 'tombstone', charge_id, null,
+     select 'tombstone', charge_id, refund_id, null,
             strftime('%Y-%m-%dT%H:%M:%fZ', expires_at / 1000.0, 'unixepoch'), 0, 1
        from key_tombstones
       where merchant_id = $1 and idempotency_key = $2 and expires_at > ",
@@ -256,6 +273,10 @@ const KEY_STATUS_SQL: &str = concatcp!(
         and not exists (select 1 from idempotency_keys
                          where merchant_id = $1 and idempotency_key = $2)"
 );
+
+/// `$1` merchant, `$2` key: whose the record is.
+const KEY_OWNER_SQL: &str =
+    "select charge_id, refund_id from idempotency_keys where merchant_id = $1 and idempotency_key = $2";
 
 /// `$1` merchant, `$2` key, `$3` fingerprint: the charge of a live tombstone
 /// left by the same request.
@@ -539,11 +560,22 @@ pub(super) async fn claim_in(
             .execute(&mut *tx)
             .await?;
     }
-    let record = key_record(&mut *tx, values.merchant_id(), values.key())
-        .await?
-        .ok_or_else(|| {
-            StoreError::Corrupt(format!("key {} vanished inside a claim", values.key()))
-        })?;
+    let Some(record) = key_record(&mut *tx, values.merchant_id(), values.key()).await? else {
+        // Not a charge's: another operation's live key (an expired one was
+        // reclaimed above).
+        let owner: Option<(Option<String>, Option<String>)> = sqlx::query_as(KEY_OWNER_SQL)
+            .bind(values.merchant_id())
+            .bind(values.key())
+            .fetch_optional(&mut *tx)
+            .await?;
+        return match owner.and_then(|(c, r)| SubjectId::from_columns(c, r)) {
+            Some(subject) if !won => Ok(Claim::Other(subject)),
+            _ => Err(StoreError::Corrupt(format!(
+                "key {} vanished inside a claim",
+                values.key()
+            ))),
+        };
+    };
     Ok(if won {
         Claim::Won(record)
     } else {

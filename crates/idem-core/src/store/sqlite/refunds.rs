@@ -2,9 +2,9 @@
 //! statements in one write transaction (`begin immediate`, which holds the
 //! file's one write lock, so two refunds of one charge take turns and the
 //! second's guarded update sees what the first reserved). The claim inserts
-//! the key first, reserves by the guarded update, and makes the refund; a
-//! refusal deletes the key it inserted, in the same transaction, so nothing
-//! is left behind.
+//! the key only once the guarded update has reserved the amount (under the
+//! write lock the key cannot be taken meanwhile), then makes the refund; a
+//! refusal writes nothing.
 
 use const_format::concatcp;
 use sqlx::sqlite::SqliteConnection;
@@ -53,9 +53,41 @@ const INSERT_KEY_SQL: &str = concatcp!(
      returning 1"
 );
 
-/// Undoes this transaction's own key insert when the reservation is refused.
-const UNCLAIM_SQL: &str =
-    "delete from idempotency_keys where merchant_id = $1 and idempotency_key = $2 and refund_id = $3";
+/// An expired, completed record of another request made this refund's
+/// claim (parameters as [`INSERT_KEY_SQL`]).
+const RECLAIM_SQL: &str = concatcp!(
+    "update idempotency_keys
+        set fingerprint = $3, refund_id = $4, charge_id = null, state = 'in_flight',
+            attempt = attempt + 1, response_status = null, response_body = null,
+            locked_until = ",
+    NOW,
+    " + $5, expires_at = ",
+    NOW,
+    " + $6, created_at = ",
+    NOW,
+    "
+      where merchant_id = $1 and idempotency_key = $2
+        and state = 'completed' and fingerprint <> $3 and expires_at <= ",
+    NOW
+);
+
+/// `$1` merchant, `$2` key, `$3` fingerprint: the refund of a live tombstone
+/// the same request left.
+const TOMBSTONE_SQL: &str = concatcp!(
+    "select refund_id from key_tombstones
+      where merchant_id = $1 and idempotency_key = $2 and fingerprint = $3
+        and refund_id is not null and expires_at > ",
+    NOW
+);
+
+/// `$1` refund, `$2` reason.
+const MARK_FOR_REVIEW_SQL: &str = concatcp!(
+    "update refunds set review_since = ",
+    NOW,
+    ", review_reason = $2, updated_at = ",
+    NOW,
+    " where id = $1 and status = 'pending' and review_since is null"
+);
 
 const REMAINING_SQL: &str =
     "select amount_cents - refunded_cents from charges where id = $1 and merchant_id = $2";
@@ -156,20 +188,26 @@ impl Refunds for SqliteStore {
         let reference =
             AcquirerReference::for_intent(claim.merchant_id, claim.key, &claim.fingerprint);
         self.write(async |tx| -> Result<RefundClaim, StoreError> {
-            let inserted = sqlx::query(INSERT_KEY_SQL)
+            // Under the file's one write lock nothing changes between these
+            // statements, so the key is decided first by reading it, and
+            // written only once the reservation holds: a refusal writes nothing.
+            if let Some((refund_id,)) = sqlx::query_as::<_, (String,)>(TOMBSTONE_SQL)
                 .bind(claim.merchant_id)
                 .bind(claim.key.as_str())
                 .bind(claim.fingerprint.as_bytes())
-                .bind(id.as_str())
-                .bind(millis(claim.lease))
-                .bind(millis(claim.key_ttl))
                 .fetch_optional(&mut *tx)
-                .await?;
-            if inserted.is_none() {
-                // Under the write lock the record cannot go meanwhile.
-                return taken(tx, claim.merchant_id, claim.key)
-                    .await?
-                    .map(|t| RefundClaim::Lost(Box::new(t)))
+                .await?
+            {
+                return Ok(RefundClaim::Expired(RefundId::from_trusted(refund_id)));
+            }
+            let found = taken(tx, claim.merchant_id, claim.key).await?;
+            let free = match &found {
+                None => true,
+                Some(t) => t.expired() && *t.fingerprint() != claim.fingerprint,
+            };
+            if !free {
+                return found
+                    .map(Taken::into_claim)
                     .ok_or_else(|| StoreError::Corrupt("a taken key not found".into()));
             }
             let amount = match claim.request.amount_cents {
@@ -199,16 +237,32 @@ impl Refunds for SqliteStore {
                     .bind(claim.merchant_id)
                     .fetch_optional(&mut *tx)
                     .await?;
-                sqlx::query(UNCLAIM_SQL)
-                    .bind(claim.merchant_id)
-                    .bind(claim.key.as_str())
-                    .bind(id.as_str())
-                    .execute(&mut *tx)
-                    .await?;
                 return Ok(RefundClaim::Refused(Refusal::of_charge(
                     charge.map(|c| (c.status, c.under_review, c.remaining)),
                 )));
             };
+            // A new key, or an expired record of another request made this one's.
+            let sql = if found.is_none() {
+                INSERT_KEY_SQL
+            } else {
+                RECLAIM_SQL
+            };
+            let keyed = sqlx::query(sql)
+                .bind(claim.merchant_id)
+                .bind(claim.key.as_str())
+                .bind(claim.fingerprint.as_bytes())
+                .bind(id.as_str())
+                .bind(millis(claim.lease))
+                .bind(millis(claim.key_ttl))
+                .execute(&mut *tx)
+                .await?;
+            if keyed.rows_affected() != 1 {
+                // Rolled back whole, the reservation with it.
+                return Err(StoreError::Corrupt(format!(
+                    "key {} changed under the write lock",
+                    claim.key.as_str()
+                )));
+            }
             sqlx::query(INSERT_REFUND_SQL)
                 .bind(id.as_str())
                 .bind(claim.charge_id.as_str())
@@ -314,6 +368,18 @@ impl Refunds for SqliteStore {
                 reschedule,
             )
             .await
+        })
+        .await
+    }
+
+    async fn mark_refund_for_review(&self, id: &RefundId, reason: &str) -> Result<(), StoreError> {
+        self.write(async |tx| {
+            sqlx::query(MARK_FOR_REVIEW_SQL)
+                .bind(id.as_str())
+                .bind(reason)
+                .execute(&mut *tx)
+                .await?;
+            Ok(())
         })
         .await
     }

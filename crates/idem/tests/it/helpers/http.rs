@@ -101,6 +101,45 @@ impl Client {
         .await
     }
 
+    /// `POST /v1/charges/{charge_id}/refunds` with a JSON body given as text.
+    pub async fn refund(&self, charge_id: &str, key: &str, body: &str) -> Answer {
+        self.send(
+            self.http
+                .post(format!("{}/v1/charges/{charge_id}/refunds", self.base))
+                .bearer_auth(&self.secret)
+                .header("Idempotency-Key", key)
+                .header("Content-Type", "application/json")
+                .body(body.to_owned()),
+        )
+        .await
+    }
+
+    /// Retries a refund on `409` and `503` until it is final.
+    pub async fn refund_until_final(&self, charge_id: &str, key: &str, body: &str) -> Answer {
+        let started = Instant::now();
+        loop {
+            let a = self.refund(charge_id, key, body).await;
+            if a.status != 409 && a.status != 503 {
+                return a;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "never final: {a:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `GET` a path of the API as this merchant.
+    pub async fn get(&self, path: &str) -> Answer {
+        self.send(
+            self.http
+                .get(format!("{}{path}", self.base))
+                .bearer_auth(&self.secret),
+        )
+        .await
+    }
+
     /// Any request, built by the caller.
     pub async fn send(&self, request: reqwest::RequestBuilder) -> Answer {
         let started = Instant::now();

@@ -1,0 +1,210 @@
+//! The refund as an [`Operation`]: money back from a captured charge, once
+//! per key, the sum of a charge's refunds never above its capture (the
+//! store's claim reserves the amount before the acquirer is called).
+
+use super::memo::InFlightMemo;
+use super::operation::{ClaimArgs, Claimed, Final, Finalize, Operation, Said};
+use super::Engine;
+use crate::acquirer::protocol::RefundRequest as AcquirerRefund;
+use crate::acquirer::{AcquirerClient, AcquirerError};
+use crate::crash;
+use crate::domain::{
+    AcquirerReference, Fingerprint, IdempotencyKey, Merchant, Refund, RefundIntent, RefundStatus,
+    StoredResponse, SubjectId,
+};
+use crate::problem::{Problem, ProblemKind};
+use crate::store::{
+    NewRefundClaim, RefundClaim, RefundRecord, RefundSettlement, Reschedule, Store, StoreError,
+    Taken,
+};
+
+impl Operation for RefundIntent {
+    type Subject = Refund;
+
+    const ACQUIRER_PATH: &'static str = "/v1/refunds";
+
+    fn fingerprint(&self) -> Fingerprint {
+        Fingerprint::of_refund(&self.charge_id, &self.request)
+    }
+
+    fn request_of(refund: &Refund) -> Self {
+        RefundIntent::of(refund)
+    }
+
+    fn differing_fields(&self, held: &Self) -> Vec<&'static str> {
+        let fields = held.differing_fields(self);
+        if fields.is_empty() {
+            // The held intent named no amount (what remained), which the
+            // refund's reserved amount cannot tell apart from this one's.
+            return vec!["amount_cents"];
+        }
+        fields
+    }
+
+    fn id(refund: &Refund) -> SubjectId {
+        SubjectId::Refund(refund.id.clone())
+    }
+
+    fn reference(refund: &Refund) -> &AcquirerReference {
+        &refund.acquirer_reference
+    }
+
+    fn memo(engine: &Engine) -> &InFlightMemo<Self> {
+        &engine.refunds_in_flight
+    }
+
+    async fn claim(&self, store: &Store, a: ClaimArgs<'_>) -> Result<Claimed<Refund>, StoreError> {
+        let claim = store
+            .claim_refund(&NewRefundClaim {
+                merchant_id: a.merchant_id,
+                key: a.key,
+                fingerprint: a.fingerprint,
+                charge_id: &self.charge_id,
+                request: &self.request,
+                lease: a.lease,
+                key_ttl: a.key_ttl,
+                traceparent: a.traceparent,
+            })
+            .await?;
+        Ok(match claim {
+            RefundClaim::Won(record) => Claimed::Won(*record),
+            RefundClaim::Lost(taken) => match *taken {
+                Taken::Refund(record) => Claimed::Lost(record),
+                Taken::Charge(record) => Claimed::Other(SubjectId::Charge(record.subject.id)),
+            },
+            RefundClaim::Refused(refusal) => Claimed::Refused(refusal),
+            RefundClaim::Expired(id) => Claimed::Expired(id.into()),
+        })
+    }
+
+    async fn record(
+        store: &Store,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+    ) -> Result<Option<RefundRecord>, StoreError> {
+        store.refund_record(merchant_id, key).await
+    }
+
+    async fn take_over(
+        store: &Store,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        attempt: i64,
+        lease: std::time::Duration,
+    ) -> Result<Option<RefundRecord>, StoreError> {
+        store
+            .take_over_refund(merchant_id, key, attempt, lease)
+            .await
+    }
+
+    async fn release(
+        store: &Store,
+        merchant_id: i64,
+        key: &IdempotencyKey,
+        attempt: i64,
+        reschedule: &Reschedule,
+    ) -> Result<(), StoreError> {
+        store
+            .release_refund(merchant_id, key, attempt, reschedule)
+            .await
+    }
+
+    async fn mark_for_review(
+        store: &Store,
+        _merchant: &Merchant,
+        refund: &Refund,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        store.mark_refund_for_review(&refund.id, reason).await
+    }
+
+    async fn finalize(store: &Store, f: Finalize<'_, Refund>) -> Result<bool, StoreError> {
+        let (acquirer_refund_id, failure_reason) = match f.outcome {
+            Final::Done { acquirer_id } => (acquirer_id.as_deref(), None),
+            Final::Declined { .. } | Final::Refused { .. } => {
+                (None, f.settled.failure_reason.as_deref())
+            }
+        };
+        crash::around_finalize(store.finalize_refund(
+            f.merchant.id,
+            f.key,
+            f.record,
+            &RefundSettlement {
+                status: f.settled.status,
+                acquirer_refund_id,
+                failure_reason,
+                response: f.response,
+            },
+            f.key_ttl,
+        ))
+        .await
+    }
+
+    async fn call(acquirer: &AcquirerClient, merchant: &Merchant, refund: &Refund) -> Said {
+        acquirer
+            .refund(&acquirer_refund(merchant, refund))
+            .await
+            .map(|refunded| refunded.refund_id)
+    }
+
+    async fn look_up(
+        acquirer: &AcquirerClient,
+        merchant: &Merchant,
+        refund: &Refund,
+    ) -> Result<Option<Said>, AcquirerError> {
+        let found = acquirer
+            .lookup_refund(&acquirer_refund(merchant, refund))
+            .await?;
+        Ok(found.map(|settled| settled.map(|refunded| refunded.refund_id)))
+    }
+
+    fn settled(refund: &Refund, outcome: &Final) -> Refund {
+        let (status, failure_reason) = match outcome {
+            Final::Done { .. } => (RefundStatus::Succeeded, None),
+            Final::Declined { reason } => (RefundStatus::Failed, Some(reason.clone())),
+            Final::Refused { reason } => (
+                RefundStatus::Failed,
+                Some(reason.clone().unwrap_or_else(|| "refused".to_owned())),
+            ),
+        };
+        Refund {
+            status,
+            failure_reason,
+            ..refund.clone()
+        }
+    }
+
+    fn response(refund: &Refund) -> StoredResponse {
+        let (status, body) = match refund.status {
+            RefundStatus::Succeeded => (201, crate::domain::to_json(refund)),
+            RefundStatus::Failed | RefundStatus::Pending => {
+                let reason = refund.failure_reason.as_deref().unwrap_or("unspecified");
+                let mut p = Problem::new(
+                    ProblemKind::RefundFailed,
+                    format!(
+                        "The acquirer refused the refund: {reason}. No money moved, and its \
+                         amount is the charge's to refund again, with a new Idempotency-Key."
+                    ),
+                );
+                p.refund = Some(refund);
+                (p.status, p.to_bytes())
+            }
+        };
+        StoredResponse {
+            status,
+            body: body.into(),
+        }
+    }
+}
+
+/// What the acquirer is asked for a refund: its own reference, the capture
+/// it gives back from, and the amount and currency its echo is checked against.
+fn acquirer_refund(merchant: &Merchant, refund: &Refund) -> AcquirerRefund {
+    AcquirerRefund {
+        reference: refund.acquirer_reference.as_str().to_owned(),
+        capture_reference: refund.capture_reference.as_str().to_owned(),
+        merchant: merchant.name.clone(),
+        amount_cents: refund.amount_cents.get(),
+        currency: refund.currency.as_str().to_owned(),
+    }
+}
