@@ -24,6 +24,21 @@ pub struct ChargeRequest {
     pub description: Option<String>,
 }
 
+/// The body of `POST /v1/charges/{id}/refunds`. Every field is optional:
+/// without an amount, the server refunds all the charge has left.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct RefundRequest {
+    /// Minor units (1 ..= 10_000_000_000). Left out when `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub amount_cents: Option<i64>,
+    /// `requested_by_customer`, `duplicate`, `fraudulent` or `other`. Left out when `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Free text kept with the refund. Left out when `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
 /// How one attempt ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AttemptOutcome {
@@ -59,7 +74,7 @@ pub struct Attempt {
     pub elapsed: Duration,
 }
 
-/// The final answer to one intent.
+/// The final answer to one intent (a charge or a refund).
 #[derive(Debug, Clone)]
 pub struct ChargeAnswer {
     /// The idempotency key used for every attempt (unquoted).

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use reqwest::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 
-use crate::answer::{Attempt, AttemptOutcome, ChargeAnswer, ChargeRequest};
+use crate::answer::{Attempt, AttemptOutcome, ChargeAnswer, ChargeRequest, RefundRequest};
 use crate::error::ClientError;
 use crate::policy::{backoff_delay, is_retryable, parse_seconds, prefer_wait_secs, RetryPolicy};
 
@@ -57,7 +57,7 @@ struct Inner {
 struct Endpoint {
     /// The base URL as the caller gave it, reported in [`Attempt::endpoint`].
     base: String,
-    /// `base` + [`CHARGES_PATH`], parsed once.
+    /// `base` + [`CHARGES_PATH`], parsed once (and checked).
     charges: reqwest::Url,
 }
 
@@ -125,11 +125,64 @@ impl Client {
         key: &str,
         request: &ChargeRequest,
     ) -> Result<ChargeAnswer, ClientError> {
-        let key_header = quoted_key(key)?;
         // Encoded once: every attempt must carry the very same bytes.
         let body = serde_json::to_vec(request)
             .map(Bytes::from)
             .map_err(|e| ClientError::Build(format!("encoding the charge request: {e}")))?;
+        self.intent(key, CHARGES_PATH, body).await
+    }
+
+    /// One refund intent of the charge `charge_id`: a fresh random key,
+    /// reused on every attempt, as for a charge.
+    pub async fn refund(
+        &self,
+        charge_id: &str,
+        request: &RefundRequest,
+    ) -> Result<ChargeAnswer, ClientError> {
+        let key = uuid::Uuid::new_v4().to_string();
+        self.refund_with_key(&key, charge_id, request).await
+    }
+
+    /// One refund intent under a caller-chosen key (same retry behaviour; the
+    /// same key and request finish a refund that ended in
+    /// [`ClientError::GaveUp`] without refunding twice).
+    pub async fn refund_with_key(
+        &self,
+        key: &str,
+        charge_id: &str,
+        request: &RefundRequest,
+    ) -> Result<ChargeAnswer, ClientError> {
+        if charge_id.is_empty()
+            || !charge_id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        {
+            return Err(ClientError::Build(format!(
+                "{charge_id:?} is not a charge id (ch_ and letters and digits)"
+            )));
+        }
+        let body = serde_json::to_vec(request)
+            .map(Bytes::from)
+            .map_err(|e| ClientError::Build(format!("encoding the refund request: {e}")))?;
+        self.intent(key, &format!("{CHARGES_PATH}/{charge_id}/refunds"), body)
+            .await
+    }
+
+    /// The attempt loop of one intent: `body` POSTed to `path` of each
+    /// endpoint in turn under `key`, until a final answer or the policy's end.
+    async fn intent(
+        &self,
+        key: &str,
+        path: &str,
+        body: Bytes,
+    ) -> Result<ChargeAnswer, ClientError> {
+        let key_header = quoted_key(key)?;
+        let urls = self
+            .inner
+            .endpoints
+            .iter()
+            .map(|e| e.url(path))
+            .collect::<Result<Vec<_>, _>>()?;
         let policy = &self.inner.policy;
         let started = Instant::now();
         let max_attempts = policy.max_attempts.max(1);
@@ -155,12 +208,13 @@ impl Client {
                 return Err(give_up(key, attempts, &reason));
             }
 
-            let endpoint = &self.inner.endpoints[number as usize % self.inner.endpoints.len()];
+            let place = number as usize % self.inner.endpoints.len();
+            let endpoint = &self.inner.endpoints[place];
             let sent = Instant::now();
             let timeout = policy.attempt_timeout.min(remaining);
             let wait = prefer_wait_secs(policy, timeout);
             let result = self
-                .attempt(endpoint, &key_header, &body, timeout, wait)
+                .attempt(&urls[place], &key_header, &body, timeout, wait)
                 .await;
             attempts.push(Attempt {
                 endpoint: endpoint.base.clone(),
@@ -194,7 +248,7 @@ impl Client {
     /// duplicate's outcome) and reads the whole answer, all within `timeout`.
     async fn attempt(
         &self,
-        endpoint: &Endpoint,
+        url: &reqwest::Url,
         key: &HeaderValue,
         body: &Bytes,
         timeout: Duration,
@@ -204,7 +258,7 @@ impl Client {
             let mut request = self
                 .inner
                 .http
-                .post(endpoint.charges.clone())
+                .post(url.clone())
                 .header(AUTHORIZATION, self.inner.authorization.clone())
                 .header(IDEMPOTENCY_KEY, key.clone())
                 .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -270,6 +324,19 @@ impl Endpoint {
             return Err(bad("a base URL takes no query or fragment"));
         }
         Ok(Self { base, charges })
+    }
+
+    /// The URL of `path` (one of the API's, starting at `/v1`) on this endpoint.
+    fn url(&self, path: &str) -> Result<reqwest::Url, ClientError> {
+        let mut url = self.charges.clone();
+        url.set_path(&format!(
+            "{}{path}",
+            self.charges
+                .path()
+                .strip_suffix(CHARGES_PATH)
+                .unwrap_or_default()
+        ));
+        Ok(url)
     }
 }
 

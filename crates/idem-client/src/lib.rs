@@ -7,7 +7,9 @@
 //! `504`, a gateway's `502`), waits with full-jitter exponential backoff that
 //! never undercuts the server's `Retry-After`, asks an in-flight duplicate to
 //! wait for the first attempt's outcome (`Prefer: wait`), spreads attempts over
-//! the given instances, and never runs past its time budget. It behaves as the
+//! the given instances, and never runs past its time budget. [`Client::refund`]
+//! is one refund intent under the same discipline (its own key, made once).
+//! It behaves as the
 //! Python and TypeScript clients do (`clients/README.md`), and all three pass one
 //! conformance suite (`clients/conformance/`).
 //!
@@ -41,7 +43,7 @@ pub mod client;
 pub mod error;
 pub mod policy;
 
-pub use answer::{Attempt, AttemptOutcome, ChargeAnswer, ChargeRequest};
+pub use answer::{Attempt, AttemptOutcome, ChargeAnswer, ChargeRequest, RefundRequest};
 pub use client::{error_chain, Client};
 pub use error::ClientError;
 pub use policy::{backoff_delay, prefer_wait_secs, RetryPolicy};

@@ -1,10 +1,11 @@
-//! Charge events: what subscribers of `idem.events` learn when a charge
-//! reaches a final outcome, however the charge arrived (HTTP or queue).
+//! Events: what subscribers of `idem.events` learn when a charge reaches a
+//! final outcome, however it arrived (HTTP or queue), and when a refund is
+//! paid back.
 
 use chrono::{SecondsFormat, Utc};
 use serde::Serialize;
 
-use super::{Charge, ChargeStatus, MessageId};
+use super::{Charge, ChargeStatus, MessageId, Refund};
 
 /// The topic exchange every charge event is published on, with its type as the
 /// routing key (docs/contract/queue.md). The outbox writes it with each event,
@@ -16,6 +17,8 @@ pub const EVENTS_EXCHANGE: &str = "idem.events";
 pub enum EventType {
     Captured,
     Declined,
+    /// A refund the acquirer paid back.
+    Refunded,
 }
 
 impl EventType {
@@ -34,6 +37,7 @@ impl EventType {
         match self {
             Self::Captured => "charge.captured",
             Self::Declined => "charge.declined",
+            Self::Refunded => "refund.succeeded",
         }
     }
 }
@@ -49,7 +53,12 @@ pub struct ChargeEvent<'a> {
     pub merchant: &'a str,
     /// When the outcome was decided (RFC 3339, UTC).
     pub occurred_at: String,
-    pub charge: &'a Charge,
+    /// The charge (`charge.*` events).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub charge: Option<&'a Charge>,
+    /// The refund (`refund.*` events).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refund: Option<&'a Refund>,
 }
 
 impl<'a> ChargeEvent<'a> {
@@ -64,7 +73,20 @@ impl<'a> ChargeEvent<'a> {
             event_type: event_type.as_str(),
             merchant,
             occurred_at: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
-            charge,
+            charge: Some(charge),
+            refund: None,
+        }
+    }
+
+    /// A refund's event.
+    pub fn of_refund(id: &'a MessageId, merchant: &'a str, refund: &'a Refund) -> Self {
+        Self {
+            id: id.as_str(),
+            event_type: EventType::Refunded.as_str(),
+            merchant,
+            occurred_at: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
+            charge: None,
+            refund: Some(refund),
         }
     }
 

@@ -16,7 +16,7 @@ use rand::RngCore;
 use serde::Serialize;
 use sha2::Sha256;
 
-use super::{Charge, ChargeStatus, MessageId};
+use super::{Charge, ChargeStatus, MessageId, Refund};
 
 /// What a merchant's endpoint can be told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -32,15 +32,24 @@ pub enum WebhookEvent {
     ReviewRequired,
     /// A person settled a charge that awaited review.
     Resolved,
+    /// The acquirer paid a refund back.
+    RefundSucceeded,
+    /// The acquirer refused a refund for good; its amount is the charge's again.
+    RefundFailed,
+    /// A refund awaits a person: the acquirer's answers could not settle it.
+    RefundReviewRequired,
 }
 
 impl WebhookEvent {
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 8] = [
         Self::Captured,
         Self::Declined,
         Self::Failed,
         Self::ReviewRequired,
         Self::Resolved,
+        Self::RefundSucceeded,
+        Self::RefundFailed,
+        Self::RefundReviewRequired,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -50,6 +59,9 @@ impl WebhookEvent {
             Self::Failed => "charge.failed",
             Self::ReviewRequired => "charge.review_required",
             Self::Resolved => "charge.resolved",
+            Self::RefundSucceeded => "refund.succeeded",
+            Self::RefundFailed => "refund.failed",
+            Self::RefundReviewRequired => "refund.review_required",
         }
     }
 
@@ -77,14 +89,19 @@ impl WebhookEvent {
         }
     }
 
-    /// The charge's state version the event carries: 1 while it awaits
-    /// review, 2 once final. A charge goes from `processing` to review (at
-    /// most once) and to one final state, so a receiver that keeps the highest
-    /// version it has seen for a charge drops an older state arriving late.
+    /// The subject's state version the event carries: 1 while it awaits
+    /// review, 2 once final. A charge (or a refund) goes from pending to
+    /// review (at most once) and to one final state, so a receiver that keeps
+    /// the highest version it has seen for it drops an older state arriving late.
     pub fn version(self) -> u8 {
         match self {
-            Self::ReviewRequired => 1,
-            Self::Captured | Self::Declined | Self::Failed | Self::Resolved => 2,
+            Self::ReviewRequired | Self::RefundReviewRequired => 1,
+            Self::Captured
+            | Self::Declined
+            | Self::Failed
+            | Self::Resolved
+            | Self::RefundSucceeded
+            | Self::RefundFailed => 2,
         }
     }
 }
@@ -102,8 +119,14 @@ pub struct WebhookBody<'a> {
     pub merchant: &'a str,
     /// See [`WebhookEvent::version`].
     pub version: u8,
-    /// The charge as `GET /v1/charges/{id}` shows it at that moment.
-    pub charge: &'a Charge,
+    /// The charge as `GET /v1/charges/{id}` shows it at that moment
+    /// (`charge.*` events).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub charge: Option<&'a Charge>,
+    /// The refund as `GET /v1/refunds/{id}` shows it at that moment
+    /// (`refund.*` events).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refund: Option<&'a Refund>,
 }
 
 impl<'a> WebhookBody<'a> {
@@ -119,7 +142,26 @@ impl<'a> WebhookBody<'a> {
             occurred_at: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
             merchant,
             version: event.version(),
-            charge,
+            charge: Some(charge),
+            refund: None,
+        }
+    }
+
+    /// A `refund.*` event's body.
+    pub fn of_refund(
+        id: &'a MessageId,
+        event: WebhookEvent,
+        merchant: &'a str,
+        refund: &'a Refund,
+    ) -> Self {
+        Self {
+            id: id.as_str(),
+            event_type: event.as_str(),
+            occurred_at: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
+            merchant,
+            version: event.version(),
+            charge: None,
+            refund: Some(refund),
         }
     }
 

@@ -9,13 +9,13 @@ use crate::acquirer::protocol::RefundRequest as AcquirerRefund;
 use crate::acquirer::{AcquirerClient, AcquirerError};
 use crate::crash;
 use crate::domain::{
-    AcquirerReference, Fingerprint, IdempotencyKey, Merchant, Refund, RefundIntent, RefundStatus,
-    StoredResponse, SubjectId,
+    AcquirerReference, ChargeEvent, EventType, Fingerprint, IdempotencyKey, Merchant, MessageId,
+    Refund, RefundIntent, RefundStatus, StoredResponse, SubjectId, WebhookBody, WebhookEvent,
 };
 use crate::problem::{Problem, ProblemKind};
 use crate::store::{
-    NewRefundClaim, RefundClaim, RefundRecord, RefundSettlement, Reschedule, Store, StoreError,
-    Taken,
+    NewEvent, NewRefundClaim, NewWebhook, RefundClaim, RefundRecord, RefundSettlement, Reschedule,
+    Store, StoreError, Taken,
 };
 
 impl Operation for RefundIntent {
@@ -111,11 +111,14 @@ impl Operation for RefundIntent {
 
     async fn mark_for_review(
         store: &Store,
-        _merchant: &Merchant,
+        merchant: &Merchant,
         refund: &Refund,
         reason: &str,
     ) -> Result<(), StoreError> {
-        store.mark_refund_for_review(&refund.id, reason).await
+        let webhook = new_webhook(WebhookEvent::RefundReviewRequired, merchant, refund);
+        store
+            .mark_refund_for_review(merchant.id, &refund.id, reason, &webhook)
+            .await
     }
 
     async fn finalize(store: &Store, f: Finalize<'_, Refund>) -> Result<bool, StoreError> {
@@ -125,6 +128,23 @@ impl Operation for RefundIntent {
                 (None, f.settled.failure_reason.as_deref())
             }
         };
+        let succeeded = f.settled.status == RefundStatus::Succeeded;
+        let event = succeeded.then(|| {
+            let message_id = MessageId::event();
+            let body = ChargeEvent::of_refund(&message_id, &f.merchant.name, f.settled).to_bytes();
+            NewEvent {
+                message_id,
+                event_type: EventType::Refunded.as_str(),
+                tenant: &f.merchant.name,
+                body: body.into(),
+            }
+        });
+        let webhook_event = if succeeded {
+            WebhookEvent::RefundSucceeded
+        } else {
+            WebhookEvent::RefundFailed
+        };
+        let webhook = new_webhook(webhook_event, f.merchant, f.settled);
         crash::around_finalize(store.finalize_refund(
             f.merchant.id,
             f.key,
@@ -134,6 +154,8 @@ impl Operation for RefundIntent {
                 acquirer_refund_id,
                 failure_reason,
                 response: f.response,
+                event: event.as_ref(),
+                webhook: Some(&webhook),
             },
             f.key_ttl,
         ))
@@ -194,6 +216,17 @@ impl Operation for RefundIntent {
             status,
             body: body.into(),
         }
+    }
+}
+
+/// The webhook event `event` of `refund` (as it is after the decision).
+fn new_webhook(event: WebhookEvent, merchant: &Merchant, refund: &Refund) -> NewWebhook {
+    let event_id = MessageId::event();
+    let body = WebhookBody::of_refund(&event_id, event, &merchant.name, refund).to_bytes();
+    NewWebhook {
+        event_id,
+        event_type: event.as_str(),
+        body: body.into(),
     }
 }
 

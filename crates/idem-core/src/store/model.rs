@@ -170,6 +170,10 @@ pub struct RefundSettlement<'a> {
     pub acquirer_refund_id: Option<&'a str>,
     pub failure_reason: Option<&'a str>,
     pub response: &'a StoredResponse,
+    /// The refund event the outcome produces, if any (`refund.succeeded`).
+    pub event: Option<&'a NewEvent<'a>>,
+    /// The webhook event it produces for the merchant's endpoints.
+    pub webhook: Option<&'a NewWebhook>,
 }
 
 /// What a key stands for now, as `GET /v1/idempotency-keys/{key}` shows it.

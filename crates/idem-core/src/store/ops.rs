@@ -104,8 +104,15 @@ store_ops! {
             reschedule: &Reschedule,
         ) -> Result<(), StoreError>;
         /// Stops the reconciler and every retry trying this refund; it stays
-        /// `pending` (its amount reserved) until an operator settles it.
-        fn mark_refund_for_review(&self, id: &RefundId, reason: &str) -> Result<(), StoreError>;
+        /// `pending` (its amount reserved) until an operator settles it. With
+        /// the mark, in its transaction, `webhook`'s deliveries (once).
+        fn mark_refund_for_review(
+            &self,
+            merchant_id: i64,
+            id: &RefundId,
+            reason: &str,
+            webhook: &NewWebhook,
+        ) -> Result<(), StoreError>;
         /// A merchant's refund by id.
         fn refund(&self, merchant_id: i64, id: &RefundId) -> Result<Option<Refund>, StoreError>;
         /// A merchant's charge's refunds, oldest first.

@@ -8,7 +8,10 @@
 //!   and reads the stored outcome);
 //! - `conflict`: duplicates while the first attempts are in flight (409s);
 //! - `queue`: new charges as commands through RabbitMQ (`serve --consume`),
-//!   publish to result.
+//!   publish to result;
+//! - `refund`: every request a new refund (claim with its reservation,
+//!   acquirer, finalize) of 1 cent, each worker on a captured charge of its
+//!   own, as merchants refund different orders.
 
 mod pgbench;
 mod queue;
@@ -44,6 +47,7 @@ pub enum Scenario {
     Replay,
     Conflict,
     Queue,
+    Refund,
 }
 
 #[derive(Debug, Clone)]
@@ -214,6 +218,7 @@ async fn run_bench(config: &BenchConfig) -> anyhow::Result<BenchResult> {
         url: format!("{base}/v1/charges"),
         secret,
         scenario: config.scenario,
+        charges: Arc::default(),
     };
     load.prepare().await?;
 
@@ -247,6 +252,8 @@ struct Load {
     url: String,
     secret: String,
     scenario: Scenario,
+    /// The captured charges the `refund` scenario refunds, one per worker.
+    charges: Arc<std::sync::OnceLock<Vec<String>>>,
 }
 
 impl Load {
@@ -258,6 +265,33 @@ impl Load {
     async fn prepare(&self) -> anyhow::Result<()> {
         match self.scenario {
             Scenario::New | Scenario::Queue => Ok(()),
+            Scenario::Refund => {
+                let mut charges = Vec::with_capacity(HOT_KEYS);
+                for i in 0..HOT_KEYS {
+                    let r = self
+                        .http
+                        .post(&self.url)
+                        .bearer_auth(&self.secret)
+                        .header("Idempotency-Key", Self::hot_key(i))
+                        .header("content-type", "application/json")
+                        .body(format!(
+                            r#"{{"order_id": {}, "amount_cents": 10000000000}}"#,
+                            i + 1
+                        ))
+                        .send()
+                        .await?;
+                    anyhow::ensure!(
+                        r.status() == 201,
+                        "preparing refunds: status {}",
+                        r.status()
+                    );
+                    let charge: serde_json::Value = r.json().await?;
+                    let id = charge["id"].as_str().context("a charge's id")?;
+                    charges.push(id.to_owned());
+                }
+                let _ = self.charges.set(charges);
+                Ok(())
+            }
             Scenario::Replay => {
                 for i in 0..HOT_KEYS {
                     let status = self.send(&Self::hot_key(i), i).await?;
@@ -346,6 +380,7 @@ impl Load {
             url: self.url.clone(),
             secret: self.secret.clone(),
             scenario: self.scenario,
+            charges: self.charges.clone(),
         }
     }
 
@@ -356,12 +391,17 @@ impl Load {
         stop: &AtomicBool,
     ) -> anyhow::Result<Part> {
         let mut conn = Connection::open(&self.url, &self.secret).await?;
+        if let Some(charges) = self.charges.get() {
+            let charge = &charges[w % charges.len()];
+            let base = conn.path.trim_end_matches("/v1/charges").to_owned();
+            conn.path = format!("{base}/v1/charges/{charge}/refunds");
+        }
         let mut part = Part::new()?;
         let mut i = 0usize;
         while !stop.load(Ordering::Relaxed) {
             i += 1;
             let (key, order) = match self.scenario {
-                Scenario::New | Scenario::Queue => (format!("bench-{w}-{i}"), i),
+                Scenario::New | Scenario::Queue | Scenario::Refund => (format!("bench-{w}-{i}"), i),
                 // The hot key's own body, so the request is the same one.
                 Scenario::Replay | Scenario::Conflict => {
                     let n = (w * 7919 + i) % HOT_KEYS;
@@ -418,7 +458,13 @@ impl Connection {
             .header("authorization", &self.authorization)
             .header("idempotency-key", key)
             .header("content-type", "application/json")
-            .body(http_body_util::Full::new(bytes::Bytes::from(body(order))))?;
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                if self.path.ends_with("/refunds") {
+                    REFUND_BODY.to_owned()
+                } else {
+                    body(order)
+                },
+            )))?;
         let response = self.sender.send_request(request).await?;
         let status = response.status().as_u16();
         response.into_body().collect().await?;
@@ -501,6 +547,9 @@ fn combine(
             .then(|| confirms.value_at_quantile(0.5) as f64 / 1000.0),
     })
 }
+
+/// What each request of the `refund` scenario gives back.
+const REFUND_BODY: &str = r#"{"amount_cents": 1}"#;
 
 fn body(order: usize) -> String {
     format!(r#"{{"order_id": {}, "amount_cents": 25000}}"#, order + 1)

@@ -62,7 +62,7 @@ fn substitute(sql: &str, names: &[&str], key: &str) -> String {
 /// The pgbench script for a scenario.
 fn script(scenario: Scenario) -> String {
     match scenario {
-        Scenario::New | Scenario::Queue => {
+        Scenario::New | Scenario::Queue | Scenario::Refund => {
             let key = "('pgb-' || :client_id || '-' || :n)";
             format!(
                 "\\set n random(1, 2000000000)\n{};\n{};\n",

@@ -49,6 +49,7 @@ pub(crate) struct Args {
 pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     let pgbench_can_run = args.url.is_none()
         && args.scenario != crate::bench::Scenario::Queue
+        && args.scenario != crate::bench::Scenario::Refund
         && idem_core::store::Backend::of_url(&args.database_url)?
             == idem_core::store::Backend::Postgres;
     let config = crate::bench::BenchConfig {

@@ -10,7 +10,9 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use idem_client::{backoff_delay, ChargeAnswer, ChargeRequest, Client, ClientError, RetryPolicy};
+use idem_client::{
+    backoff_delay, ChargeAnswer, ChargeRequest, Client, ClientError, RefundRequest, RetryPolicy,
+};
 use idem_core::store::Backend;
 use idem_testkit::run::{admin_url, test_backend};
 use serde::Deserialize;
@@ -52,14 +54,23 @@ struct Scenario {
     policy: Policy,
     calls: Vec<Call>,
     captures: BTreeMap<String, usize>,
+    /// Refunds in the ledger per order's capture.
+    #[serde(default)]
+    refunds: BTreeMap<String, usize>,
 }
 
 #[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
 struct Call {
     id: String,
-    order: i64,
-    amount_cents: i64,
+    /// `charge` (absent) or `refund`.
+    op: Option<String>,
+    /// A refund's call: the earlier call whose charge it refunds.
+    refund_of: Option<String>,
+    /// A charge's order (a refund has none).
+    order: Option<i64>,
+    /// A charge's amount; a refund's, or absent for all that is left.
+    amount_cents: Option<i64>,
     key: Option<String>,
     #[serde(default)]
     delay_ms: u64,
@@ -75,15 +86,26 @@ struct Expect {
     min_attempts: Option<usize>,
     max_attempts: Option<usize>,
     same_charge_as: Option<String>,
+    same_refund_as: Option<String>,
+    amount_cents: Option<i64>,
     ttl_at_most_secs: Option<u64>,
     differing_fields: Option<Vec<String>>,
 }
 
-/// What a call came to, reduced as the suite's README says.
+/// What a call asks.
 #[derive(Debug, Clone)]
+enum What {
+    Charge(ChargeRequest),
+    Refund(String, RefundRequest),
+}
+
+/// What a call came to, reduced as the suite's README says.
+#[derive(Debug, Clone, Default)]
 struct Outcome {
     result: &'static str,
     charge_id: Option<String>,
+    refund_id: Option<String>,
+    amount_cents: Option<i64>,
     replayed: bool,
     attempts: usize,
     key: String,
@@ -219,35 +241,53 @@ async fn run_scenario(
         flavour,
     };
 
-    // Each call on its own task; one that waits for another watches its end.
+    // Each call on its own task; one that waits for another watches its end
+    // (and a refund, the charge that call made).
     let start = Instant::now();
     let mut ended = HashMap::new();
     let mut tasks = Vec::new();
     for call in &scenario.calls {
-        let (tx, rx) = tokio::sync::watch::channel(false);
+        let (tx, rx) = tokio::sync::watch::channel(None::<Option<String>>);
         ended.insert(call.id.clone(), rx);
-        let after = call.after.as_ref().map(|id| ended[id].clone());
+        let after = call
+            .after
+            .as_ref()
+            .or(call.refund_of.as_ref())
+            .map(|id| ended[id].clone());
         let key = call
             .key
             .as_ref()
             .map(|k| format!("conf-{run_base}-{}-{k}", scenario.name));
-        let request = ChargeRequest {
-            order_id: run_base + call.order,
-            amount_cents: call.amount_cents,
+        let refund = call.op.as_deref() == Some("refund");
+        let charge = ChargeRequest {
+            order_id: run_base + call.order.unwrap_or_default(),
+            amount_cents: call.amount_cents.unwrap_or_default(),
             currency: Some("BRL".into()),
             description: None,
         };
+        let refund_request = RefundRequest {
+            amount_cents: call.amount_cents,
+            ..RefundRequest::default()
+        };
         let (caller, delay) = (caller.clone(), Duration::from_millis(call.delay_ms));
         tasks.push(tokio::spawn(async move {
+            let mut charge_of_earlier = None;
             match after {
                 Some(mut after) => {
-                    let _ = after.wait_for(|done| *done).await;
+                    if let Ok(done) = after.wait_for(Option::is_some).await {
+                        charge_of_earlier = done.clone().flatten();
+                    }
                     tokio::time::sleep(delay).await;
                 }
                 None => tokio::time::sleep_until((start + delay).into()).await,
             }
-            let outcome = caller.call(key.as_deref(), &request).await;
-            let _ = tx.send(true);
+            let what = if refund {
+                What::Refund(charge_of_earlier.unwrap_or_default(), refund_request)
+            } else {
+                What::Charge(charge)
+            };
+            let outcome = caller.call(key.as_deref(), &what).await;
+            let _ = tx.send(Some(outcome.charge_id.clone()));
             outcome
         }));
     }
@@ -287,6 +327,15 @@ async fn run_scenario(
                 fail("charge_id", format!("call {other}'s, {theirs:?}"));
             }
         }
+        if let Some(other) = &e.same_refund_as {
+            let theirs = &outcomes[other].refund_id;
+            if got.refund_id.is_none() || got.refund_id != *theirs {
+                fail("refund_id", format!("call {other}'s, {theirs:?}"));
+            }
+        }
+        if e.amount_cents.is_some() && e.amount_cents != got.amount_cents {
+            fail("amount_cents", format!("{:?}", e.amount_cents));
+        }
         if let Some(most) = e.ttl_at_most_secs {
             if got.idempotency_ttl.is_none_or(|ttl| ttl > most) {
                 fail("idempotency_ttl", format!("at most {most}"));
@@ -317,6 +366,27 @@ async fn run_scenario(
         if got != *want {
             failures.push(format!(
                 "order {order}: expected {want} capture(s) in the ledger, got {got}"
+            ));
+        }
+    }
+    let empty = Vec::new();
+    let refunds = ledger["refunds"].as_array().unwrap_or(&empty);
+    for (order, want) in &scenario.refunds {
+        let order_id = run_base + order.parse::<i64>().expect("an order number");
+        let references: Vec<&Value> = ledger["captures"]
+            .as_array()
+            .expect("captures")
+            .iter()
+            .filter(|c| c["order_id"] == order_id)
+            .map(|c| &c["reference"])
+            .collect();
+        let got = refunds
+            .iter()
+            .filter(|r| references.contains(&&r["capture_reference"]))
+            .count();
+        if got != *want {
+            failures.push(format!(
+                "order {order}: expected {want} refund(s) in the ledger, got {got}"
             ));
         }
     }
@@ -357,19 +427,22 @@ struct Caller {
 }
 
 impl Caller {
-    async fn call(&self, key: Option<&str>, request: &ChargeRequest) -> Outcome {
+    async fn call(&self, key: Option<&str>, what: &What) -> Outcome {
         match self.flavour {
             Flavour::IdemClient => reduce(match key {
-                Some(key) => self.client.charge_with_key(key, request).await,
-                None => self.client.charge(request).await,
+                Some(key) => send(&self.client, key, what).await,
+                None => {
+                    let key = uuid::Uuid::new_v4().to_string();
+                    send(&self.client, &key, what).await
+                }
             }),
-            Flavour::NewKeyPerRetry => self.new_key_per_retry(key, request).await,
+            Flavour::NewKeyPerRetry => self.new_key_per_retry(key, what).await,
         }
     }
 
     /// The mistake the suite exists to catch: each retry under a fresh key
     /// (one-attempt calls of `idem-client`, on the same endpoints in turn).
-    async fn new_key_per_retry(&self, key: Option<&str>, request: &ChargeRequest) -> Outcome {
+    async fn new_key_per_retry(&self, key: Option<&str>, what: &What) -> Outcome {
         let policy = &self.policy;
         let started = Instant::now();
         let mut attempts = 0;
@@ -389,7 +462,7 @@ impl Caller {
                 },
             )
             .unwrap();
-            let mut outcome = reduce(one.charge_with_key(&key, request).await);
+            let mut outcome = reduce(send(&one, &key, what).await);
             attempts += outcome.attempts;
             outcome.attempts = attempts;
             retry += 1;
@@ -404,35 +477,61 @@ impl Caller {
     }
 }
 
+/// One call of `what` under `key` by `client`.
+async fn send(client: &Client, key: &str, what: &What) -> Result<ChargeAnswer, ClientError> {
+    match what {
+        What::Charge(request) => client.charge_with_key(key, request).await,
+        What::Refund(charge_id, request) => client.refund_with_key(key, charge_id, request).await,
+    }
+}
+
 fn reduce(answer: Result<ChargeAnswer, ClientError>) -> Outcome {
     let answer = match answer {
         Ok(answer) => answer,
         Err(ClientError::GaveUp { key, attempts, .. }) => {
             return Outcome {
                 result: "gave-up",
-                charge_id: None,
-                replayed: false,
                 attempts: attempts.len(),
                 key,
-                idempotency_ttl: None,
-                differing_fields: None,
+                ..Outcome::default()
             }
         }
         Err(e) => panic!("the client could not make the call: {e}"),
     };
     let body: Value = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
     let kind = body["type"].as_str().unwrap_or_default();
-    let (result, charge_id) = match (answer.status, kind) {
-        (201, _) => ("captured", body["id"].as_str()),
-        (402, _) => ("declined", body["charge"]["id"].as_str()),
-        (502, "urn:idem:problem:acquirer-rejected") => ("failed", body["charge"]["id"].as_str()),
-        (422, _) => ("key-reused", body["charge_id"].as_str()),
-        (410, _) => ("key-expired", body["charge_id"].as_str()),
-        _ => ("rejected", None),
+    let refund = body["id"].as_str().is_some_and(|id| id.starts_with("re_"));
+    let (result, charge_id, refund_id) = match (answer.status, kind) {
+        (201, _) if refund => ("refunded", body["charge_id"].as_str(), body["id"].as_str()),
+        (201, _) => ("captured", body["id"].as_str(), None),
+        (402, _) => ("declined", body["charge"]["id"].as_str(), None),
+        (502, "urn:idem:problem:acquirer-rejected") => {
+            ("failed", body["charge"]["id"].as_str(), None)
+        }
+        (422, "urn:idem:problem:refund-failed") => (
+            "refund-failed",
+            body["refund"]["charge_id"].as_str(),
+            body["refund"]["id"].as_str(),
+        ),
+        (422, "urn:idem:problem:refund-exceeds-captured") => ("refund-exceeds", None, None),
+        (422, "urn:idem:problem:charge-not-refundable") => ("not-refundable", None, None),
+        (422, _) => (
+            "key-reused",
+            body["charge_id"].as_str(),
+            body["refund_id"].as_str(),
+        ),
+        (410, _) => (
+            "key-expired",
+            body["charge_id"].as_str(),
+            body["refund_id"].as_str(),
+        ),
+        _ => ("rejected", None, None),
     };
     Outcome {
         result,
         charge_id: charge_id.map(str::to_owned),
+        refund_id: refund_id.map(str::to_owned),
+        amount_cents: refund.then(|| body["amount_cents"].as_i64()).flatten(),
         replayed: answer.replayed,
         attempts: answer.attempts.len(),
         key: answer.key,
@@ -452,7 +551,12 @@ async fn the_rust_client_passes_every_scenario() {
     let results = run_suite(&env, Flavour::IdemClient).await;
     let failed: Vec<_> = results.iter().filter(|(_, f)| !f.is_empty()).collect();
     assert!(failed.is_empty(), "{failed:#?}");
-    assert_eq!(results.len(), 8, "every scenario ran");
+    let suite: Suite = serde_json::from_str(&std::fs::read_to_string(SUITE).unwrap()).unwrap();
+    assert_eq!(results.len(), suite.scenarios.len(), "every scenario ran");
+    assert!(
+        results.iter().any(|(name, _)| name.starts_with("refund")),
+        "refunds are in the suite"
+    );
 }
 
 /// The suite can fail: a client that makes a new key on every retry charges
@@ -475,6 +579,17 @@ async fn a_client_that_makes_a_new_key_on_retry_fails_the_suite() {
         });
         assert!(charged_twice, "{caught}: {:?}", failures[caught]);
     }
+    // And a refund whose answer was lost is refunded twice.
+    let refunded_twice = failures["refund-answer-lost"].iter().any(|f| {
+        f.split_once("expected 1 refund(s) in the ledger, got ")
+            .and_then(|(_, got)| got.parse::<usize>().ok())
+            .is_some_and(|got| got >= 2)
+    });
+    assert!(
+        refunded_twice,
+        "refund-answer-lost: {:?}",
+        failures["refund-answer-lost"]
+    );
     assert!(
         failures["first-try"].is_empty(),
         "{:?}",

@@ -8,7 +8,7 @@ use clap::{Subcommand, ValueEnum};
 
 use super::args::{ActorArgs, DbArgs, EngineArgs};
 use crate::app;
-use idem_core::domain::ChargeStatus;
+use idem_core::domain::{ChargeId, ChargeStatus};
 use idem_core::idempotency::{Outcome, Resolution};
 use idem_core::store::{Audit, ChargeFilter, Store};
 
@@ -38,7 +38,8 @@ pub(crate) enum Command {
         db: DbArgs,
     },
     /// Show one charge: the charge, its key record (attempts, lease, stored
-    /// answer) and its history (the reconciler's looks, operators' actions).
+    /// answer), its refunds and its history (the reconciler's looks,
+    /// operators' actions).
     Show {
         id: String,
         #[command(flatten)]
@@ -245,9 +246,18 @@ async fn show(id: &str, db: &DbArgs) -> anyhow::Result<()> {
         .await?
         .with_context(|| format!("no charge has the id {id:?}"))?;
     let history = store.audit_trail(Some(id), HISTORY_LIMIT).await?;
+    let refunds = match ChargeId::parse(id) {
+        Some(charge_id) => {
+            store
+                .refunds_of(record.charge.merchant_id, &charge_id)
+                .await?
+        }
+        None => Vec::new(),
+    };
     let shown = serde_json::json!({
         "charge": record.charge,
         "key": record.key,
+        "refunds": refunds,
         "history": history,
     });
     println!("{}", serde_json::to_string_pretty(&shown)?);

@@ -144,6 +144,8 @@ async fn settle_for(
                 acquirer_refund_id: (status == RefundStatus::Succeeded).then_some("rf_1"),
                 failure_reason: (status == RefundStatus::Failed).then_some("exceeds_capture"),
                 response: &response,
+                event: None,
+                webhook: None,
             },
             ttl,
         )

@@ -760,3 +760,98 @@ async fn two_deliverers_share_the_work_and_send_no_attempt_twice() {
         "each event once: {got:#?}"
     );
 }
+
+/// A refund paid, one the acquirer refused and one whose answer contradicts
+/// it each tell the merchant once, signed as a charge's events are
+/// (`refund.succeeded`, `refund.failed`, `refund.review_required`), to the
+/// endpoints that hear them; a paid refund is also an event on `idem.events`'s
+/// outbox.
+#[tokio::test]
+async fn each_refund_outcome_is_delivered_signed_once() {
+    let db = TestDb::new().await;
+    let sim = TestSim::start(Faults::default()).await;
+    let receiver = Receiver::start().await;
+    let secret = db.merchant("loja").await;
+    let (_, all_secret) = add_endpoint(&db, "loja", &receiver.url("/ok"), &[]).await;
+    add_endpoint(
+        &db,
+        "loja",
+        &receiver.url("/ok/refunds"),
+        &["--events", "refund.succeeded"],
+    )
+    .await;
+    let server = serve(&db, &sim, QUICK, &[]).await;
+    let c = Client::new(&server.url, &secret);
+    let charge = c.charge(&new_key(), &body(1, 1_000)).await;
+    assert_eq!(charge.status, 201);
+    let charge_id = charge.json()["id"].as_str().expect("id").to_owned();
+    db.store.set_events_enabled(true).await.expect("events on");
+
+    let paid = c
+        .refund(&charge_id, &new_key(), r#"{"amount_cents": 100}"#)
+        .await;
+    assert_eq!(paid.status, 201, "{paid:?}");
+    sim.set_faults(Faults {
+        fault: Fault::WrongAmount,
+        fault_count: Some(1),
+        ..Faults::default()
+    })
+    .await;
+    let lied = c
+        .refund(&charge_id, &new_key(), r#"{"amount_cents": 200}"#)
+        .await;
+    assert_eq!(lied.status, 503, "{lied:?}");
+    assert_eq!(lied.problem_type(), "urn:idem:problem:refund-under-review");
+    // An acquirer that never captured the charge refuses to refund it.
+    let stranger = TestSim::start(Faults::default()).await;
+    let elsewhere = serve(&db, &stranger, QUICK, &[]).await;
+    let refused = Client::new(&elsewhere.url, &secret)
+        .refund(&charge_id, &new_key(), r#"{"amount_cents": 300}"#)
+        .await;
+    assert_eq!(refused.status, 422, "{refused:?}");
+
+    let ids = [
+        (paid.json()["id"].clone(), "refund.succeeded", 2),
+        (
+            lied.json()["refund_id"].clone(),
+            "refund.review_required",
+            1,
+        ),
+        (refused.json()["refund"]["id"].clone(), "refund.failed", 2),
+    ];
+    let of_refund = |got: &[Received], path: &str, id: &serde_json::Value| {
+        got.iter()
+            .filter(|r| r.path == path && r.body["refund"]["id"] == *id)
+            .count()
+    };
+    let got = receiver
+        .wait_for("each refund's event", |got| {
+            ids.iter().all(|(id, _, _)| of_refund(got, "/ok", id) == 1)
+                && of_refund(got, "/ok/refunds", &ids[0].0) == 1
+        })
+        .await;
+    for (id, event, version) in &ids {
+        let one = got
+            .iter()
+            .find(|r| r.path == "/ok" && r.body["refund"]["id"] == *id)
+            .expect("received");
+        assert_eq!(one.body["type"], *event, "{:?}", one.body);
+        assert_eq!(one.body["version"], *version);
+        assert_eq!(one.body["refund"]["charge_id"], charge_id.as_str());
+        assert!(one.body.get("charge").is_none(), "{:?}", one.body);
+    }
+    assert_eq!(
+        of_refund(&got, "/ok/refunds", &ids[1].0),
+        0,
+        "it hears paid refunds only"
+    );
+    for (path, valid) in receiver.verified_by(&all_secret) {
+        assert_eq!(valid, path == "/ok", "{path} by the /ok endpoint's secret");
+    }
+    let (events,): (i64,) =
+        sqlx::query_as("select count(*) from outbox where event_type = 'refund.succeeded'")
+            .fetch_one(&db.pool)
+            .await
+            .expect("outbox");
+    assert_eq!(events, 1, "one event for the paid refund");
+}

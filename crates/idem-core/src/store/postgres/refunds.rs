@@ -16,9 +16,11 @@ use sqlx::PgConnection;
 
 use super::keys::{KEY_COLUMNS, RELEASE_K, RESCHEDULE, TAKE_OVER_K};
 use super::PgStore;
+use crate::domain::EVENTS_EXCHANGE;
 use crate::domain::{AcquirerReference, ChargeId, IdempotencyKey, Refund, RefundId, RefundStatus};
 use crate::store::model::{
-    NewRefundClaim, RefundClaim, RefundRecord, RefundSettlement, Refusal, Reschedule, Taken,
+    NewRefundClaim, NewWebhook, RefundClaim, RefundRecord, RefundSettlement, Refusal, Reschedule,
+    Taken,
 };
 use crate::store::ops::Refunds;
 use crate::store::rows::{RefundRecordRow, RefundRow};
@@ -102,6 +104,22 @@ const RESERVE_SQL: &str = "update charges
         and status = 'captured' and review_since is null
         and refunded_cents + $3 <= amount_cents
      returning currency";
+
+/// A refund's event in the outbox, when the deployment has events on.
+/// `$1` message id, `$2` exchange, `$3` type (also the routing key), `$4`
+/// tenant, `$5` body, `$6` refund.
+const REFUND_EVENT_SQL: &str = "insert into outbox
+        (kind, message_id, exchange, routing_key, tenant, event_type, body, traceparent)
+     select 'event', $1, $2, $3, $4, $3, $5, (select traceparent from refunds where id = $6)
+      where (select events_enabled from settings)";
+
+/// A delivery of a webhook event for each of the merchant's enabled
+/// endpoints that hears it. `$1` event id, `$2` type, `$3` body, `$4` merchant.
+pub(super) const WEBHOOK_DELIVERIES_SQL: &str = "insert into webhook_deliveries
+        (event_id, endpoint_id, event_type, body)
+     select $1, we.id, $2, $3 from webhook_endpoints we
+      where we.merchant_id = $4 and we.disabled_at is null
+        and (we.events is null or $2 = any(we.events))";
 
 /// A refund's review: the reconciler and every retry leave it alone until
 /// an operator settles it. `$1` refund, `$2` reason.
@@ -226,13 +244,29 @@ impl Refunds for PgStore {
                 .bind(settlement.failure_reason)
                 .fetch_optional(&mut *tx)
                 .await?;
-            if let (Some((charge_id, amount)), RefundStatus::Failed) = (settled, settlement.status)
-            {
+            let Some((charge_id, amount)) = settled else {
+                return Ok(true);
+            };
+            if settlement.status == RefundStatus::Failed {
                 sqlx::query(RELEASE_RESERVATION_SQL)
                     .bind(charge_id)
                     .bind(amount)
                     .execute(&mut *tx)
                     .await?;
+            }
+            if let Some(event) = settlement.event {
+                sqlx::query(REFUND_EVENT_SQL)
+                    .bind(event.message_id.as_str())
+                    .bind(EVENTS_EXCHANGE)
+                    .bind(event.event_type)
+                    .bind(event.tenant)
+                    .bind(event.body.as_ref())
+                    .bind(record.subject.id.as_str())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            if let Some(webhook) = settlement.webhook {
+                deliver(&mut *tx, merchant_id, webhook).await?;
             }
             Ok(true)
         })
@@ -263,16 +297,25 @@ impl Refunds for PgStore {
             .await
     }
 
-    async fn mark_refund_for_review(&self, id: &RefundId, reason: &str) -> Result<(), StoreError> {
-        self.on_conn(async |db| {
-            sqlx::query(MARK_FOR_REVIEW_SQL)
+    async fn mark_refund_for_review(
+        &self,
+        merchant_id: i64,
+        id: &RefundId,
+        reason: &str,
+        webhook: &NewWebhook,
+    ) -> Result<(), StoreError> {
+        self.in_tx(async |tx| -> Result<(), StoreError> {
+            let marked = sqlx::query(MARK_FOR_REVIEW_SQL)
                 .bind(id.as_str())
                 .bind(reason)
-                .execute(db)
-                .await
+                .execute(&mut *tx)
+                .await?;
+            if marked.rows_affected() == 1 {
+                deliver(&mut *tx, merchant_id, webhook).await?;
+            }
+            Ok(())
         })
-        .await?;
-        Ok(())
+        .await
     }
 
     async fn refund(&self, merchant_id: i64, id: &RefundId) -> Result<Option<Refund>, StoreError> {
@@ -446,6 +489,22 @@ async fn refund_record(
         .fetch_optional(db)
         .await?;
     row.map(RefundRecord::try_from).transpose()
+}
+
+/// The webhook event's deliveries, in the caller's transaction.
+async fn deliver(
+    tx: &mut PgConnection,
+    merchant_id: i64,
+    webhook: &NewWebhook,
+) -> Result<(), StoreError> {
+    sqlx::query(WEBHOOK_DELIVERIES_SQL)
+        .bind(webhook.event_id.as_str())
+        .bind(webhook.event_type)
+        .bind(webhook.body.as_ref())
+        .bind(merchant_id)
+        .execute(tx)
+        .await?;
+    Ok(())
 }
 
 /// Whose the key is: a refund's, or a charge's; `None` if it is gone.

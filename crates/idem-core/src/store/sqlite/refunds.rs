@@ -10,10 +10,13 @@ use const_format::concatcp;
 use sqlx::sqlite::SqliteConnection;
 
 use super::keys::{release_in, take_over_key, KEY_COLUMNS};
+use super::webhooks::ENDPOINT_HEARS;
 use super::{SqliteStore, NOW};
+use crate::domain::EVENTS_EXCHANGE;
 use crate::domain::{AcquirerReference, ChargeId, IdempotencyKey, Refund, RefundId, RefundStatus};
 use crate::store::model::{
-    NewRefundClaim, RefundClaim, RefundRecord, RefundSettlement, Refusal, Reschedule, Taken,
+    NewRefundClaim, NewWebhook, RefundClaim, RefundRecord, RefundSettlement, Refusal, Reschedule,
+    Taken,
 };
 use crate::store::ops::Refunds;
 use crate::store::rows::{RefundRecordRow, RefundRow};
@@ -78,6 +81,30 @@ const TOMBSTONE_SQL: &str = concatcp!(
       where merchant_id = $1 and idempotency_key = $2 and fingerprint = $3
         and refund_id is not null and expires_at > ",
     NOW
+);
+
+/// As PostgreSQL's: `$1` message id, `$2` exchange, `$3` type, `$4` tenant,
+/// `$5` body, `$6` refund.
+const REFUND_EVENT_SQL: &str = concatcp!(
+    "insert into outbox
+        (kind, message_id, exchange, routing_key, tenant, event_type, body, traceparent, created_at)
+     select 'event', $1, $2, $3, $4, $3, $5, (select traceparent from refunds where id = $6), ",
+    NOW,
+    " where (select events_enabled from settings)"
+);
+
+/// `$1` event id, `$2` type, `$3` body, `$4` merchant.
+const WEBHOOK_DELIVERIES_SQL: &str = concatcp!(
+    "with i as (select $1 as webhook_event_id, $2 as webhook_event_type, $3 as webhook_body)
+     insert into webhook_deliveries
+         (event_id, endpoint_id, event_type, body, next_attempt_at, created_at)
+     select i.webhook_event_id, we.id, i.webhook_event_type, i.webhook_body, ",
+    NOW,
+    ", ",
+    NOW,
+    " from i join webhook_endpoints we on we.merchant_id = $4
+      where ",
+    ENDPOINT_HEARS
 );
 
 /// `$1` refund, `$2` reason.
@@ -322,13 +349,29 @@ impl Refunds for SqliteStore {
                 .bind(settlement.failure_reason)
                 .fetch_optional(&mut *tx)
                 .await?;
-            if let (Some((charge_id, amount)), RefundStatus::Failed) = (settled, settlement.status)
-            {
+            let Some((charge_id, amount)) = settled else {
+                return Ok(true);
+            };
+            if settlement.status == RefundStatus::Failed {
                 sqlx::query(RELEASE_RESERVATION_SQL)
                     .bind(charge_id)
                     .bind(amount)
                     .execute(&mut *tx)
                     .await?;
+            }
+            if let Some(event) = settlement.event {
+                sqlx::query(REFUND_EVENT_SQL)
+                    .bind(event.message_id.as_str())
+                    .bind(EVENTS_EXCHANGE)
+                    .bind(event.event_type)
+                    .bind(event.tenant)
+                    .bind(event.body.as_ref())
+                    .bind(record.subject.id.as_str())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            if let Some(webhook) = settlement.webhook {
+                deliver(tx, merchant_id, webhook).await?;
             }
             Ok(true)
         })
@@ -372,13 +415,22 @@ impl Refunds for SqliteStore {
         .await
     }
 
-    async fn mark_refund_for_review(&self, id: &RefundId, reason: &str) -> Result<(), StoreError> {
+    async fn mark_refund_for_review(
+        &self,
+        merchant_id: i64,
+        id: &RefundId,
+        reason: &str,
+        webhook: &NewWebhook,
+    ) -> Result<(), StoreError> {
         self.write(async |tx| {
-            sqlx::query(MARK_FOR_REVIEW_SQL)
+            let marked = sqlx::query(MARK_FOR_REVIEW_SQL)
                 .bind(id.as_str())
                 .bind(reason)
                 .execute(&mut *tx)
                 .await?;
+            if marked.rows_affected() == 1 {
+                deliver(tx, merchant_id, webhook).await?;
+            }
             Ok(())
         })
         .await
@@ -418,6 +470,22 @@ async fn refund_record(
         .fetch_optional(db)
         .await?;
     row.map(RefundRecord::try_from).transpose()
+}
+
+/// The webhook event's deliveries, in the caller's write transaction.
+async fn deliver(
+    tx: &mut SqliteConnection,
+    merchant_id: i64,
+    webhook: &NewWebhook,
+) -> Result<(), StoreError> {
+    sqlx::query(WEBHOOK_DELIVERIES_SQL)
+        .bind(webhook.event_id.as_str())
+        .bind(webhook.event_type)
+        .bind(webhook.body.as_ref())
+        .bind(merchant_id)
+        .execute(tx)
+        .await?;
+    Ok(())
 }
 
 /// Whose the key is: a refund's, or a charge's; `None` if it is gone.
