@@ -25,11 +25,15 @@ import httpx
 from idem_client import (
     ApiError,
     AsyncClient,
+    ChargeNotRefundableError,
     ChargeResult,
     Client,
     GaveUpError,
     KeyExpiredError,
     KeyReusedError,
+    RefundExceedsCapturedError,
+    RefundFailedError,
+    RefundResult,
     RetryPolicy,
 )
 
@@ -155,12 +159,17 @@ class Outcome:
     attempts: int = 0
     idempotency_ttl: Optional[int] = None
     differing_fields: Optional[List[str]] = None
+    refund_id: Optional[str] = None
+    amount_cents: Optional[int] = None
+    """A refund's amount, when there is a refund."""
     detail: str = ""
 
     def __str__(self) -> str:
         fields = [
             f"result={self.result}",
             f"charge_id={self.charge_id}",
+            f"refund_id={self.refund_id}",
+            f"amount_cents={self.amount_cents}",
             f"replayed={self.replayed}",
             f"attempts={self.attempts}",
             f"key={self.key}",
@@ -188,11 +197,52 @@ def reduce(returned: Any) -> Outcome:
             idempotency_ttl=returned.idempotency_ttl,
             detail=_attempts_text(returned.attempts),
         )
+    if isinstance(returned, RefundResult):
+        return Outcome(
+            result="refunded",
+            key=returned.key,
+            charge_id=returned.refund.charge_id,
+            refund_id=returned.refund.id,
+            amount_cents=returned.refund.amount_cents,
+            replayed=returned.replayed,
+            attempts=len(returned.attempts),
+            idempotency_ttl=returned.idempotency_ttl,
+            detail=_attempts_text(returned.attempts),
+        )
+    if isinstance(returned, RefundFailedError):
+        return Outcome(
+            result="refund-failed",
+            key=returned.key,
+            charge_id=returned.refund.charge_id,
+            refund_id=returned.refund.id,
+            amount_cents=returned.refund.amount_cents,
+            replayed=returned.replayed,
+            attempts=len(returned.attempts),
+            idempotency_ttl=returned.idempotency_ttl,
+            detail=_attempts_text(returned.attempts),
+        )
+    if isinstance(returned, RefundExceedsCapturedError):
+        return Outcome(
+            result="refund-exceeds",
+            key=returned.key,
+            charge_id=returned.charge_id,
+            attempts=len(returned.attempts),
+            detail=_attempts_text(returned.attempts),
+        )
+    if isinstance(returned, ChargeNotRefundableError):
+        return Outcome(
+            result="not-refundable",
+            key=returned.key,
+            charge_id=returned.charge_id,
+            attempts=len(returned.attempts),
+            detail=_attempts_text(returned.attempts),
+        )
     if isinstance(returned, KeyReusedError):
         return Outcome(
             result="key-reused",
             key=returned.key,
             charge_id=returned.charge_id,
+            refund_id=returned.refund_id,
             attempts=len(returned.attempts),
             differing_fields=returned.differing_fields,
             detail=_attempts_text(returned.attempts),
@@ -202,6 +252,7 @@ def reduce(returned: Any) -> Outcome:
             result="key-expired",
             key=returned.key,
             charge_id=returned.charge_id,
+            refund_id=returned.refund_id,
             attempts=len(returned.attempts),
             detail=_attempts_text(returned.attempts),
         )
@@ -249,13 +300,20 @@ def new_run_base() -> int:
         return _last_run_base
 
 
-SCENARIO_FIELDS = {"name", "about", "faults", "endpoints", "policy", "calls", "captures"}
-CALL_FIELDS = {"id", "order", "amount_cents", "key", "delay_ms", "after", "expect"}
+SCENARIO_FIELDS = {"name", "about", "faults", "endpoints", "policy", "calls", "captures", "refunds"}
+CALL_FIELDS = {"id", "op", "refund_of", "order", "amount_cents", "key", "delay_ms", "after", "expect"}
+OPS = {"charge", "refund"}
+
+
+def op_of(call: Dict[str, Any]) -> str:
+    """``charge`` (the default) or ``refund``."""
+    return str(call.get("op", "charge"))
 
 
 def validate(suite: Dict[str, Any], scenario: Dict[str, Any], environment_names: Sequence[str]) -> List[str]:
     """What in a scenario this runner cannot run as the README says (a field it
-    does not know, an ``after`` naming no earlier call, an unknown endpoint)."""
+    does not know, an ``after`` or ``refund_of`` naming no earlier call, a
+    refund of a refund, an unknown endpoint)."""
     name = scenario.get("name", "?")
     problems = [f"{name}: unknown field {f!r}" for f in sorted(set(scenario) - SCENARIO_FIELDS)]
     try:
@@ -263,16 +321,31 @@ def validate(suite: Dict[str, Any], scenario: Dict[str, Any], environment_names:
     except (ValueError, TypeError) as e:
         problems.append(f"{name}: policy: {e}")
     problems += [f"{name}: unknown endpoint {e!r}" for e in scenario["endpoints"] if e not in environment_names]
-    seen: List[str] = []
+    ids = {c["id"] for c in scenario["calls"]}
+    seen: Dict[str, Dict[str, Any]] = {}
     for call in scenario["calls"]:
         where = f"{name}: call {call.get('id')}"
         problems += [f"{where}: unknown field {f!r}" for f in sorted(set(call) - CALL_FIELDS)]
         problems += [f"{where}: unknown expectation {f!r}" for f in sorted(set(call["expect"]) - set(CHECKS))]
         if "after" in call and call["after"] not in seen:
             problems.append(f"{where}: after {call['after']!r} names no earlier call")
-        if "same_charge_as" in call["expect"] and call["expect"]["same_charge_as"] not in {c["id"] for c in scenario["calls"]}:
-            problems.append(f"{where}: same_charge_as names no call")
-        seen.append(call["id"])
+        for check in ("same_charge_as", "same_refund_as"):
+            if check in call["expect"] and call["expect"][check] not in ids:
+                problems.append(f"{where}: {check} names no call")
+        op = op_of(call)
+        if op not in OPS:
+            problems.append(f"{where}: op {op!r} is not one of {sorted(OPS)}")
+        elif op == "refund":
+            charge = seen.get(call.get("refund_of", ""))
+            if charge is None or op_of(charge) != "charge":
+                problems.append(f"{where}: refund_of {call.get('refund_of')!r} names no earlier charge call")
+            if "order" in call:
+                problems.append(f"{where}: a refund has no order (it refunds its refund_of's charge)")
+        else:
+            if "refund_of" in call:
+                problems.append(f"{where}: a charge has no refund_of")
+            problems += [f"{where}: a charge needs {f!r}" for f in ("order", "amount_cents") if f not in call]
+        seen[call["id"]] = call
     return problems
 
 
@@ -284,6 +357,8 @@ class ScenarioRun:
     outcomes: Dict[str, Outcome] = field(default_factory=dict)
     captures: Dict[str, int] = field(default_factory=dict)
     """Captures the ledger shows per order (the scenario's ``captures`` keys)."""
+    refunds: Dict[str, int] = field(default_factory=dict)
+    """Refunds the ledger shows of each order's captures (the scenario's ``refunds`` keys)."""
     failures: List[str] = field(default_factory=list)
 
 
@@ -335,7 +410,10 @@ def run_scenario(
             # 5. The ledger.
             ledger = sim.get(f"{env.simulator}/_sim/ledger")
             ledger.raise_for_status()
-            captures = ledger.json()["captures"]
+            document = ledger.json()
+            captures = document["captures"]
+            refunds = document.get("refunds") or []  # absent from an older simulator's ledger
+            outcomes_text = "; ".join(f"call {i}: {o}" for i, o in run.outcomes.items())
             for order, expected in scenario.get("captures", {}).items():
                 order_id = run.run_base + int(order)
                 count = sum(1 for c in captures if c.get("order_id") == order_id)
@@ -343,8 +421,17 @@ def run_scenario(
                 if count != expected:
                     fail(
                         f"{name}: captures of order {order} (order_id {order_id}): expected {expected}, "
-                        f"the ledger shows {count}; outcomes: "
-                        + "; ".join(f"call {i}: {o}" for i, o in run.outcomes.items())
+                        f"the ledger shows {count}; outcomes: {outcomes_text}"
+                    )
+            for order, expected in scenario.get("refunds", {}).items():
+                order_id = run.run_base + int(order)
+                references = {c.get("reference") for c in captures if c.get("order_id") == order_id}
+                count = sum(1 for r in refunds if r.get("capture_reference") in references)
+                run.refunds[order] = count
+                if count != expected:
+                    fail(
+                        f"{name}: refunds of order {order} (order_id {order_id}, captures {sorted(map(str, references))}): "
+                        f"expected {expected}, the ledger shows {count}; outcomes: {outcomes_text}"
                     )
         finally:
             # 6. A well-behaved acquirer again.
@@ -365,6 +452,30 @@ def _charge_fields(call: Dict[str, Any], run_base: int, scenario: str) -> Dict[s
         "currency": "BRL",
         "idempotency_key": call_key(run_base, scenario, call),
     }
+
+
+def _refund_fields(call: Dict[str, Any], run_base: int, scenario: str, charge_id: str) -> Dict[str, Any]:
+    amount = call.get("amount_cents")
+    return {
+        "charge_id": charge_id,
+        "amount_cents": None if amount is None else int(amount),
+        "idempotency_key": call_key(run_base, scenario, call),
+    }
+
+
+def _waits_for(call: Dict[str, Any]) -> List[str]:
+    """The calls this one starts after: its ``after`` and its ``refund_of``."""
+    return [call[f] for f in ("after", "refund_of") if f in call]
+
+
+def _never_started(call: Dict[str, Any], outcomes: Dict[str, Outcome]) -> Optional[Outcome]:
+    """Why a refund call cannot start (the call it refunds made no charge); else ``None``."""
+    if op_of(call) != "refund":
+        return None
+    charged = outcomes.get(call["refund_of"])
+    if charged is None or charged.charge_id is None:
+        return Outcome(result=f"never started: call {call['refund_of']} made no charge ({charged})")
+    return None
 
 
 def _call_budget(policy: RetryPolicy) -> float:
@@ -391,16 +502,25 @@ def _calls_sync(
         def run(call: Dict[str, Any]) -> None:
             try:
                 origin = started
-                if "after" in call:
-                    if not ended[call["after"]].wait(_call_budget(policy) * len(calls)):
-                        outcomes[call["id"]] = Outcome(result=f"never started: call {call['after']} never ended")
+                for other in _waits_for(call):
+                    if not ended[other].wait(_call_budget(policy) * len(calls)):
+                        outcomes[call["id"]] = Outcome(result=f"never started: call {other} never ended")
                         return
-                    origin = ended_at[call["after"]]
+                    origin = max(origin, ended_at[other])
+                cannot = _never_started(call, outcomes)
+                if cannot is not None:
+                    outcomes[call["id"]] = cannot
+                    return
                 delay = origin + call.get("delay_ms", 0) / 1000 - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
                 try:
-                    returned: Any = client.charge(**_charge_fields(call, run_base, scenario))
+                    returned: Any
+                    if op_of(call) == "refund":
+                        charge_id = str(outcomes[call["refund_of"]].charge_id)
+                        returned = client.refund(**_refund_fields(call, run_base, scenario, charge_id))
+                    else:
+                        returned = client.charge(**_charge_fields(call, run_base, scenario))
                 except Exception as error:  # every error is an outcome to check
                     returned = error
                 outcomes[call["id"]] = reduce(returned)
@@ -435,18 +555,27 @@ async def _calls_async(
         async def run(call: Dict[str, Any]) -> None:
             try:
                 origin = started
-                if "after" in call:
+                for other in _waits_for(call):
                     try:
-                        await asyncio.wait_for(ended[call["after"]].wait(), _call_budget(policy) * len(calls))
+                        await asyncio.wait_for(ended[other].wait(), _call_budget(policy) * len(calls))
                     except asyncio.TimeoutError:
-                        outcomes[call["id"]] = Outcome(result=f"never started: call {call['after']} never ended")
+                        outcomes[call["id"]] = Outcome(result=f"never started: call {other} never ended")
                         return
-                    origin = ended_at[call["after"]]
+                    origin = max(origin, ended_at[other])
+                cannot = _never_started(call, outcomes)
+                if cannot is not None:
+                    outcomes[call["id"]] = cannot
+                    return
                 delay = origin + call.get("delay_ms", 0) / 1000 - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
                 try:
-                    returned: Any = await client.charge(**_charge_fields(call, run_base, scenario))
+                    returned: Any
+                    if op_of(call) == "refund":
+                        charge_id = str(outcomes[call["refund_of"]].charge_id)
+                        returned = await client.refund(**_refund_fields(call, run_base, scenario, charge_id))
+                    else:
+                        returned = await client.charge(**_charge_fields(call, run_base, scenario))
                 except Exception as error:  # every error is an outcome to check
                     returned = error
                 outcomes[call["id"]] = reduce(returned)
@@ -472,6 +601,15 @@ def _same_charge_as(outcome: Outcome, other_id: Any, outcomes: Dict[str, Outcome
     return None
 
 
+def _same_refund_as(outcome: Outcome, other_id: Any, outcomes: Dict[str, Outcome]) -> Optional[str]:
+    other = outcomes.get(other_id)
+    if other is None:
+        return f"call {other_id} has no outcome"
+    if outcome.refund_id is None or outcome.refund_id != other.refund_id:
+        return f"expected call {other_id}'s refund_id {other.refund_id}, got {outcome.refund_id}"
+    return None
+
+
 def _expect(actual: Any, expected: Any, holds: bool, field_name: str) -> Optional[str]:
     return None if holds else f"expected {field_name} {expected!r}, got {actual!r}"
 
@@ -486,6 +624,8 @@ CHECKS: Dict[str, Check] = {
         o.idempotency_ttl, e, o.idempotency_ttl is not None and o.idempotency_ttl <= e, "idempotency_ttl at most"
     ),
     "differing_fields": lambda o, e, _: _expect(o.differing_fields, e, o.differing_fields == e, "differing_fields"),
+    "same_refund_as": _same_refund_as,
+    "amount_cents": lambda o, e, _: _expect(o.amount_cents, e, o.amount_cents == e, "amount_cents"),
 }
 
 

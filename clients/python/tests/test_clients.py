@@ -15,11 +15,15 @@ import idem_client
 from idem_client import (
     ApiError,
     AsyncClient,
+    ChargeNotRefundableError,
     ChargeResult,
     Client,
     GaveUpError,
     KeyExpiredError,
     KeyReusedError,
+    RefundExceedsCapturedError,
+    RefundFailedError,
+    RefundResult,
     RetryPolicy,
 )
 from scripted_server import ScriptedServer, close, cut, free_port, hang, respond, trickle
@@ -38,6 +42,21 @@ CHARGE = {
     "created_at": "2026-12-02T07:00:00Z",
 }
 CAPTURED = json.dumps(CHARGE).encode()
+
+REFUND = {
+    "id": "re_7kLmQ2xZ9pR4tV8bN1cW6yHd",
+    "charge_id": CHARGE["id"],
+    "amount_cents": 5000,
+    "currency": "BRL",
+    "status": "succeeded",
+    "reason": "requested_by_customer",
+    "description": None,
+    "acquirer_reference": "ref_r1",
+    "failure_reason": None,
+    "created_at": "2026-12-06T20:00:00Z",
+}
+REFUNDED = json.dumps(REFUND).encode()
+REFUNDS_PATH = f"/v1/charges/{CHARGE['id']}/refunds"
 
 
 def problem(status: int, kind: str, **extra: Any) -> bytes:
@@ -62,6 +81,28 @@ def charge(
     async def run() -> ChargeResult:
         async with AsyncClient(base_url, "sk_test", policy=policy, transport=transport) as client:
             return await client.charge(**fields)
+
+    return asyncio.run(run())
+
+
+def refund(
+    kind: str,
+    base_url: Union[str, List[str]],
+    charge_id: str = str(CHARGE["id"]),
+    amount_cents: Optional[int] = 5000,
+    *,
+    policy: RetryPolicy = FAST,
+    transport: Optional[httpx.MockTransport] = None,
+    **fields: Any,
+) -> RefundResult:
+    """One refund through the sync or the async client."""
+    if kind == "sync":
+        with Client(base_url, "sk_test", policy=policy, transport=transport) as client:
+            return client.refund(charge_id, amount_cents, **fields)
+
+    async def run() -> RefundResult:
+        async with AsyncClient(base_url, "sk_test", policy=policy, transport=transport) as client:
+            return await client.refund(charge_id, amount_cents, **fields)
 
     return asyncio.run(run())
 
@@ -244,6 +285,99 @@ def test_no_attempt_runs_past_the_deadline(kind: str) -> None:
     assert len(timeouts) == 2 and timeouts[1] is not None and timeouts[1].startswith("timed out after 0.2")
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_refund_retries_a_503_with_the_same_key_and_body(kind: str) -> None:
+    unknown = problem(503, "outcome-unknown", refund_id=REFUND["id"])
+    script = [respond(503, unknown, {"Retry-After": "0"}), respond(201, REFUNDED, {"Idempotency-TTL": "86399"})]
+    with ScriptedServer(script) as server:
+        result = refund(kind, server.url, reason="requested_by_customer", description="two coffees", idempotency_key='r "1"')
+    assert (result.status, result.replayed, result.idempotency_ttl, result.key) == (201, False, 86399, 'r "1"')
+    assert result.refund.id == REFUND["id"] and result.refund.amount_cents == 5000
+    assert result.body == REFUNDED
+    assert [a.status for a in result.attempts] == [503, 201]
+    assert len(server.requests) == 2
+    for request in server.requests:
+        assert (request.method, request.path) == ("POST", REFUNDS_PATH)
+        assert request.headers["idempotency-key"] == '"r \\"1\\""'
+        assert request.headers["content-type"] == "application/json"
+        assert request.headers["authorization"] == "Bearer sk_test"
+        assert request.body == b'{"amount_cents":5000,"reason":"requested_by_customer","description":"two coffees"}'
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_refund_above_what_is_left_is_not_retried(kind: str) -> None:
+    exceeds = problem(422, "refund-exceeds-captured", remaining_cents=20000)
+    with ScriptedServer([respond(422, exceeds), respond(201, REFUNDED)]) as server:
+        with pytest.raises(RefundExceedsCapturedError) as caught:
+            refund(kind, server.url, amount_cents=30000, idempotency_key="r-2")
+    error = caught.value
+    assert (error.remaining_cents, error.charge_id, error.key, len(error.attempts)) == (20000, CHARGE["id"], "r-2", 1)
+    assert len(server.requests) == 1, "a refund above what is left was sent again"
+    assert server.requests[0].body == b'{"amount_cents":30000}'
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_refund_whose_answer_was_lost_is_replayed_by_the_retry(kind: str) -> None:
+    replayed = {"Idempotent-Replayed": "true", "Idempotency-TTL": "86398"}
+    with ScriptedServer([cut(201, REFUNDED, 20), respond(201, REFUNDED, replayed)]) as server:
+        result = refund(kind, server.url, amount_cents=None)
+    assert (result.status, result.replayed, result.idempotency_ttl, len(result.attempts)) == (201, True, 86398, 2)
+    assert result.attempts[0].error is not None and result.attempts[0].error.startswith("connection failed: ")
+    assert [r.body for r in server.requests] == [b"{}", b"{}"]  # no amount: all the charge has left
+    assert len({r.headers["idempotency-key"] for r in server.requests}) == 1
+    assert server.requests[0].headers["idempotency-key"] == f'"{result.key}"'
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_refunds_typed_errors_over_http(kind: str) -> None:
+    refused = {**REFUND, "status": "failed", "failure_reason": "exceeds_capture"}
+    recorder = Recorder(
+        httpx.Response(422, content=problem(422, "refund-failed", refund=refused), headers={"Idempotency-TTL": "5"}),
+        httpx.Response(422, content=problem(422, "charge-not-refundable")),
+        httpx.Response(422, content=problem(422, "idempotency-key-reused", differing_fields=["operation"], charge_id="ch_1")),
+        httpx.Response(410, content=problem(410, "key-expired", refund_id="re_2")),
+        httpx.Response(404, content=problem(404, "not-found")),
+    )
+    with pytest.raises(RefundFailedError) as failed:
+        refund(kind, "http://h", transport=recorder.transport, idempotency_key="k")
+    assert (failed.value.refund.status, failed.value.refund.failure_reason) == ("failed", "exceeds_capture")
+    assert (failed.value.replayed, failed.value.idempotency_ttl) == (False, 5)
+    with pytest.raises(ChargeNotRefundableError) as not_refundable:
+        refund(kind, "http://h", transport=recorder.transport, idempotency_key="k")
+    assert not_refundable.value.charge_id == CHARGE["id"]
+    with pytest.raises(KeyReusedError) as reused:
+        refund(kind, "http://h", transport=recorder.transport, idempotency_key="k")
+    assert (reused.value.charge_id, reused.value.differing_fields) == ("ch_1", ["operation"])
+    with pytest.raises(KeyExpiredError) as expired:
+        refund(kind, "http://h", transport=recorder.transport, idempotency_key="k")
+    assert expired.value.refund_id == "re_2"
+    with pytest.raises(ApiError) as missing:
+        refund(kind, "http://h", charge_id="ch_nope", transport=recorder.transport, idempotency_key="k")
+    assert missing.value.status == 404
+    assert len(recorder.requests) == 5
+    assert str(recorder.requests[-1].url) == "http://h/v1/charges/ch_nope/refunds"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_refund_gives_up_on_a_refused_port_with_the_key(kind: str) -> None:
+    host, port = free_port()
+    policy = RetryPolicy(max_attempts=2, base_delay=0.01, max_delay=0.01)
+    with pytest.raises(GaveUpError) as caught:
+        refund(kind, f"http://{host}:{port}", policy=policy, idempotency_key="kept")
+    assert caught.value.key == "kept" and len(caught.value.attempts) == 2
+    assert "the refund may have happened" in str(caught.value)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bad_refund_input_is_refused_before_any_attempt(kind: str) -> None:
+    recorder = Recorder()
+    cases: List[Dict[str, Any]] = [{"charge_id": ""}, {"key": "chave-\u00e9"}, {"amount_cents": 1.5}, {"reason": 3}]
+    for fields in cases:
+        with pytest.raises((ValueError, TypeError)):
+            refund(kind, "http://h", transport=recorder.transport, **fields)
+    assert recorder.requests == []
+
+
 def test_a_given_http_client_stays_open_and_an_owned_one_is_closed() -> None:
     recorder = Recorder(httpx.Response(201, content=CAPTURED), httpx.Response(201, content=CAPTURED))
     with httpx.Client(transport=recorder.transport) as http:
@@ -297,14 +431,28 @@ def test_the_public_api() -> None:
         "RetryPolicy",
         "ChargeResult",
         "Charge",
+        "RefundResult",
+        "Refund",
+        "RefundReason",
         "Attempt",
         "IdemError",
         "KeyReusedError",
         "KeyExpiredError",
+        "RefundFailedError",
+        "RefundExceedsCapturedError",
+        "ChargeNotRefundableError",
         "ApiError",
         "GaveUpError",
         "new_key",
     }
-    for error in (idem_client.KeyReusedError, idem_client.KeyExpiredError, idem_client.ApiError, idem_client.GaveUpError):
+    for error in (
+        idem_client.KeyReusedError,
+        idem_client.KeyExpiredError,
+        idem_client.RefundFailedError,
+        idem_client.RefundExceedsCapturedError,
+        idem_client.ChargeNotRefundableError,
+        idem_client.ApiError,
+        idem_client.GaveUpError,
+    ):
         assert issubclass(error, idem_client.IdemError)
 

@@ -21,8 +21,8 @@ from conformance_runner import (
     run_scenario,
     validate,
 )
-from idem_client import Client
-from idem_client._core import Action, ChargeCall, Send, new_key, quote_key
+from idem_client import ChargeResult, Client, RefundResult
+from idem_client._core import Action, ChargeCall, RefundCall, Send, new_key, quote_key
 
 SUITE = load_suite()
 SCENARIOS: Dict[str, Dict[str, Any]] = {s["name"]: s for s in SUITE["scenarios"]}
@@ -65,22 +65,37 @@ def test_scenario(environment: Environment, name: str, mode: str) -> None:
     assert not run.failures, failed(run)
 
 
-class NewKeyEveryRetryCall(ChargeCall):
+def new_key_on_retries(action: Action[Any]) -> Action[Any]:
     """Breaks the rule: the first attempt carries the call's key, every retry a new one."""
+    if isinstance(action, Send) and action.number > 0:
+        return replace(action, headers={**action.headers, "Idempotency-Key": quote_key(new_key())})
+    return action
 
-    def next(self, now: float) -> Action:
-        action = super().next(now)
-        if isinstance(action, Send) and action.number > 0:
-            return replace(action, headers={**action.headers, "Idempotency-Key": quote_key(new_key())})
-        return action
+
+class NewKeyEveryRetryCall(ChargeCall):
+    def next(self, now: float) -> Action[ChargeResult]:
+        return new_key_on_retries(super().next(now))
+
+
+class NewKeyEveryRetryRefundCall(RefundCall):
+    def next(self, now: float) -> Action[RefundResult]:
+        return new_key_on_retries(super().next(now))
 
 
 class NewKeyEveryRetryClient(Client):
     _call_type = NewKeyEveryRetryCall
+    _refund_call_type = NewKeyEveryRetryRefundCall
 
 
-#: The scenarios whose call retries, and the order each charges.
-RETRYING = {"unknown-outcome-then-settled": "2", "timeout-then-retry": "3", "server-goes-away-mid-retry": "8"}
+#: The scenarios whose calls retry, and the order each charges.
+RETRYING = {
+    "unknown-outcome-then-settled": "2",
+    "timeout-then-retry": "3",
+    "server-goes-away-mid-retry": "8",
+    "refund-answer-lost": "10",
+}
+#: Of those, the scenarios whose refund retries, and the order whose capture it refunds.
+REFUND_RETRYING = {"refund-answer-lost": "10"}
 
 
 def test_the_suite_fails_a_client_that_makes_a_new_key_on_every_retry(environment: Environment) -> None:
@@ -89,7 +104,8 @@ def test_the_suite_fails_a_client_that_makes_a_new_key_on_every_retry(environmen
         for name, scenario in SCENARIOS.items()
     }
     report = "\n".join(
-        f"{name}: {'passed' if not run.failures else 'failed'}; captures {run.captures}" for name, run in runs.items()
+        f"{name}: {'passed' if not run.failures else 'failed'}; captures {run.captures}, refunds {run.refunds}"
+        for name, run in runs.items()
     )
     assert not runs["first-try"].failures, failed(runs["first-try"])
     for name, order in RETRYING.items():
@@ -100,5 +116,12 @@ def test_the_suite_fails_a_client_that_makes_a_new_key_on_every_retry(environmen
             f"but the ledger shows {run.captures.get(order)}:\n{failed(run)}"
         )
         assert any(f"captures of order {order}" in f for f in run.failures), failed(run)
+    for name, order in REFUND_RETRYING.items():
+        run = runs[name]
+        assert run.refunds.get(order, 0) >= 2, (
+            f"{name}: a new key on every retry should refund order {order}'s capture again, "
+            f"but the ledger shows {run.refunds.get(order)}:\n{failed(run)}"
+        )
+        assert any(f"refunds of order {order}" in f for f in run.failures), failed(run)
     failing = {name for name, run in runs.items() if run.failures}
     assert failing == set(RETRYING), f"expected exactly {sorted(RETRYING)} to fail:\n{report}"

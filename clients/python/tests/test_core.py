@@ -6,24 +6,30 @@ import json
 import math
 import random
 import uuid
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, TypeVar, Union
 
 import pytest
 
 from idem_client import (
     ApiError,
     Charge,
+    ChargeNotRefundableError,
     GaveUpError,
     KeyExpiredError,
     KeyReusedError,
+    Refund,
+    RefundExceedsCapturedError,
+    RefundFailedError,
     RetryPolicy,
     new_key,
 )
 from idem_client._core import (
     USER_AGENT,
+    Call,
     ChargeCall,
     Config,
     Finish,
+    RefundCall,
     Send,
     Sleep,
     Verdict,
@@ -31,16 +37,21 @@ from idem_client._core import (
     backoff_ceiling,
     backoff_delay,
     classify,
+    classify_refund,
     describe_failure,
     encode_body,
+    encode_refund_body,
     parse_charge,
     parse_endpoints,
+    parse_refund,
     parse_retry_after,
     prefer_wait,
     quote_key,
+    refunds_path,
 )
 
 DRAWS = 2000
+R = TypeVar("R")
 
 CHARGE = {
     "id": "ch_4f9QzXk2LmP8rT1vWb6yNc3d",
@@ -51,6 +62,20 @@ CHARGE = {
     "acquirer_reference": "ref_abc",
     "decline_reason": None,
     "created_at": "2026-12-02T07:00:00Z",
+}
+
+
+REFUND = {
+    "id": "re_7kLmQ2xZ9pR4tV8bN1cW6yHd",
+    "charge_id": "ch_4f9QzXk2LmP8rT1vWb6yNc3d",
+    "amount_cents": 5000,
+    "currency": "BRL",
+    "status": "succeeded",
+    "reason": "requested_by_customer",
+    "description": None,
+    "acquirer_reference": "ref_r1",
+    "failure_reason": None,
+    "created_at": "2026-12-06T20:00:00Z",
 }
 
 
@@ -354,14 +379,14 @@ def new_call(
     return call, clock
 
 
-def send_of(call: ChargeCall, clock: Clock) -> Send:
+def send_of(call: Call[Any], clock: Clock) -> Send:
     action = call.next(clock.now)
     assert isinstance(action, Send), action
     return action
 
 
 def answer(
-    call: ChargeCall,
+    call: Call[Any],
     clock: Clock,
     status: int,
     body: bytes = b"",
@@ -374,14 +399,14 @@ def answer(
     return send
 
 
-def sleep_of(call: ChargeCall, clock: Clock) -> float:
+def sleep_of(call: Call[Any], clock: Clock) -> float:
     action = call.next(clock.now)
     assert isinstance(action, Sleep), action
     clock.now += action.seconds
     return action.seconds
 
 
-def finish_of(call: ChargeCall, clock: Clock) -> Finish:
+def finish_of(call: Call[R], clock: Clock) -> Finish[R]:
     action = call.next(clock.now)
     assert isinstance(action, Finish), action
     return action
@@ -629,3 +654,218 @@ def test_jitter_uses_random_by_default() -> None:
     random.seed(7)
     p = policy(1, 1)
     assert len({backoff_delay(p, 0) for _ in range(10)}) == 10
+
+
+# --- refunds: the same discipline, their own path, body and final answers ---------------
+
+
+def new_refund_call(
+    endpoints: Union[str, List[str]] = "http://a",
+    key: Optional[str] = "r-1",
+    uniform: float = 0.5,
+    charge_id: str = "ch_4f9QzXk2LmP8rT1vWb6yNc3d",
+    amount_cents: Optional[int] = 5000,
+    **policy_fields: object,
+) -> Tuple[RefundCall, Clock]:
+    clock = Clock()
+    config = Config.build(endpoints, "sk_test", RetryPolicy(**policy_fields))  # type: ignore[arg-type]
+    call = RefundCall(
+        config,
+        charge_id=charge_id,
+        amount_cents=amount_cents,
+        idempotency_key=key,
+        now=clock.now,
+        uniform=lambda: uniform,
+    )
+    return call, clock
+
+
+def test_a_refund_body_leaves_out_what_is_not_given() -> None:
+    assert encode_refund_body() == b"{}"
+    assert encode_refund_body(amount_cents=5000) == b'{"amount_cents":5000}'
+    body = encode_refund_body(amount_cents=1, reason="duplicate", description="caf\u00e9")
+    assert json.loads(body) == {"amount_cents": 1, "reason": "duplicate", "description": "café"}
+    assert body.isascii()
+    for bad in [True, 1.5, "5000"]:
+        with pytest.raises(TypeError):
+            encode_refund_body(amount_cents=bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        encode_refund_body(reason=3)  # type: ignore[arg-type]
+
+
+def test_a_refund_path_names_its_charge_and_no_other_route() -> None:
+    assert refunds_path("ch_4f9QzXk2LmP8rT1vWb6yNc3d") == "/v1/charges/ch_4f9QzXk2LmP8rT1vWb6yNc3d/refunds"
+    assert refunds_path("../x?y#z") == "/v1/charges/..%2Fx%3Fy%23z/refunds"
+    with pytest.raises(ValueError):
+        refunds_path("")
+    with pytest.raises(TypeError):
+        refunds_path(None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "verdict"),
+    [
+        (201, None, Verdict.RESULT),
+        (422, "refund-failed", Verdict.REFUND_FAILED),
+        (422, "refund-exceeds-captured", Verdict.REFUND_EXCEEDS),
+        (422, "charge-not-refundable", Verdict.NOT_REFUNDABLE),
+        (422, "idempotency-key-reused", Verdict.KEY_REUSED),
+        (422, None, Verdict.API_ERROR),
+        (410, "key-expired", Verdict.KEY_EXPIRED),
+        (409, "request-in-flight", Verdict.RETRY),
+        (429, None, Verdict.RETRY),
+        (503, "outcome-unknown", Verdict.RETRY),
+        (503, "refund-under-review", Verdict.RETRY),
+        (503, "overloaded", Verdict.RETRY),
+        (504, "timeout", Verdict.RETRY),
+        (502, None, Verdict.RETRY),
+        (502, "acquirer-rejected", Verdict.RETRY),  # never a refund's stored outcome
+        (402, "charge-declined", Verdict.API_ERROR),  # never a refund's
+        (404, "not-found", Verdict.API_ERROR),
+        (400, "invalid-body", Verdict.API_ERROR),
+        (500, "internal", Verdict.API_ERROR),
+        (307, None, Verdict.API_ERROR),
+    ],
+)
+def test_every_refund_status_is_classified(status: int, kind: Optional[str], verdict: Verdict) -> None:
+    assert classify_refund(status, f"urn:idem:problem:{kind}" if kind else None) is verdict
+
+
+def test_a_refund_is_read_with_its_types_and_unknown_fields_ignored() -> None:
+    refund = parse_refund({**REFUND, "new_field": 1})
+    assert refund == Refund(**REFUND)  # type: ignore[arg-type]
+    failed = parse_refund({**REFUND, "status": "failed", "failure_reason": "exceeds_capture", "reason": None})
+    assert failed is not None and (failed.failure_reason, failed.reason) == ("exceeds_capture", None)
+    bads: List[object] = [
+        None,
+        [],
+        CHARGE,
+        {**REFUND, "amount_cents": True},
+        {**REFUND, "amount_cents": "5000"},
+        {**REFUND, "charge_id": None},
+        {**REFUND, "failure_reason": 3},
+    ]
+    for bad in bads:
+        assert parse_refund(bad) is None, bad
+
+
+def test_a_refund_retries_as_a_charge_does_with_one_key_and_one_body() -> None:
+    call, clock = new_refund_call(["http://a", "http://b/base/"], uniform=1.0, base_delay=0.1)
+    unknown = problem(503, "outcome-unknown", refund_id=REFUND["id"])
+    first = answer(call, clock, 503, unknown, {"Retry-After": "1"})
+    assert sleep_of(call, clock) == 1.0  # the Retry-After floor
+    second = answer(call, clock, 409, problem(409, "request-in-flight"))
+    assert sleep_of(call, clock) == pytest.approx(0.2)  # retry 1: the whole window
+    body = json.dumps(REFUND).encode()
+    third = answer(call, clock, 201, body, {"Idempotent-Replayed": "true", "Idempotency-TTL": "86390"})
+    assert [s.url for s in (first, second, third)] == [
+        "http://a/v1/charges/ch_4f9QzXk2LmP8rT1vWb6yNc3d/refunds",
+        "http://b/base/v1/charges/ch_4f9QzXk2LmP8rT1vWb6yNc3d/refunds",
+        "http://a/v1/charges/ch_4f9QzXk2LmP8rT1vWb6yNc3d/refunds",
+    ]
+    assert {s.body for s in (first, second, third)} == {b'{"amount_cents":5000}'}
+    assert {s.headers["Idempotency-Key"] for s in (first, second, third)} == {'"r-1"'}
+    assert first.headers["Content-Type"] == "application/json" and first.headers["Prefer"] == "wait=5"
+    result = finish_of(call, clock).unwrap()
+    assert (result.status, result.refund, result.key) == (201, Refund(**REFUND), "r-1")  # type: ignore[arg-type]
+    assert (result.replayed, result.idempotency_ttl, result.body) == (True, 86390, body)
+    assert [a.status for a in result.attempts] == [503, 409, 201]
+
+
+def test_a_refund_without_a_key_makes_one_and_without_an_amount_sends_an_empty_object() -> None:
+    call, clock = new_refund_call(key=None, amount_cents=None)
+    assert uuid.UUID(call.key).version == 4
+    assert send_of(call, clock).body == b"{}"
+
+
+def test_a_refund_gives_up_in_its_own_words() -> None:
+    call, clock = new_refund_call(max_attempts=2)
+    answer(call, clock, 503, problem(503, "outcome-unknown", refund_id="re_1"))
+    sleep_of(call, clock)
+    answer(call, clock, 503, problem(503, "refund-under-review", refund_id="re_1"))
+    error = finish_of(call, clock).error
+    assert isinstance(error, GaveUpError)
+    assert error.key == "r-1" and len(error.attempts) == 2
+    assert error.last.endswith("max_attempts (2) reached")
+    assert "the refund may have happened" in str(error) and "never refunds twice" in str(error)
+
+
+def test_a_refund_above_what_is_left_is_a_typed_error_never_retried() -> None:
+    call, clock = new_refund_call(amount_cents=30000)
+    answer(call, clock, 422, problem(422, "refund-exceeds-captured", remaining_cents=25000))
+    error = finish_of(call, clock).error
+    assert isinstance(error, RefundExceedsCapturedError)
+    assert (error.key, error.charge_id, error.remaining_cents, len(error.attempts)) == (
+        "r-1",
+        "ch_4f9QzXk2LmP8rT1vWb6yNc3d",
+        25000,
+        1,
+    )
+    assert "25000 cents left" in str(error) and "still free" in str(error)
+
+
+def test_a_charge_that_cannot_be_refunded_is_a_typed_error_never_retried() -> None:
+    call, clock = new_refund_call()
+    answer(call, clock, 422, problem(422, "charge-not-refundable", detail="the charge is declined"))
+    error = finish_of(call, clock).error
+    assert isinstance(error, ChargeNotRefundableError)
+    assert (error.charge_id, len(error.attempts)) == ("ch_4f9QzXk2LmP8rT1vWb6yNc3d", 1)
+    assert "the charge is declined" in str(error)
+
+
+def test_a_refused_refund_is_a_stored_outcome_raised_with_its_refund() -> None:
+    refused = {**REFUND, "status": "failed", "failure_reason": "unknown_capture"}
+    body = problem(422, "refund-failed", refund=refused)
+    call, clock = new_refund_call()
+    answer(call, clock, 422, body, {"Idempotent-Replayed": "true", "Idempotency-TTL": "9"})
+    error = finish_of(call, clock).error
+    assert isinstance(error, RefundFailedError)
+    assert error.refund == Refund(**refused)  # type: ignore[arg-type]
+    assert (error.replayed, error.idempotency_ttl, error.body, len(error.attempts)) == (True, 9, body, 1)
+    assert "unknown_capture" in str(error) and "new key" in str(error)
+
+    call, clock = new_refund_call()  # no refund in it: not taken for a refusal
+    answer(call, clock, 422, problem(422, "refund-failed"))
+    api = finish_of(call, clock).error
+    assert isinstance(api, ApiError) and "without its refund" in str(api)
+
+
+def test_a_refunds_reused_or_expired_key_names_what_the_key_made() -> None:
+    call, clock = new_refund_call()
+    answer(call, clock, 422, problem(422, "idempotency-key-reused", differing_fields=["operation"], charge_id="ch_k"))
+    reused = finish_of(call, clock).error
+    assert isinstance(reused, KeyReusedError)
+    assert (reused.charge_id, reused.refund_id, reused.differing_fields) == ("ch_k", None, ["operation"])
+    assert "nothing was refunded" in str(reused)
+
+    call, clock = new_refund_call()
+    answer(call, clock, 422, problem(422, "idempotency-key-reused", differing_fields=["charge_id"], refund_id="re_k"))
+    reused = finish_of(call, clock).error
+    assert isinstance(reused, KeyReusedError) and (reused.charge_id, reused.refund_id) == (None, "re_k")
+    assert "which made refund re_k" in str(reused)
+
+    call, clock = new_refund_call()
+    answer(call, clock, 410, problem(410, "key-expired", refund_id="re_old"))
+    expired = finish_of(call, clock).error
+    assert isinstance(expired, KeyExpiredError) and (expired.refund_id, expired.charge_id) == ("re_old", None)
+    assert "made refund re_old" in str(expired) and "nothing was refunded again" in str(expired)
+
+
+@pytest.mark.parametrize("status", [404, 400, 401, 500, 402, 307])
+def test_any_other_answer_to_a_refund_is_an_api_error_never_retried(status: int) -> None:
+    call, clock = new_refund_call()
+    body = problem(status, "not-found") if status >= 400 else b""
+    answer(call, clock, status, body)
+    error = finish_of(call, clock).error
+    assert isinstance(error, ApiError)
+    assert (error.status, len(error.attempts)) == (status, 1)
+
+
+def test_bad_refund_input_is_refused_before_any_attempt() -> None:
+    config = Config.build("http://a", "sk", RetryPolicy())
+    with pytest.raises(ValueError):
+        RefundCall(config, charge_id="", now=0)
+    with pytest.raises(ValueError):
+        RefundCall(config, charge_id="ch_1", idempotency_key="chave-é", now=0)
+    with pytest.raises(TypeError):
+        RefundCall(config, charge_id="ch_1", amount_cents=True, now=0)

@@ -1,7 +1,9 @@
 /**
  * The attempt loop: one call, one key, one body, as many attempts as the
  * policy allows. Every decision is taken by the pure functions of
- * `policy.ts`; this module only sends, reads, waits and records.
+ * `policy.ts`; this module only sends, reads, waits and records. A charge and
+ * a refund run the same loop; they differ only in their path, their body and
+ * what their final answers mean.
  *
  * Invariants: every attempt of a call carries the same `Idempotency-Key` and
  * the very same body bytes; attempt `i` goes to `baseUrl[i % n]`; no wait and
@@ -9,10 +11,20 @@
  * once with the signal's reason.
  */
 
-import { ApiError, GaveUpError, KeyExpiredError, KeyReusedError } from "./errors.js";
+import {
+  ApiError,
+  ChargeNotRefundableError,
+  GaveUpError,
+  KeyExpiredError,
+  KeyReusedError,
+  RefundExceedsCapturedError,
+  RefundFailedError,
+} from "./errors.js";
 import {
   decide,
+  decideRefund,
   encodeChargeRequest,
+  encodeRefundRequest,
   errorChain,
   gaveUpMessage,
   giveUpSummary,
@@ -21,10 +33,20 @@ import {
   planAttempt,
   planRetry,
   quoteKey,
+  refundsPath,
   resolvePolicy,
   type RetryPolicy,
 } from "./policy.js";
-import type { Attempt, AttemptOutcome, ChargeRequest, ChargeResult } from "./types.js";
+import type {
+  Attempt,
+  AttemptOutcome,
+  ChargeRequest,
+  ChargeResult,
+  Operation,
+  Problem,
+  RefundReason,
+  RefundResult,
+} from "./types.js";
 
 /** Where charges are created, relative to a base URL. */
 const CHARGES_PATH = "/v1/charges";
@@ -58,6 +80,29 @@ export interface ChargeOptions {
   signal?: AbortSignal;
 }
 
+/** What {@link IdemClient.refund} refunds, and its per-call options. */
+export interface RefundOptions {
+  /**
+   * Minor units, 1 to 10,000,000,000 (a safe integer, or a `bigint`). Left
+   * out: all the charge has left to refund when idem claims the refund.
+   */
+  amountCents?: number | bigint;
+  reason?: RefundReason;
+  /** At most 500 characters, no control characters; kept with the refund. */
+  description?: string;
+  /**
+   * The refund intent's key. Leave it out and the client makes one
+   * ({@link newKey}); better, make it with `newKey()` and store it before
+   * refunding, so that a process that dies and comes back finishes the same
+   * refund instead of making another.
+   */
+  idempotencyKey?: string;
+  /** Stops the call at once, in a wait or mid-attempt; the call then rejects with the signal's reason. */
+  signal?: AbortSignal;
+}
+
+const REFUND_OPTIONS: ReadonlySet<string> = new Set(["amountCents", "reason", "description", "idempotencyKey", "signal"]);
+
 /**
  * One HTTP exchange, as the loop hands it to {@link IdemClient.send}. For
  * subclasses that instrument attempts; not needed to use the client.
@@ -67,7 +112,7 @@ export interface AttemptRequest {
   number: number;
   /** The base URL, as given. */
   endpoint: string;
-  /** The full URL of `POST /v1/charges`. */
+  /** The full URL posted to: `/v1/charges`, or `/v1/charges/{id}/refunds`. */
   url: string;
   /** Every request header, by name. */
   headers: Record<string, string>;
@@ -104,8 +149,26 @@ export function newKey(): string {
 interface Endpoint {
   /** As the caller gave it, for {@link Attempt.endpoint}. */
   base: string;
-  /** `base` + `/v1/charges`. */
-  url: string;
+  /** `base` without its trailing `/`: a path is appended to it. */
+  root: string;
+}
+
+/** How a call goes on after an answer: retried (after at least `retryAfterMs`), or over with `result`. */
+type Next<R> = { retryAfterMs: number | null } | { result: R };
+
+/**
+ * One call's operation: where it posts, and what an answer means for it
+ * (`conclude` returns how the call goes on, or throws the call's error).
+ */
+interface Call<R> {
+  operation: Operation;
+  path: string;
+  key: string;
+  /** `key`, quoted: checked before the call begins. */
+  keyHeader: string;
+  body: Uint8Array;
+  signal: AbortSignal | undefined;
+  conclude(reply: AttemptReply, bodyText: string, attempts: Attempt[]): Next<R>;
 }
 
 /** An attempt that got no complete answer. */
@@ -118,10 +181,11 @@ interface Lost {
 class AttemptTimeout extends Error {}
 
 /**
- * A client of idem's `POST /v1/charges` for one merchant, that retries the
- * way the contract says: one key per call, the same bytes on every attempt,
- * full-jitter backoff never shorter than `Retry-After`, within a deadline.
- * Calls may run concurrently on one client.
+ * A client of idem's `POST /v1/charges` and `POST /v1/charges/{id}/refunds`
+ * for one merchant, that retries the way the contract says: one key per
+ * call, the same bytes on every attempt, full-jitter backoff never shorter
+ * than `Retry-After`, within a deadline. Calls may run concurrently on one
+ * client.
  */
 export class IdemClient {
   /** The policy in force: the defaults with the `retry` option over them. */
@@ -169,16 +233,155 @@ export class IdemClient {
       throw new TypeError("charge(request, { idempotencyKey?, signal? }): options must be an object");
     }
     const { idempotencyKey, signal } = options;
-    if (
-      signal !== undefined &&
-      (signal === null || typeof signal.aborted !== "boolean" || typeof signal.addEventListener !== "function")
-    ) {
-      throw new TypeError("charge(request, { signal }): signal must be an AbortSignal");
-    }
+    checkSignal(signal, "charge(request, { signal })");
     const key = idempotencyKey === undefined ? newKey() : idempotencyKey;
     const keyHeader = quoteKey(key);
     // Encoded once: every attempt carries the very same bytes.
     const body = new TextEncoder().encode(encodeChargeRequest(request));
+    return this.#call<ChargeResult>({
+      operation: "charge",
+      path: CHARGES_PATH,
+      key,
+      keyHeader,
+      body,
+      signal,
+      conclude: (reply, bodyText, attempts) => {
+        const decision = decide({ status: reply.status, bodyText, retryAfter: reply.headers.get("retry-after") });
+        switch (decision.kind) {
+          case "result":
+            return {
+              result: {
+                status: reply.status,
+                charge: decision.charge,
+                problem: decision.problem,
+                key,
+                replayed: isReplayed(reply.headers.get("idempotent-replayed")),
+                idempotencyTtl: parseSeconds(reply.headers.get("idempotency-ttl")),
+                body: reply.body,
+                attempts,
+              },
+            };
+          case "retry":
+            return { retryAfterMs: decision.retryAfterMs };
+          case "key-reused":
+            throw new KeyReusedError(
+              key,
+              attempts,
+              decision.problem,
+              decision.chargeId,
+              decision.differingFields,
+              decision.refundId,
+            );
+          case "key-expired":
+            throw new KeyExpiredError(key, attempts, decision.problem, decision.chargeId, decision.refundId);
+          case "api-error":
+            throw apiError(key, attempts, reply, bodyText, decision.problem, decision.reason);
+        }
+      },
+    });
+  }
+
+  /**
+   * One refund intent: refunds `amountCents` of charge `chargeId` (left out:
+   * all it has left), with one idempotency key until a final answer, the
+   * policy's attempts or its deadline: the same retries as {@link charge}.
+   *
+   * Resolves with a {@link RefundResult} when the acquirer paid the refund
+   * back (`201`). Rejects with {@link RefundFailedError} (`422`: the acquirer
+   * refused it for good, the key's stored outcome),
+   * {@link RefundExceedsCapturedError} (`422`: more than the charge has
+   * left), {@link ChargeNotRefundableError} (`422`: the charge is not
+   * captured), {@link KeyReusedError} (`422`), {@link KeyExpiredError}
+   * (`410`), {@link ApiError} (any other final answer, `404` for no such
+   * charge) or {@link GaveUpError} (no final answer: the refund may have
+   * happened; refund again with the same key). An unknown option, a key or
+   * amount that cannot be sent is a `TypeError` or `RangeError` before any
+   * attempt; an aborted `signal` rejects with its reason.
+   */
+  async refund(chargeId: string, options: RefundOptions = {}): Promise<RefundResult> {
+    if (options === null || typeof options !== "object") {
+      throw new TypeError(
+        "refund(chargeId, { amountCents?, reason?, description?, idempotencyKey?, signal? }): options must be an object",
+      );
+    }
+    for (const name of Object.keys(options)) {
+      // A misspelt amountCents must not refund all the charge has left.
+      if (!REFUND_OPTIONS.has(name)) {
+        throw new TypeError(
+          `refund(chargeId, options): no option ${JSON.stringify(name)} (amountCents, reason, description, idempotencyKey, signal)`,
+        );
+      }
+    }
+    const { amountCents, reason, description, idempotencyKey: givenKey, signal } = options;
+    checkSignal(signal, "refund(chargeId, { signal })");
+    const path = refundsPath(chargeId);
+    const key = givenKey === undefined ? newKey() : givenKey;
+    const keyHeader = quoteKey(key);
+    // Encoded once: every attempt carries the very same bytes.
+    const body = new TextEncoder().encode(encodeRefundRequest({ amount_cents: amountCents, reason, description }));
+    return this.#call<RefundResult>({
+      operation: "refund",
+      path,
+      key,
+      keyHeader,
+      body,
+      signal,
+      conclude: (reply, bodyText, attempts) => {
+        const retryAfter = reply.headers.get("retry-after");
+        const decision = decideRefund({ status: reply.status, bodyText, retryAfter });
+        const replayed = isReplayed(reply.headers.get("idempotent-replayed"));
+        const idempotencyTtl = parseSeconds(reply.headers.get("idempotency-ttl"));
+        switch (decision.kind) {
+          case "result":
+            return {
+              result: {
+                status: reply.status,
+                refund: decision.refund,
+                key,
+                replayed,
+                idempotencyTtl,
+                body: reply.body,
+                attempts,
+              },
+            };
+          case "retry":
+            return { retryAfterMs: decision.retryAfterMs };
+          case "refund-failed":
+            throw new RefundFailedError(
+              key,
+              attempts,
+              decision.problem,
+              decision.refund,
+              replayed,
+              idempotencyTtl,
+              reply.body,
+            );
+          case "refund-exceeds":
+            throw new RefundExceedsCapturedError(key, attempts, decision.problem, chargeId, decision.remainingCents);
+          case "not-refundable":
+            throw new ChargeNotRefundableError(key, attempts, decision.problem, chargeId);
+          case "key-reused":
+            throw new KeyReusedError(
+              key,
+              attempts,
+              decision.problem,
+              decision.chargeId,
+              decision.differingFields,
+              decision.refundId,
+              "refund",
+            );
+          case "key-expired":
+            throw new KeyExpiredError(key, attempts, decision.problem, decision.chargeId, decision.refundId);
+          case "api-error":
+            throw apiError(key, attempts, reply, bodyText, decision.problem, decision.reason);
+        }
+      },
+    });
+  }
+
+  /** The loop every call runs: attempts, waits and the deadline, until `call.conclude` ends it. */
+  async #call<R>(call: Call<R>): Promise<R> {
+    const { key, keyHeader, body, signal } = call;
     if (signal?.aborted) {
       throw signal.reason;
     }
@@ -193,13 +396,13 @@ export class IdemClient {
       if (number > 0) {
         const retry = planRetry(policy, number, elapsed(), retryAfterMs);
         if (retry.action === "give-up") {
-          throw gaveUp(key, attempts, retry.reason);
+          throw gaveUp(key, attempts, retry.reason, call.operation);
         }
         await sleep(retry.delayMs, signal);
       }
       const plan = planAttempt(policy, elapsed());
       if (plan.action === "give-up") {
-        throw gaveUp(key, attempts, plan.reason);
+        throw gaveUp(key, attempts, plan.reason, call.operation);
       }
 
       const endpoint = this.#endpoints[number % this.#endpoints.length] as Endpoint;
@@ -213,7 +416,7 @@ export class IdemClient {
       }
       const startedMs = elapsed();
       const exchange = await this.#exchange(
-        { number, endpoint: endpoint.base, url: endpoint.url, headers, body },
+        { number, endpoint: endpoint.base, url: `${endpoint.root}${call.path}`, headers, body },
         plan.timeoutMs,
         signal,
       );
@@ -231,37 +434,11 @@ export class IdemClient {
         continue;
       }
 
-      const bodyText = new TextDecoder().decode(exchange.body);
-      const decision = decide({
-        status: exchange.status,
-        bodyText,
-        retryAfter: exchange.headers.get("retry-after"),
-      });
-      switch (decision.kind) {
-        case "result":
-          return {
-            status: exchange.status,
-            charge: decision.charge,
-            problem: decision.problem,
-            key,
-            replayed: isReplayed(exchange.headers.get("idempotent-replayed")),
-            idempotencyTtl: parseSeconds(exchange.headers.get("idempotency-ttl")),
-            body: exchange.body,
-            attempts,
-          };
-        case "retry":
-          retryAfterMs = decision.retryAfterMs;
-          continue;
-        case "key-reused":
-          throw new KeyReusedError(key, attempts, decision.problem, decision.chargeId, decision.differingFields);
-        case "key-expired":
-          throw new KeyExpiredError(key, attempts, decision.problem, decision.chargeId);
-        case "api-error": {
-          const reason =
-            exchange.type === "opaqueredirect" ? "a redirect, not followed" : decision.reason;
-          throw new ApiError(key, attempts, exchange.status, decision.problem, bodyText, reason);
-        }
+      const next = call.conclude(exchange, new TextDecoder().decode(exchange.body), attempts);
+      if ("result" in next) {
+        return next.result;
       }
+      retryAfterMs = next.retryAfterMs;
     }
   }
 
@@ -319,9 +496,32 @@ export class IdemClient {
   }
 }
 
-function gaveUp(key: string, attempts: Attempt[], reason: string): GaveUpError {
+function gaveUp(key: string, attempts: Attempt[], reason: string, operation: Operation): GaveUpError {
   const last = giveUpSummary(attempts, reason);
-  return new GaveUpError(gaveUpMessage(key, attempts.length, last), key, attempts, last);
+  return new GaveUpError(gaveUpMessage(key, attempts.length, last, operation), key, attempts, last);
+}
+
+function apiError(
+  key: string,
+  attempts: Attempt[],
+  reply: AttemptReply,
+  bodyText: string,
+  problem: Problem | null,
+  reason: string | null,
+): ApiError {
+  const why = reply.type === "opaqueredirect" ? "a redirect, not followed" : reason;
+  return new ApiError(key, attempts, reply.status, problem, bodyText, why);
+}
+
+function checkSignal(signal: unknown, where: string): void {
+  if (
+    signal !== undefined &&
+    (signal === null ||
+      typeof (signal as AbortSignal).aborted !== "boolean" ||
+      typeof (signal as AbortSignal).addEventListener !== "function")
+  ) {
+    throw new TypeError(`${where}: signal must be an AbortSignal`);
+  }
 }
 
 function parseEndpoints(baseUrl: unknown): Endpoint[] {
@@ -348,7 +548,7 @@ function parseEndpoints(baseUrl: unknown): Endpoint[] {
     if (url.username !== "" || url.password !== "") {
       throw new TypeError(`baseUrl ${JSON.stringify(base)}: credentials go in secret, not in the URL`);
     }
-    return { base, url: `${url.href.replace(/\/+$/, "")}${CHARGES_PATH}` };
+    return { base, root: url.href.replace(/\/+$/, "") };
   });
 }
 

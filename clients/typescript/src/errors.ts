@@ -1,10 +1,12 @@
 /**
  * The errors a call can end in, each in the words of a caller deciding what
- * to do next. A stored outcome (captured, declined, failed) is never an error:
- * it is a {@link ChargeResult}.
+ * to do next. A charge's stored outcome (captured, declined, failed) is never
+ * an error: it is a {@link ChargeResult}. A refund's is a
+ * {@link RefundResult} when the acquirer paid it, and a
+ * {@link RefundFailedError} when it refused it for good.
  */
 
-import type { Attempt, Problem } from "./types.js";
+import type { Attempt, Operation, Problem, Refund } from "./types.js";
 
 /**
  * Every error of a call that reached the point of sending: it carries the
@@ -26,9 +28,10 @@ export class IdemError extends Error {
 
 /**
  * `422` `idempotency-key-reused`: the key was first used for another request
- * (`differingFields` says which fields differ). It stays bound to its first
- * charge; a new charge needs a new key, the same request the same key. Never
- * retried; nothing was charged by this call.
+ * (`differingFields` says which fields differ; `["operation"]` for a charge's
+ * key sent to a refund or a refund's to a charge). It stays bound to what it
+ * first made; a new charge or refund needs a new key, the same request the
+ * same key. Never retried; nothing was charged or refunded by this call.
  */
 export class KeyReusedError extends IdemError {
   /** The charge the key made, when the server names it (`charge_id`). */
@@ -36,6 +39,8 @@ export class KeyReusedError extends IdemError {
   /** The request fields that differ from the key's first request, as the server lists them. */
   readonly differingFields: readonly string[];
   readonly problem: Problem;
+  /** The refund the key made, when it made one (`refund_id`). */
+  readonly refundId: string | null;
 
   constructor(
     key: string,
@@ -43,12 +48,19 @@ export class KeyReusedError extends IdemError {
     problem: Problem,
     chargeId: string | null,
     differingFields: readonly string[],
+    refundId: string | null = null,
+    operation: Operation = "charge",
   ) {
     const differing = differingFields.length > 0 ? ` (differing: ${differingFields.join(", ")})` : "";
-    const charge = chargeId === null ? "" : `, which made charge ${chargeId}`;
+    const made =
+      refundId !== null
+        ? `, which made refund ${refundId}`
+        : chargeId !== null
+          ? `, which made charge ${chargeId}`
+          : "";
     super(
-      `idempotency key ${JSON.stringify(key)} was first used for another request${differing}${charge}; ` +
-        "send that same request to learn its outcome, or use a new key for a new charge",
+      `idempotency key ${JSON.stringify(key)} was first used for another request${differing}${made}; ` +
+        `send that same request to learn its outcome, or use a new key for a new ${operation}`,
       key,
       attempts,
     );
@@ -56,29 +68,136 @@ export class KeyReusedError extends IdemError {
     this.chargeId = chargeId;
     this.differingFields = differingFields;
     this.problem = problem;
+    this.refundId = refundId;
   }
 }
 
 /**
  * `410` `key-expired`: the key's time-to-live ran out after it stored the
- * outcome of this same request. A late retry: nothing was charged again; look
- * the charge up by `chargeId` (`GET /v1/charges/{id}`). A new charge needs a
- * new key.
+ * outcome of this same request. A late retry: nothing was charged or refunded
+ * again; look it up by `chargeId` (`GET /v1/charges/{id}`) or, for a refund,
+ * `refundId` (`GET /v1/refunds/{id}`). A new charge or refund needs a new key.
  */
 export class KeyExpiredError extends IdemError {
   /** The charge this request made under the key (`charge_id`). */
   readonly chargeId: string | null;
   readonly problem: Problem;
+  /** The refund this request made under the key (`refund_id`), when it was a refund. */
+  readonly refundId: string | null;
 
-  constructor(key: string, attempts: readonly Attempt[], problem: Problem, chargeId: string | null) {
-    const charge = chargeId === null ? "" : ` (charge ${chargeId})`;
+  constructor(
+    key: string,
+    attempts: readonly Attempt[],
+    problem: Problem,
+    chargeId: string | null,
+    refundId: string | null = null,
+  ) {
+    const [noun, id, done] =
+      refundId !== null ? ["refund", refundId, "refunded"] : ["charge", chargeId, "charged"];
+    const made = id === null ? "" : ` (${noun} ${id})`;
     super(
-      `idempotency key ${JSON.stringify(key)} expired after storing this request's outcome${charge}; ` +
-        "nothing was charged again: look the charge up, and use a new key only for a new charge",
+      `idempotency key ${JSON.stringify(key)} expired after storing this request's outcome${made}; ` +
+        `nothing was ${done} again: look the ${noun} up, and use a new key only for a new ${noun}`,
       key,
       attempts,
     );
     this.name = "KeyExpiredError";
+    this.chargeId = chargeId;
+    this.problem = problem;
+    this.refundId = refundId;
+  }
+}
+
+/**
+ * `422` `refund-failed`: the acquirer refused the refund for good. It is the
+ * key's stored outcome (a retry with the key replays it); no money moved, and
+ * the amount is the charge's to refund again, with a new key.
+ */
+export class RefundFailedError extends IdemError {
+  /** The refund, `status: "failed"`, with the acquirer's `failure_reason`. */
+  readonly refund: Refund;
+  /** The answer carried `Idempotent-Replayed: true`. */
+  readonly replayed: boolean;
+  /** `Idempotency-TTL`: how many more seconds the key is honoured, or `null`. */
+  readonly idempotencyTtl: number | null;
+  readonly problem: Problem;
+  /** The answer's exact bytes. */
+  readonly body: Uint8Array;
+
+  constructor(
+    key: string,
+    attempts: readonly Attempt[],
+    problem: Problem,
+    refund: Refund,
+    replayed: boolean,
+    idempotencyTtl: number | null,
+    body: Uint8Array,
+  ) {
+    const why = refund.failure_reason === null ? "" : ` (${refund.failure_reason})`;
+    super(
+      `the acquirer refused refund ${refund.id} of charge ${refund.charge_id} for good${why}; no money moved. ` +
+        `That is the stored outcome of idempotency key ${JSON.stringify(key)}: refunding again needs a new key`,
+      key,
+      attempts,
+    );
+    this.name = "RefundFailedError";
+    this.refund = refund;
+    this.replayed = replayed;
+    this.idempotencyTtl = idempotencyTtl;
+    this.problem = problem;
+    this.body = body;
+  }
+}
+
+/**
+ * `422` `refund-exceeds-captured`: more than the charge has left to refund
+ * (succeeded and pending refunds count). Nothing was stored and the key is
+ * still free: the same key with at most `remainingCents` is a refund. Never
+ * retried: no retry changes what is left.
+ */
+export class RefundExceedsCapturedError extends IdemError {
+  /** The charge the call tried to refund. */
+  readonly chargeId: string;
+  /** What the charge has left to refund (`0`: nothing), or `null` when the server does not say. */
+  readonly remainingCents: number | null;
+  readonly problem: Problem;
+
+  constructor(
+    key: string,
+    attempts: readonly Attempt[],
+    problem: Problem,
+    chargeId: string,
+    remainingCents: number | null,
+  ) {
+    const left = remainingCents === null ? "" : ` (${remainingCents} cents left)`;
+    super(
+      `charge ${chargeId} has less left to refund than asked${left}: nothing was refunded or stored, ` +
+        `and idempotency key ${JSON.stringify(key)} is still free`,
+      key,
+      attempts,
+    );
+    this.name = "RefundExceedsCapturedError";
+    this.chargeId = chargeId;
+    this.remainingCents = remainingCents;
+    this.problem = problem;
+  }
+}
+
+/**
+ * `422` `charge-not-refundable`: the charge is not `captured` (still
+ * `processing`, `declined`, `failed`) or awaits review; `problem.detail`
+ * names its status. Nothing was stored and the key is still free: the same
+ * request with the same key works once the charge is captured. Never retried.
+ */
+export class ChargeNotRefundableError extends IdemError {
+  /** The charge the call tried to refund. */
+  readonly chargeId: string;
+  readonly problem: Problem;
+
+  constructor(key: string, attempts: readonly Attempt[], problem: Problem, chargeId: string) {
+    const detail = typeof problem.detail === "string" ? `: ${problem.detail}` : "";
+    super(`charge ${chargeId} cannot be refunded${detail}, for idempotency key ${JSON.stringify(key)}`, key, attempts);
+    this.name = "ChargeNotRefundableError";
     this.chargeId = chargeId;
     this.problem = problem;
   }
@@ -128,10 +247,10 @@ export class ApiError extends IdemError {
 }
 
 /**
- * No final answer within the policy's attempts or deadline. The charge MAY
- * HAVE HAPPENED (a timeout or a `503` leaves the outcome unknown): charge
- * again later with the same key and the same request to learn the outcome
- * without charging twice.
+ * No final answer within the policy's attempts or deadline. The charge (or
+ * refund) MAY HAVE HAPPENED (a timeout or a `503` leaves the outcome
+ * unknown): send it again later with the same key and the same request to
+ * learn the outcome without charging or refunding twice.
  */
 export class GaveUpError extends IdemError {
   /** The last attempt's outcome and why no further attempt was made. */

@@ -10,7 +10,7 @@
  * attempt runs past the call's deadline.
  */
 
-import type { Attempt, Charge, ChargeRequest, Problem } from "./types.js";
+import type { Attempt, Charge, ChargeRequest, Operation, Problem, Refund, RefundRequest } from "./types.js";
 
 /** How hard one call tries before giving up. */
 export interface RetryPolicy {
@@ -51,6 +51,9 @@ export const PROBLEM_TYPES = Object.freeze({
   acquirerRejected: "urn:idem:problem:acquirer-rejected",
   keyReused: "urn:idem:problem:idempotency-key-reused",
   keyExpired: "urn:idem:problem:key-expired",
+  refundFailed: "urn:idem:problem:refund-failed",
+  refundExceedsCaptured: "urn:idem:problem:refund-exceeds-captured",
+  chargeNotRefundable: "urn:idem:problem:charge-not-refundable",
 });
 
 // ---------------------------------------------------------------------------
@@ -195,6 +198,54 @@ export function encodeChargeRequest(request: ChargeRequest): string {
     parts.push(`${JSON.stringify(name)}:${JSON.stringify(value)}`);
   }
   return `{${parts.join(",")}}`;
+}
+
+const REFUND_FIELDS: ReadonlySet<string> = new Set(["amount_cents", "reason", "description"]);
+
+/**
+ * The JSON text of `POST /v1/charges/{id}/refunds`, in the contract's field
+ * order, every field left out when absent (`{}`: refund all the charge has
+ * left). Refused before any attempt as {@link encodeChargeRequest} refuses.
+ * Ranges and the reasons idem takes are the server's to judge (`400`).
+ */
+export function encodeRefundRequest(request: RefundRequest): string {
+  if (request === null || typeof request !== "object" || Array.isArray(request)) {
+    throw new TypeError("a refund request must be an object: { amount_cents?, reason?, description? }");
+  }
+  for (const name of Object.keys(request)) {
+    if (!REFUND_FIELDS.has(name)) {
+      throw new TypeError(
+        `a refund request has no field ${JSON.stringify(name)} (amount_cents, reason, description)`,
+      );
+    }
+  }
+  const parts: string[] = [];
+  if (request.amount_cents !== undefined && request.amount_cents !== null) {
+    parts.push(`"amount_cents":${encodeInteger("amount_cents", request.amount_cents)}`);
+  }
+  for (const name of ["reason", "description"] as const) {
+    const value = request[name];
+    if (value === undefined || value === null) {
+      continue;
+    }
+    if (typeof value !== "string") {
+      throw new TypeError(`${name} must be a string, not ${describeValue(value)}`);
+    }
+    parts.push(`${JSON.stringify(name)}:${JSON.stringify(value)}`);
+  }
+  return `{${parts.join(",")}}`;
+}
+
+/**
+ * `/v1/charges/{chargeId}/refunds`, the id percent-encoded so that no id,
+ * however odd, names another route (idem answers `404` for one not of its
+ * shape). An id that is not a non-empty string is a `TypeError`.
+ */
+export function refundsPath(chargeId: string): string {
+  if (typeof chargeId !== "string" || chargeId === "") {
+    throw new TypeError(`a charge id must be a non-empty string, not ${describeValue(chargeId)}`);
+  }
+  return `/v1/charges/${encodeURIComponent(chargeId)}/refunds`;
 }
 
 function encodeInteger(name: string, value: unknown): string {
@@ -374,8 +425,14 @@ export function classifyStatus(status: number, problemType: string | null): Answ
 export type Decision =
   | { kind: "result"; charge: Charge; problem: Problem | null }
   | { kind: "retry"; retryAfterMs: number | null; problem: Problem | null }
-  | { kind: "key-reused"; problem: Problem; chargeId: string | null; differingFields: string[] }
-  | { kind: "key-expired"; problem: Problem; chargeId: string | null }
+  | {
+      kind: "key-reused";
+      problem: Problem;
+      chargeId: string | null;
+      refundId: string | null;
+      differingFields: string[];
+    }
+  | { kind: "key-expired"; problem: Problem; chargeId: string | null; refundId: string | null }
   | { kind: "api-error"; problem: Problem | null; reason: string | null };
 
 /** One complete answer, as {@link decide} needs it. */
@@ -412,11 +469,125 @@ export function decide(answer: Answer): Decision {
       return { kind: "retry", retryAfterMs: parseRetryAfterMs(answer.retryAfter), problem };
     case "key-reused": {
       const p = problem as Problem;
-      return { kind: "key-reused", problem: p, chargeId: chargeIdOf(p), differingFields: differingFieldsOf(p) };
+      return {
+        kind: "key-reused",
+        problem: p,
+        chargeId: chargeIdOf(p),
+        refundId: refundIdOf(p),
+        differingFields: differingFieldsOf(p),
+      };
     }
     case "key-expired": {
       const p = problem as Problem;
-      return { kind: "key-expired", problem: p, chargeId: chargeIdOf(p) };
+      return { kind: "key-expired", problem: p, chargeId: chargeIdOf(p), refundId: refundIdOf(p) };
+    }
+    case "api-error":
+      return { kind: "api-error", problem, reason: null };
+  }
+}
+
+/** What a status, with its problem type, means for a refund. */
+export type RefundAnswerKind =
+  | "result"
+  | "retry"
+  | "key-reused"
+  | "key-expired"
+  | "refund-failed"
+  | "refund-exceeds"
+  | "not-refundable"
+  | "api-error";
+
+/**
+ * As {@link classifyStatus}, for a refund: a `201` is the only result; the
+ * refund `422`s (`refund-failed`, `refund-exceeds-captured`,
+ * `charge-not-refundable`) are final; every `502` is retried (idem has no
+ * stored `502` for a refund, so one is a gateway's); a `402` is not a refund's
+ * answer (an API error).
+ */
+export function classifyRefundStatus(status: number, problemType: string | null): RefundAnswerKind {
+  switch (status) {
+    case 201:
+      return "result";
+    case 402:
+      return "api-error";
+    case 502:
+      return "retry";
+    case 422:
+      switch (problemType) {
+        case PROBLEM_TYPES.refundFailed:
+          return "refund-failed";
+        case PROBLEM_TYPES.refundExceedsCaptured:
+          return "refund-exceeds";
+        case PROBLEM_TYPES.chargeNotRefundable:
+          return "not-refundable";
+      }
+      return classifyStatus(status, problemType) as RefundAnswerKind;
+    default:
+      return classifyStatus(status, problemType) as RefundAnswerKind;
+  }
+}
+
+/** The decision for one complete answer to a refund, with what was read from it. */
+export type RefundDecision =
+  | { kind: "result"; refund: Refund }
+  | { kind: "retry"; retryAfterMs: number | null; problem: Problem | null }
+  | {
+      kind: "key-reused";
+      problem: Problem;
+      chargeId: string | null;
+      refundId: string | null;
+      differingFields: string[];
+    }
+  | { kind: "key-expired"; problem: Problem; chargeId: string | null; refundId: string | null }
+  | { kind: "refund-failed"; problem: Problem; refund: Refund }
+  | { kind: "refund-exceeds"; problem: Problem; remainingCents: number | null }
+  | { kind: "not-refundable"; problem: Problem }
+  | { kind: "api-error"; problem: Problem | null; reason: string | null };
+
+/**
+ * What a complete answer to a refund means. A `201`, or a `refund-failed`
+ * problem, that holds no refund is not taken for one: it is an API error
+ * saying so.
+ */
+export function decideRefund(answer: Answer): RefundDecision {
+  const problem = parseProblem(answer.bodyText);
+  const kind = classifyRefundStatus(answer.status, problem?.type ?? null);
+  switch (kind) {
+    case "result": {
+      const refund = parseRefund(parseJson(answer.bodyText));
+      return refund === null
+        ? { kind: "api-error", problem, reason: "a 201 answer, but its body holds no refund" }
+        : { kind: "result", refund };
+    }
+    case "refund-failed": {
+      const p = problem as Problem;
+      const refund = parseRefund(p.refund);
+      return refund === null
+        ? { kind: "api-error", problem, reason: "a refund-failed answer, but its problem document holds no refund" }
+        : { kind: "refund-failed", problem: p, refund };
+    }
+    case "refund-exceeds": {
+      const p = problem as Problem;
+      const remaining = Number.isSafeInteger(p.remaining_cents) ? (p.remaining_cents as number) : null;
+      return { kind: "refund-exceeds", problem: p, remainingCents: remaining };
+    }
+    case "not-refundable":
+      return { kind: "not-refundable", problem: problem as Problem };
+    case "retry":
+      return { kind: "retry", retryAfterMs: parseRetryAfterMs(answer.retryAfter), problem };
+    case "key-reused": {
+      const p = problem as Problem;
+      return {
+        kind: "key-reused",
+        problem: p,
+        chargeId: chargeIdOf(p),
+        refundId: refundIdOf(p),
+        differingFields: differingFieldsOf(p),
+      };
+    }
+    case "key-expired": {
+      const p = problem as Problem;
+      return { kind: "key-expired", problem: p, chargeId: chargeIdOf(p), refundId: refundIdOf(p) };
     }
     case "api-error":
       return { kind: "api-error", problem, reason: null };
@@ -448,8 +619,26 @@ export function parseCharge(value: unknown): Charge | null {
     : null;
 }
 
+/**
+ * A refund: an object with a string `id`, `charge_id` and `status` and a
+ * numeric `amount_cents`; else `null`. Unknown fields are kept.
+ */
+export function parseRefund(value: unknown): Refund | null {
+  return isObject(value) &&
+    typeof value.id === "string" &&
+    typeof value.charge_id === "string" &&
+    typeof value.status === "string" &&
+    typeof value.amount_cents === "number"
+    ? (value as unknown as Refund)
+    : null;
+}
+
 function chargeIdOf(problem: Problem): string | null {
   return typeof problem.charge_id === "string" ? problem.charge_id : null;
+}
+
+function refundIdOf(problem: Problem): string | null {
+  return typeof problem.refund_id === "string" ? problem.refund_id : null;
 }
 
 function differingFieldsOf(problem: Problem): string[] {
@@ -507,12 +696,21 @@ export function giveUpSummary(attempts: readonly Attempt[], reason: string): str
   return last === undefined ? reason : `${describeAttempt(last)} from ${last.endpoint}; ${reason}`;
 }
 
-/** The message of a give-up: the charge may have happened, and the same key tells. */
-export function gaveUpMessage(key: string, attemptCount: number, last: string): string {
+/**
+ * The message of a give-up: the charge (or refund: `noun`) may have happened,
+ * and the same key tells.
+ */
+export function gaveUpMessage(
+  key: string,
+  attemptCount: number,
+  last: string,
+  noun: Operation = "charge",
+): string {
   const attempts = attemptCount === 1 ? "1 attempt" : `${attemptCount} attempts`;
+  const done = noun === "charge" ? "charging" : "refunding";
   return (
     `gave up on idempotency key ${JSON.stringify(key)} after ${attempts}: ${last}. ` +
-    "The outcome may be unknown (the charge may have happened): charge again with the same key " +
-    "to learn it without charging twice"
+    `The outcome may be unknown (the ${noun} may have happened): ${noun} again with the same key ` +
+    `to learn it without ${done} twice`
   );
 }

@@ -1,8 +1,11 @@
 /**
- * The shapes of the idem charge API as a client sees them. Wire field names
+ * The shapes of the idem charge and refund API as a client sees them. Wire field names
  * stay as the API spells them (snake_case); the client's own options are
  * camelCase.
  */
+
+/** What a call makes: a charge or a refund. */
+export type Operation = "charge" | "refund";
 
 /** The body of `POST /v1/charges` (docs/contract/api.md). */
 export interface ChargeRequest {
@@ -59,6 +62,12 @@ export interface Problem {
   charge?: Charge;
   /** The charge a key made (`key-expired`, `idempotency-key-reused`, `charge-under-review`). */
   charge_id?: string;
+  /** The refund (`refund-failed`). */
+  refund?: Refund;
+  /** The refund a key made (`key-expired`, `idempotency-key-reused`, `outcome-unknown`, `refund-under-review`). */
+  refund_id?: string;
+  /** What the charge has left to refund (`refund-exceeds-captured`). */
+  remaining_cents?: number;
   [extension: string]: unknown;
 }
 
@@ -97,6 +106,60 @@ export interface ChargeResult {
   charge: Charge;
   /** The problem document of a `402` or `502`; `null` for a `201`. */
   problem: Problem | null;
+  /** The idempotency key every attempt carried (unquoted). */
+  key: string;
+  /** The answer carried `Idempotent-Replayed: true`: an earlier attempt (or call) stored it. */
+  replayed: boolean;
+  /** `Idempotency-TTL`: how many more seconds the key is honoured, or `null` when absent. */
+  idempotencyTtl: number | null;
+  /** The answer's exact bytes, so a replay can be compared byte for byte. */
+  body: Uint8Array;
+  /** Every attempt in order, the final one last. */
+  attempts: Attempt[];
+}
+
+/** The reasons idem takes for a refund (any other is `400` `invalid-body`). */
+export type RefundReason = "requested_by_customer" | "duplicate" | "fraudulent" | "other";
+
+/** The body of `POST /v1/charges/{id}/refunds` (docs/contract/api.md); every field optional. */
+export interface RefundRequest {
+  /** Minor units, 1 to 10,000,000,000 (a safe integer, or a `bigint`). Left out: all the charge has left. */
+  amount_cents?: number | bigint | null;
+  reason?: RefundReason | null;
+  /** At most 500 characters, no control characters. */
+  description?: string | null;
+}
+
+/** A refund's status. Only `pending` ever changes. */
+export type RefundStatus = "pending" | "succeeded" | "failed";
+
+/** The refund, as the `201` body or a `refund-failed` problem's `refund` holds it. */
+export interface Refund {
+  /** `re_` and 24 letters and digits. */
+  id: string;
+  charge_id: string;
+  amount_cents: number;
+  /** The charge's currency. */
+  currency: string;
+  status: RefundStatus;
+  reason: RefundReason | null;
+  description: string | null;
+  /** The refund's own reference at the acquirer, the same on every call. */
+  acquirer_reference: string;
+  /** The acquirer's reason when `failed`, else `null`. */
+  failure_reason: string | null;
+  /** When the refund was claimed, UTC, to the second (RFC 3339). */
+  created_at: string;
+}
+
+/**
+ * A refund the acquirer paid back (`201`). A refund it refused for good is a
+ * {@link RefundFailedError}, also a stored outcome.
+ */
+export interface RefundResult {
+  /** The final answer's HTTP status: `201`. */
+  status: number;
+  refund: Refund;
   /** The idempotency key every attempt carried (unquoted). */
   key: string;
   /** The answer carried `Idempotent-Replayed: true`: an earlier attempt (or call) stored it. */

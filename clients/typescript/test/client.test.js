@@ -1,18 +1,21 @@
 // The attempt loop against small local HTTP servers (and a refused port):
 // headers, the same bytes on every attempt, endpoint rotation, results,
 // typed errors, timeouts that cover the body, cut-off bodies, the deadline,
-// and the caller's AbortSignal.
+// the caller's AbortSignal, and refunds through the same loop.
 import assert from "node:assert/strict";
 import http from "node:http";
 import { after, describe, test } from "node:test";
 
 import {
   ApiError,
+  ChargeNotRefundableError,
   GaveUpError,
   IdemClient,
   IdemError,
   KeyExpiredError,
   KeyReusedError,
+  RefundExceedsCapturedError,
+  RefundFailedError,
   newKey,
 } from "../dist/index.js";
 
@@ -27,6 +30,19 @@ const CHARGE = {
   created_at: "2026-12-02T07:00:00Z",
 };
 const REQUEST = { order_id: 42, amount_cents: 25000, currency: "BRL" };
+const REFUND = {
+  id: "re_7kLmQ2xZ9pR4tV8bN1cW6yHd",
+  charge_id: CHARGE.id,
+  amount_cents: 5000,
+  currency: "BRL",
+  status: "succeeded",
+  reason: "requested_by_customer",
+  description: null,
+  acquirer_reference: "ref_r1",
+  failure_reason: null,
+  created_at: "2026-12-06T20:00:00Z",
+};
+const REFUNDS_URL = `/v1/charges/${CHARGE.id}/refunds`;
 const FAST = { baseDelayMs: 1, maxDelayMs: 5, attemptTimeoutMs: 2000, deadlineMs: 10000 };
 
 const servers = [];
@@ -436,5 +452,120 @@ describe("refused before any attempt", () => {
     const result = await new IdemClient({ baseUrl: "http://idem.test", secret: "sk_1", fetch: fake }).charge(REQUEST);
     assert.equal(result.charge.id, CHARGE.id);
     assert.deepEqual(seen, [[undefined, "http://idem.test/v1/charges", "manual", "POST"]]);
+  });
+});
+
+describe("refunds", () => {
+  test("a 503 is retried with the same key and the same bytes, to the charge's refunds", async () => {
+    const s = await serve((req, res, n) =>
+      n === 0
+        ? problem(res, 503, "outcome-unknown", { refund_id: REFUND.id }, { "retry-after": "0" })
+        : json(res, 201, REFUND, { "idempotency-ttl": "86399", location: `/v1/refunds/${REFUND.id}` }),
+    );
+    const result = await client(s.url).refund(CHARGE.id, {
+      amountCents: 5000,
+      reason: "requested_by_customer",
+      description: "two coffees",
+      idempotencyKey: 'r"1',
+    });
+    assert.deepEqual([result.status, result.replayed, result.idempotencyTtl, result.key], [201, false, 86399, 'r"1']);
+    assert.deepEqual(result.refund, REFUND);
+    assert.deepEqual(result.attempts.map((a) => a.status), [503, 201]);
+    assert.equal(s.requests.length, 2);
+    for (const r of s.requests) {
+      assert.equal(r.method, "POST");
+      assert.equal(r.url, REFUNDS_URL);
+      assert.equal(r.headers["idempotency-key"], '"r\\"1"');
+      assert.equal(r.headers["content-type"], "application/json");
+      assert.equal(r.headers.authorization, "Bearer sk_test_1");
+      assert.equal(
+        r.body.toString("utf8"),
+        '{"amount_cents":5000,"reason":"requested_by_customer","description":"two coffees"}',
+      );
+    }
+  });
+
+  test("422 refund-exceeds-captured: RefundExceedsCapturedError with what is left, never retried", async () => {
+    const s = await serve((req, res, n) =>
+      n === 0 ? problem(res, 422, "refund-exceeds-captured", { remaining_cents: 20000 }) : json(res, 201, REFUND),
+    );
+    const error = await rejection(client(s.url).refund(CHARGE.id, { amountCents: 30000, idempotencyKey: "r-2" }));
+    assert.ok(error instanceof RefundExceedsCapturedError && error instanceof IdemError);
+    assert.equal(error.name, "RefundExceedsCapturedError");
+    assert.deepEqual([error.key, error.chargeId, error.remainingCents, error.attempts.length], ["r-2", CHARGE.id, 20000, 1]);
+    assert.equal(s.requests.length, 1, "a refund above what is left was sent again");
+  });
+
+  test("a lost answer is retried and the stored refund replayed; no amount sends {}", async () => {
+    const s = await serve((req, res, n) => {
+      if (n === 0) {
+        res.writeHead(201, { "content-type": "application/json", "content-length": "500" });
+        res.write(JSON.stringify(REFUND).slice(0, 40));
+        setTimeout(() => req.socket.destroy(), 20);
+        return undefined;
+      }
+      return json(res, 201, REFUND, { "idempotent-replayed": "true", "idempotency-ttl": "86398" });
+    });
+    const result = await client(s.url).refund(CHARGE.id);
+    assert.deepEqual([result.replayed, result.idempotencyTtl], [true, 86398]);
+    assert.deepEqual(result.attempts.map((a) => a.outcome), ["connection-failed", "answer"]);
+    assert.deepEqual(s.requests.map((r) => r.body.toString("utf8")), ["{}", "{}"]);
+    assert.deepEqual(
+      s.requests.map((r) => r.headers["idempotency-key"]),
+      [`"${result.key}"`, `"${result.key}"`],
+    );
+  });
+
+  test("its typed errors: refund-failed, not refundable, a reused or expired key, no such charge", async () => {
+    const refused = { ...REFUND, status: "failed", failure_reason: "exceeds_capture" };
+    const s = await serve((req, res, n) => {
+      if (n === 0) return problem(res, 422, "refund-failed", { refund: refused }, { "idempotency-ttl": "5", "idempotent-replayed": "true" });
+      if (n === 1) return problem(res, 422, "charge-not-refundable");
+      if (n === 2) return problem(res, 422, "idempotency-key-reused", { differing_fields: ["operation"], charge_id: "ch_1" });
+      if (n === 3) return problem(res, 410, "key-expired", { refund_id: "re_2" });
+      return problem(res, 404, "not-found");
+    });
+    const c = client(s.url);
+    const failed = await rejection(c.refund(CHARGE.id, { idempotencyKey: "k" }));
+    assert.ok(failed instanceof RefundFailedError);
+    assert.deepEqual(failed.refund, refused);
+    assert.deepEqual([failed.replayed, failed.idempotencyTtl, failed.attempts.length], [true, 5, 1]);
+    assert.match(failed.message, /exceeds_capture/);
+    const notRefundable = await rejection(c.refund(CHARGE.id, { idempotencyKey: "k" }));
+    assert.ok(notRefundable instanceof ChargeNotRefundableError);
+    assert.equal(notRefundable.chargeId, CHARGE.id);
+    const reused = await rejection(c.refund(CHARGE.id, { idempotencyKey: "k" }));
+    assert.ok(reused instanceof KeyReusedError);
+    assert.deepEqual([reused.chargeId, reused.refundId, reused.differingFields], ["ch_1", null, ["operation"]]);
+    const expired = await rejection(c.refund(CHARGE.id, { idempotencyKey: "k" }));
+    assert.ok(expired instanceof KeyExpiredError);
+    assert.deepEqual([expired.refundId, expired.chargeId], ["re_2", null]);
+    const missing = await rejection(c.refund("ch_nope/../x", { idempotencyKey: "k" }));
+    assert.ok(missing instanceof ApiError);
+    assert.equal(missing.status, 404);
+    assert.equal(s.requests.length, 5);
+    assert.equal(s.requests[4].url, "/v1/charges/ch_nope%2F..%2Fx/refunds");
+  });
+
+  test("a give-up says the refund may have happened", async () => {
+    const s = await serve((req, res) => problem(res, 503, "outcome-unknown", { refund_id: REFUND.id }));
+    const error = await rejection(client(s.url, { ...FAST, maxAttempts: 2 }).refund(CHARGE.id, { idempotencyKey: "r-3" }));
+    assert.ok(error instanceof GaveUpError);
+    assert.deepEqual([error.key, error.attempts.length], ["r-3", 2]);
+    assert.match(error.message, /the refund may have happened/);
+  });
+
+  test("an unknown option, a bad charge id, key or amount makes no attempt", async () => {
+    const s = await serve((req, res) => json(res, 201, REFUND));
+    const c = client(s.url);
+    await assert.rejects(c.refund(CHARGE.id, { amount_cents: 5000 }), TypeError);
+    await assert.rejects(c.refund("", {}), TypeError);
+    await assert.rejects(c.refund(undefined, {}), TypeError);
+    await assert.rejects(c.refund(CHARGE.id, { idempotencyKey: "chave-é" }), RangeError);
+    await assert.rejects(c.refund(CHARGE.id, { amountCents: 2 ** 60 }), RangeError);
+    await assert.rejects(c.refund(CHARGE.id, { amountCents: "5000" }), TypeError);
+    await assert.rejects(c.refund(CHARGE.id, { signal: {} }), TypeError);
+    await assert.rejects(c.refund(CHARGE.id, null), TypeError);
+    assert.equal(s.requests.length, 0);
   });
 });

@@ -56,10 +56,16 @@ test("the suite fails a client that makes a new key on every retry", { timeout: 
   const summary = [...runs.values()].map((run) => `${run.name}: ${report(run)}`).join("\n");
 
   assert.deepEqual(runs.get("first-try").failures, [], `a single attempt is not a retry: first-try must pass\n${summary}`);
-  for (const name of ["unknown-outcome-then-settled", "timeout-then-retry", "server-goes-away-mid-retry"]) {
+  const retrying = ["unknown-outcome-then-settled", "timeout-then-retry", "server-goes-away-mid-retry", "refund-answer-lost"];
+  for (const name of retrying) {
     const run = runs.get(name);
     assert.ok(run, `the suite has no scenario ${name}`);
     const doubled = run.failures.find((f) => f.field === "captures" && f.got >= 2);
     assert.ok(doubled, `${name} must fail on a double capture with a new key per retry\n${summary}`);
   }
+  // The refund's own retry, under a new key, is a second refund of the capture.
+  const refunded = runs.get("refund-answer-lost").failures.find((f) => f.field === "refunds" && f.got >= 2);
+  assert.ok(refunded, `refund-answer-lost must fail on a double refund with a new key per retry\n${summary}`);
+  const failing = [...runs.values()].filter((run) => run.failures.length > 0).map((run) => run.name);
+  assert.deepEqual(failing.sort(), [...retrying].sort(), `exactly the retrying scenarios must fail\n${summary}`);
 });

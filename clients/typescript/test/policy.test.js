@@ -6,10 +6,13 @@ import {
   DEFAULT_RETRY_POLICY,
   backoffCeilingMs,
   backoffDelayMs,
+  classifyRefundStatus,
   classifyStatus,
   decide,
+  decideRefund,
   describeAttempt,
   encodeChargeRequest,
+  encodeRefundRequest,
   errorChain,
   gaveUpMessage,
   giveUpSummary,
@@ -17,12 +20,14 @@ import {
   isReplayed,
   parseCharge,
   parseProblem,
+  parseRefund,
   parseRetryAfterMs,
   parseSeconds,
   planAttempt,
   planRetry,
   preferWaitSecs,
   quoteKey,
+  refundsPath,
   resolvePolicy,
 } from "../dist/policy.js";
 
@@ -409,5 +414,112 @@ describe("words", () => {
     assert.match(message, /gave up on idempotency key "k-1" after 1 attempt: status 503/);
     assert.match(message, /outcome may be unknown/);
     assert.match(message, /same key/);
+  });
+});
+
+describe("refunds", () => {
+  const REFUND = {
+    id: "re_7kLmQ2xZ9pR4tV8bN1cW6yHd",
+    charge_id: CHARGE.id,
+    amount_cents: 5000,
+    currency: "BRL",
+    status: "succeeded",
+    reason: null,
+    description: null,
+    acquirer_reference: "ref_r1",
+    failure_reason: null,
+    created_at: "2026-12-06T20:00:00Z",
+  };
+
+  test("the body leaves out what is not given; {} refunds all that is left", () => {
+    assert.equal(encodeRefundRequest({}), "{}");
+    assert.equal(encodeRefundRequest({ amount_cents: null, reason: undefined }), "{}");
+    assert.equal(encodeRefundRequest({ amount_cents: 5000n }), '{"amount_cents":5000}');
+    assert.equal(
+      encodeRefundRequest({ description: "olá", reason: "duplicate", amount_cents: 1 }),
+      '{"amount_cents":1,"reason":"duplicate","description":"olá"}',
+    );
+    assert.throws(() => encodeRefundRequest({ amountCents: 1 }), TypeError);
+    assert.throws(() => encodeRefundRequest({ amount_cents: 1.5 }), RangeError);
+    assert.throws(() => encodeRefundRequest({ reason: 3 }), TypeError);
+    assert.throws(() => encodeRefundRequest(null), TypeError);
+  });
+
+  test("the path names the charge and no other route", () => {
+    assert.equal(refundsPath(CHARGE.id), `/v1/charges/${CHARGE.id}/refunds`);
+    assert.equal(refundsPath("../x?y#z"), "/v1/charges/..%2Fx%3Fy%23z/refunds");
+    assert.throws(() => refundsPath(""), TypeError);
+    assert.throws(() => refundsPath(7), TypeError);
+  });
+
+  test("every status", () => {
+    const t = (kind) => `urn:idem:problem:${kind}`;
+    const cases = [
+      [201, null, "result"],
+      [422, t("refund-failed"), "refund-failed"],
+      [422, t("refund-exceeds-captured"), "refund-exceeds"],
+      [422, t("charge-not-refundable"), "not-refundable"],
+      [422, t("idempotency-key-reused"), "key-reused"],
+      [422, null, "api-error"],
+      [410, t("key-expired"), "key-expired"],
+      [409, t("request-in-flight"), "retry"],
+      [429, null, "retry"],
+      [503, t("outcome-unknown"), "retry"],
+      [503, t("refund-under-review"), "retry"],
+      [504, null, "retry"],
+      [502, null, "retry"],
+      [502, t("acquirer-rejected"), "retry"],
+      [402, t("charge-declined"), "api-error"],
+      [404, t("not-found"), "api-error"],
+      [400, t("invalid-body"), "api-error"],
+      [500, t("internal"), "api-error"],
+      [307, null, "api-error"],
+    ];
+    for (const [status, type, kind] of cases) {
+      assert.equal(classifyRefundStatus(status, type), kind, `${status} ${type}`);
+    }
+  });
+
+  test("what each answer carries", () => {
+    const ok = decideRefund({ status: 201, bodyText: JSON.stringify(REFUND), retryAfter: null });
+    assert.deepEqual(ok, { kind: "result", refund: REFUND });
+    const refused = { ...REFUND, status: "failed", failure_reason: "unknown_capture" };
+    const failed = decideRefund({ status: 422, bodyText: problem("refund-failed", { refund: refused }), retryAfter: null });
+    assert.deepEqual([failed.kind, failed.refund], ["refund-failed", refused]);
+    const exceeds = decideRefund({ status: 422, bodyText: problem("refund-exceeds-captured", { remaining_cents: 0 }), retryAfter: null });
+    assert.deepEqual([exceeds.kind, exceeds.remainingCents], ["refund-exceeds", 0]);
+    const unsaid = decideRefund({ status: 422, bodyText: problem("refund-exceeds-captured"), retryAfter: null });
+    assert.equal(unsaid.remainingCents, null);
+    const reused = decideRefund({ status: 422, bodyText: problem("idempotency-key-reused", { refund_id: "re_1", differing_fields: ["charge_id"] }), retryAfter: null });
+    assert.deepEqual([reused.kind, reused.refundId, reused.chargeId, reused.differingFields], ["key-reused", "re_1", null, ["charge_id"]]);
+    const expired = decideRefund({ status: 410, bodyText: problem("key-expired", { refund_id: "re_1" }), retryAfter: null });
+    assert.deepEqual([expired.kind, expired.refundId], ["key-expired", "re_1"]);
+    const retry = decideRefund({ status: 503, bodyText: problem("outcome-unknown", { refund_id: "re_1" }), retryAfter: "1" });
+    assert.deepEqual([retry.kind, retry.retryAfterMs], ["retry", 1000]);
+  });
+
+  test("an answer that should hold a refund and does not is an API error", () => {
+    for (const [status, body] of [
+      [201, "{}"],
+      [201, JSON.stringify(CHARGE)],
+      [422, problem("refund-failed")],
+    ]) {
+      const d = decideRefund({ status, bodyText: body, retryAfter: null });
+      assert.equal(d.kind, "api-error", `${status} ${body}`);
+      assert.match(d.reason, /holds no refund/);
+    }
+    assert.equal(parseRefund({ ...REFUND, amount_cents: "5000" }), null);
+    assert.equal(parseRefund({ ...REFUND, extra: 1 }).extra, 1);
+  });
+
+  test("a charge's reused key names a refund when the key made one", () => {
+    const d = decide({ status: 422, bodyText: problem("idempotency-key-reused", { refund_id: "re_1", differing_fields: ["operation"] }), retryAfter: null });
+    assert.deepEqual([d.kind, d.refundId, d.chargeId], ["key-reused", "re_1", null]);
+  });
+
+  test("a refund's give-up speaks of a refund", () => {
+    const message = gaveUpMessage("k-1", 2, "status 503 from http://a; max attempts (2) reached", "refund");
+    assert.match(message, /the refund may have happened\): refund again with the same key/);
+    assert.match(message, /without refunding twice/);
   });
 });

@@ -110,7 +110,7 @@ impl ProblemKind {
             Self::KeyReused => "Idempotency-Key reused with a different request",
             Self::KeyExpired => "Idempotency-Key expired; this request was already answered",
             Self::RequestInFlight => "A request with this Idempotency-Key is in flight",
-            Self::OutcomeUnknown => "Charge outcome not yet known",
+            Self::OutcomeUnknown => "Outcome not yet known",
             Self::UnderReview => "Charge awaiting review",
             Self::Declined => "Charge declined",
             Self::AcquirerRejected => "Charge rejected by the acquirer",

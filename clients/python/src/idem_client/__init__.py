@@ -1,22 +1,34 @@
-"""idem-client: charges through idem that are retried the safe way.
+"""idem-client: charges and refunds through idem that are retried the safe way.
 
 One call of :meth:`Client.charge` (or :meth:`AsyncClient.charge`) is one
 payment intent: one idempotency key and the very same body on every attempt,
-so however often it retries, idem charges at most once.
+so however often it retries, idem charges at most once. :meth:`Client.refund`
+is one refund intent, retried the same way: idem refunds at most once.
 
     from idem_client import Client, new_key
 
     key = new_key()  # store it beside the order first
     with Client("https://idem.example", secret) as idem:
         result = idem.charge(order_id=123, amount_cents=25_000, idempotency_key=key)
-    result.charge.status  # "captured", "declined" or "failed"
+        result.charge.status  # "captured", "declined" or "failed"
+        refund_key = new_key()  # one per refund intent, stored first too
+        idem.refund(result.charge.id, 5_000, key=refund_key).refund.status  # "succeeded"
 """
 
 from ._async import AsyncClient
 from ._core import new_key
-from ._errors import ApiError, GaveUpError, IdemError, KeyExpiredError, KeyReusedError
+from ._errors import (
+    ApiError,
+    ChargeNotRefundableError,
+    GaveUpError,
+    IdemError,
+    KeyExpiredError,
+    KeyReusedError,
+    RefundExceedsCapturedError,
+    RefundFailedError,
+)
 from ._sync import Client
-from ._types import Attempt, Charge, ChargeResult, RetryPolicy
+from ._types import Attempt, Charge, ChargeResult, Refund, RefundReason, RefundResult, RetryPolicy
 from ._version import __version__
 
 __all__ = [
@@ -24,12 +36,18 @@ __all__ = [
     "AsyncClient",
     "Attempt",
     "Charge",
+    "ChargeNotRefundableError",
     "ChargeResult",
     "Client",
     "GaveUpError",
     "IdemError",
     "KeyExpiredError",
     "KeyReusedError",
+    "Refund",
+    "RefundExceedsCapturedError",
+    "RefundFailedError",
+    "RefundReason",
+    "RefundResult",
     "RetryPolicy",
     "__version__",
     "new_key",

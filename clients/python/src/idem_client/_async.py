@@ -1,25 +1,29 @@
-"""The asyncio client: a thin loop that carries out what a :class:`ChargeCall` decides."""
+"""The asyncio client: a thin loop that carries out what a :class:`Call` decides."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from types import TracebackType
-from typing import ClassVar, Optional, Sequence, Tuple, Type, Union
+from typing import Any, ClassVar, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 import httpx
 
-from ._core import ChargeCall, Config, Send, Sleep
-from ._types import ChargeResult, RetryPolicy
+from ._core import Call, ChargeCall, Config, RefundCall, Send, Sleep
+from ._types import ChargeResult, RefundReason, RefundResult, RetryPolicy
+
+R = TypeVar("R")
 
 
 class AsyncClient:
     """The asyncio twin of :class:`Client`, with the same behaviour and API
-    (``await client.charge(...)``). Close it with ``await client.aclose()`` or
-    ``async with``; an ``http_client`` given to it stays open, as its owner's.
+    (``await client.charge(...)``, ``await client.refund(...)``). Close it
+    with ``await client.aclose()`` or ``async with``; an ``http_client`` given
+    to it stays open, as its owner's.
     """
 
     _call_type: ClassVar[Type[ChargeCall]] = ChargeCall
+    _refund_call_type: ClassVar[Type[RefundCall]] = RefundCall
 
     def __init__(
         self,
@@ -60,6 +64,31 @@ class AsyncClient:
             idempotency_key=idempotency_key,
             now=time.monotonic(),
         )
+        return await self._run(call)
+
+    async def refund(
+        self,
+        charge_id: str,
+        amount_cents: Optional[int] = None,
+        *,
+        reason: Optional[RefundReason] = None,
+        description: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> RefundResult:
+        """Refunds ``amount_cents`` of charge ``charge_id`` (``None``: all it
+        has left): one refund intent (see :meth:`Client.refund`)."""
+        call = self._refund_call_type(
+            self._config,
+            charge_id=charge_id,
+            amount_cents=amount_cents,
+            reason=reason,
+            description=description,
+            idempotency_key=idempotency_key,
+            now=time.monotonic(),
+        )
+        return await self._run(call)
+
+    async def _run(self, call: Call[R]) -> R:
         while True:
             action = call.next(time.monotonic())
             if isinstance(action, Send):
@@ -69,7 +98,7 @@ class AsyncClient:
             else:
                 return action.unwrap()
 
-    async def _attempt(self, call: ChargeCall, send: Send) -> None:
+    async def _attempt(self, call: Call[Any], send: Send) -> None:
         try:
             # The timeout covers the whole exchange: connect to the last byte of the body.
             status, headers, body = await asyncio.wait_for(self._exchange(send), send.timeout)

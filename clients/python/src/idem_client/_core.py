@@ -1,10 +1,10 @@
-"""Everything a charge call decides, and no I/O: the one place of the client's logic.
+"""Everything a call decides, and no I/O: the one place of the client's logic.
 
-:class:`Client` and :class:`AsyncClient` are thin loops around a
-:class:`ChargeCall`: they ask it what to do next (:meth:`ChargeCall.next`:
-send an attempt, sleep, or finish), do it, and tell it how the attempt ended
-(:meth:`ChargeCall.answered`, :meth:`ChargeCall.timed_out`,
-:meth:`ChargeCall.failed`). Time comes in as ``now`` (a monotonic clock, in
+:class:`Client` and :class:`AsyncClient` are thin loops around a :class:`Call`
+(a :class:`ChargeCall` or a :class:`RefundCall`): they ask it what to do next
+(:meth:`Call.next`: send an attempt, sleep, or finish), do it, and tell it how
+the attempt ended (:meth:`Call.answered`, :meth:`Call.timed_out`,
+:meth:`Call.failed`). Time comes in as ``now`` (a monotonic clock, in
 seconds) and randomness as a function, so every decision can be tested
 without a network or a clock.
 
@@ -12,22 +12,34 @@ Owned here: the checks on what the caller gives (base URLs, secret, key,
 request), the key's quoting, the body's encoding (once per call), the headers
 (``Prefer: wait``), which answers are final (a result or a typed error) and
 which are retried, the backoff with full jitter under the ``Retry-After``
-floor, the deadline, and the give-up message.
+floor, the deadline, and the give-up message. A charge and a refund differ
+only in their path, their body and what their final answers mean; the retry
+discipline is :class:`Call`'s, written once.
 """
 
 from __future__ import annotations
 
+import abc
 import enum
 import json
 import math
 import random
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
-from urllib.parse import urlsplit
+from typing import Any, Callable, ClassVar, Dict, Generic, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+from urllib.parse import quote, urlsplit
 
-from ._errors import ApiError, GaveUpError, IdemError, KeyExpiredError, KeyReusedError
-from ._types import Attempt, Charge, ChargeResult, RetryPolicy
+from ._errors import (
+    ApiError,
+    ChargeNotRefundableError,
+    GaveUpError,
+    IdemError,
+    KeyExpiredError,
+    KeyReusedError,
+    RefundExceedsCapturedError,
+    RefundFailedError,
+)
+from ._types import Attempt, Charge, ChargeResult, Refund, RefundResult, RetryPolicy
 from ._version import __version__
 
 CHARGES_PATH = "/v1/charges"
@@ -37,6 +49,9 @@ PROBLEM = "urn:idem:problem:"
 ACQUIRER_REJECTED = PROBLEM + "acquirer-rejected"
 KEY_REUSED = PROBLEM + "idempotency-key-reused"
 KEY_EXPIRED = PROBLEM + "key-expired"
+REFUND_FAILED = PROBLEM + "refund-failed"
+REFUND_EXCEEDS_CAPTURED = PROBLEM + "refund-exceeds-captured"
+CHARGE_NOT_REFUNDABLE = PROBLEM + "charge-not-refundable"
 
 #: Statuses a retry can change: in flight (``409``), too many requests
 #: (``429``), unknown outcome or unavailable (``503``), a gateway's timeout
@@ -80,6 +95,21 @@ class Endpoint:
     """The base URL as the caller gave it (what :attr:`Attempt.endpoint` reports)."""
     charges_url: str
     """``base`` + ``/v1/charges``."""
+
+    def url(self, path: str) -> str:
+        """``base`` (without its trailing ``/``) + ``path``."""
+        return self.base.rstrip("/") + path
+
+
+def refunds_path(charge_id: str) -> str:
+    """``/v1/charges/{charge_id}/refunds``, the id percent-encoded (so that no
+    id, however odd, names another route: idem answers ``404`` for one that is
+    not of its shape). An empty id is refused, as nothing could be sent."""
+    if not isinstance(charge_id, str):
+        raise TypeError(f"a charge id is a str, not {type(charge_id).__name__}")
+    if not charge_id:
+        raise ValueError("a charge id cannot be empty: which charge is refunded?")
+    return f"{CHARGES_PATH}/{quote(charge_id, safe='')}/refunds"
 
 
 def parse_endpoints(base_url: Union[str, Sequence[str]]) -> Tuple[Endpoint, ...]:
@@ -137,6 +167,26 @@ def encode_body(
             raise TypeError(f"{name} is an int, not {type(value).__name__}")
     document: Dict[str, Any] = {"order_id": order_id, "amount_cents": amount_cents}
     for name, text in (("currency", currency), ("description", description)):
+        if text is not None:
+            if not isinstance(text, str):
+                raise TypeError(f"{name} is a str or None, not {type(text).__name__}")
+            document[name] = text
+    return json.dumps(document, separators=(",", ":")).encode("ascii")
+
+
+def encode_refund_body(
+    *, amount_cents: Optional[int] = None, reason: Optional[str] = None, description: Optional[str] = None
+) -> bytes:
+    """The JSON body of ``POST /v1/charges/{id}/refunds``, encoded once per call.
+    Every field is left out when ``None``: no ``amount_cents`` refunds all the
+    charge has left, and no field at all is ``{}``. Ranges and the reasons
+    idem takes are the server's to judge (``400`` ``invalid-body``)."""
+    document: Dict[str, Any] = {}
+    if amount_cents is not None:
+        if isinstance(amount_cents, bool) or not isinstance(amount_cents, int):
+            raise TypeError(f"amount_cents is an int or None, not {type(amount_cents).__name__}")
+        document["amount_cents"] = amount_cents
+    for name, text in (("reason", reason), ("description", description)):
         if text is not None:
             if not isinstance(text, str):
                 raise TypeError(f"{name} is a str or None, not {type(text).__name__}")
@@ -215,15 +265,20 @@ def prefer_wait(configured: int, attempt_timeout: float) -> Optional[int]:
 
 class Verdict(enum.Enum):
     RESULT = "result"
-    """A stored outcome: captured (201), declined (402), failed (502 acquirer-rejected)."""
+    """A stored outcome returned as a result: a charge captured (201), declined
+    (402) or failed (502 acquirer-rejected); a refund paid (201)."""
     RETRY = "retry"
     KEY_REUSED = "key-reused"
     KEY_EXPIRED = "key-expired"
     API_ERROR = "api-error"
+    REFUND_FAILED = "refund-failed"
+    """A refund's stored outcome: the acquirer refused it for good (422)."""
+    REFUND_EXCEEDS = "refund-exceeds"
+    NOT_REFUNDABLE = "not-refundable"
 
 
 def classify(status: int, problem_type: Optional[str]) -> Verdict:
-    """What an answer with this status (and problem ``type``) means for the call."""
+    """What an answer to a charge with this status (and problem ``type``) means for the call."""
     if status in (201, 402):
         return Verdict.RESULT
     if status == 502 and problem_type == ACQUIRER_REJECTED:
@@ -235,6 +290,29 @@ def classify(status: int, problem_type: Optional[str]) -> Verdict:
     if status == 410 and problem_type == KEY_EXPIRED:
         return Verdict.KEY_EXPIRED
     return Verdict.API_ERROR
+
+
+_REFUND_REFUSALS = {
+    REFUND_FAILED: Verdict.REFUND_FAILED,
+    REFUND_EXCEEDS_CAPTURED: Verdict.REFUND_EXCEEDS,
+    CHARGE_NOT_REFUNDABLE: Verdict.NOT_REFUNDABLE,
+}
+
+
+def classify_refund(status: int, problem_type: Optional[str]) -> Verdict:
+    """What an answer to a refund means: as a charge's (:func:`classify`), but
+    a ``201`` is the only result, the refund ``422``s are final, and every
+    ``502`` is retried (idem has no stored ``502`` for a refund: a gateway's
+    says nothing about it)."""
+    if status == 201:
+        return Verdict.RESULT
+    if status == 422 and problem_type in _REFUND_REFUSALS:
+        return _REFUND_REFUSALS[problem_type]
+    if status == 402:
+        return Verdict.API_ERROR
+    if status == 502:
+        return Verdict.RETRY
+    return classify(status, problem_type)
 
 
 def parse_problem(body: bytes) -> Optional[Dict[str, Any]]:
@@ -272,6 +350,39 @@ def parse_charge(document: Any) -> Optional[Charge]:
         status=d["status"],
         acquirer_reference=d["acquirer_reference"],
         decline_reason=d.get("decline_reason"),
+        created_at=d["created_at"],
+    )
+
+
+def parse_refund(document: Any) -> Optional[Refund]:
+    """A refund from its JSON object; ``None`` if it is not one. Unknown fields are ignored."""
+    if not isinstance(document, dict):
+        return None
+    d = document
+
+    def text(name: str) -> bool:
+        return isinstance(d.get(name), str)
+
+    def optional_text(name: str) -> bool:
+        return d.get(name) is None or text(name)
+
+    amount = d.get("amount_cents")
+    if not (text("id") and text("charge_id") and isinstance(amount, int) and not isinstance(amount, bool)):
+        return None
+    if not (text("currency") and text("status") and text("acquirer_reference") and text("created_at")):
+        return None
+    if not (optional_text("reason") and optional_text("description") and optional_text("failure_reason")):
+        return None
+    return Refund(
+        id=d["id"],
+        charge_id=d["charge_id"],
+        amount_cents=amount,
+        currency=d["currency"],
+        status=d["status"],
+        reason=d.get("reason"),
+        description=d.get("description"),
+        acquirer_reference=d["acquirer_reference"],
+        failure_reason=d.get("failure_reason"),
         created_at=d["created_at"],
     )
 
@@ -322,49 +433,59 @@ class Sleep:
     seconds: float
 
 
+R = TypeVar("R")
+"""What a call returns: :class:`ChargeResult` or :class:`RefundResult`."""
+
+
 @dataclass(frozen=True)
-class Finish:
+class Finish(Generic[R]):
     """The call is over: a result or an error."""
 
-    result: Optional[ChargeResult] = None
+    result: Optional[R] = None
     error: Optional[IdemError] = None
 
-    def unwrap(self) -> ChargeResult:
+    def unwrap(self) -> R:
         if self.error is not None:
             raise self.error
         assert self.result is not None
         return self.result
 
 
-Action = Union[Send, Sleep, Finish]
+Action = Union[Send, Sleep, Finish[R]]
 
 
-class ChargeCall:
-    """One payment intent: one key, one body, as many attempts as the policy allows.
+class Call(abc.ABC, Generic[R]):
+    """One intent: one key, one body, as many attempts as the policy allows.
 
     The driver loops: ``action = call.next(now)``; on :class:`Send` it sends and
     reports with :meth:`answered`, :meth:`timed_out` or :meth:`failed`; on
     :class:`Sleep` it sleeps; on :class:`Finish` it returns ``action.unwrap()``.
-    Bad input raises :class:`ValueError` or :class:`TypeError` here, before any attempt.
+    Bad input raises :class:`ValueError` or :class:`TypeError` in the
+    constructor, before any attempt.
+
+    The retry discipline is all here; a subclass gives the path and the body
+    and says what its final answers mean (:meth:`_classify`, :meth:`_outcome`).
     """
+
+    noun: ClassVar[str]
+    """What the call makes, for messages: ``charge`` or ``refund``."""
+    done: ClassVar[str]
+    """What it does, for messages: ``charged`` or ``refunded``."""
 
     def __init__(
         self,
         config: Config,
         *,
-        order_id: int,
-        amount_cents: int,
-        currency: Optional[str] = None,
-        description: Optional[str] = None,
-        idempotency_key: Optional[str] = None,
+        path: str,
+        body: bytes,
+        idempotency_key: Optional[str],
         now: float,
         uniform: Callable[[], float] = random.random,
     ) -> None:
         self.key = new_key() if idempotency_key is None else idempotency_key
         self._key_header = quote_key(self.key)
-        self.body = encode_body(
-            order_id=order_id, amount_cents=amount_cents, currency=currency, description=description
-        )
+        self.body = body
+        self._path = path
         self._config = config
         self._policy = config.policy
         self._started = now
@@ -372,11 +493,11 @@ class ChargeCall:
         self.attempts: List[Attempt] = []
         self._sending: Optional[Tuple[Send, float]] = None
         self._sleep: Optional[float] = None
-        self._finish: Optional[Finish] = None
+        self._finish: Optional[Finish[R]] = None
 
     # The driver's side.
 
-    def next(self, now: float) -> Action:
+    def next(self, now: float) -> Action[R]:
         """What to do now."""
         if self._sending is not None:
             raise RuntimeError("the attempt in flight has not been reported")
@@ -410,7 +531,7 @@ class ChargeCall:
                 preference_applied=fields.get("preference-applied"),
             )
         )
-        verdict = classify(status, problem_type)
+        verdict = self._classify(status, problem_type)
         if verdict is Verdict.RETRY:
             self._after_retryable(now, parse_retry_after(fields.get("retry-after")))
         else:
@@ -451,7 +572,7 @@ class ChargeCall:
         return Send(
             number=number,
             endpoint=endpoint.base,
-            url=endpoint.charges_url,
+            url=endpoint.url(self._path),
             headers=headers,
             body=self.body,
             timeout=timeout,
@@ -475,16 +596,33 @@ class ChargeCall:
             return
         self._sleep = wait
 
-    def _give_up(self, reason: str) -> Finish:
+    def _give_up(self, reason: str) -> Finish[R]:
         last = f"{self.attempts[-1]} from {self.attempts[-1].endpoint}; {reason}" if self.attempts else reason
         n = len(self.attempts)
+        noun = self.noun
         message = (
             f"gave up on idempotency key {self.key!r} after {n} attempt{'' if n == 1 else 's'}: {last}. "
-            "The outcome is unknown: the charge may have happened. Charge again with the same key "
-            "and the same request to learn it; that never charges twice."
+            f"The outcome is unknown: the {noun} may have happened. {noun.capitalize()} again with the same key "
+            f"and the same request to learn it; that never {noun}s twice."
         )
         self._finish = Finish(error=GaveUpError(message, key=self.key, attempts=self.attempts, last=last))
         return self._finish
+
+    @abc.abstractmethod
+    def _classify(self, status: int, problem_type: Optional[str]) -> Verdict:
+        """What an answer means for this operation."""
+
+    @abc.abstractmethod
+    def _outcome(
+        self,
+        verdict: Verdict,
+        status: int,
+        headers: Mapping[str, str],
+        body: bytes,
+        problem: Optional[Dict[str, Any]],
+    ) -> Optional[Finish[R]]:
+        """The end of the call for a final answer this operation has words
+        of its own for (its results and refusals); ``None`` for the rest."""
 
     def _final(
         self,
@@ -493,35 +631,19 @@ class ChargeCall:
         headers: Mapping[str, str],
         body: bytes,
         problem: Optional[Dict[str, Any]],
-    ) -> Finish:
+    ) -> Finish[R]:
         key, attempts = self.key, self.attempts
-        if verdict is Verdict.RESULT:
-            document = parse_problem(body) if status == 201 else (problem or {}).get("charge")
-            charge = parse_charge(document)
-            if charge is not None:
-                replayed = headers.get("idempotent-replayed", "").strip().lower() == "true"
-                return Finish(
-                    result=ChargeResult(
-                        status=status,
-                        charge=charge,
-                        key=key,
-                        replayed=replayed,
-                        idempotency_ttl=parse_ttl(headers.get("idempotency-ttl")),
-                        body=body,
-                        attempts=attempts,
-                        problem=problem,
-                    )
-                )
-            return Finish(error=self._api_error(status, body, problem, "an answer without its charge"))
         if verdict is Verdict.KEY_REUSED and problem is not None:
             charge_id = _optional_str(problem.get("charge_id"))
+            refund_id = _optional_str(problem.get("refund_id"))
             fields = problem.get("differing_fields")
             differing = [f for f in fields if isinstance(f, str)] if isinstance(fields, list) else []
+            made = f"refund {refund_id}" if refund_id else f"charge {charge_id}" if charge_id else None
             message = (
                 f"idempotency key {key!r} was first used with another request"
                 + (f" (it differs in {', '.join(differing)})" if differing else "")
-                + (f", which made charge {charge_id}" if charge_id else "")
-                + ": nothing was charged. A new intent needs a new key; a retry must send the same request."
+                + (f", which made {made}" if made else "")
+                + f": nothing was {self.done}. A new intent needs a new key; a retry must send the same request."
             )
             error: IdemError = KeyReusedError(
                 message,
@@ -530,18 +652,24 @@ class ChargeCall:
                 charge_id=charge_id,
                 differing_fields=differing,
                 problem=problem,
+                refund_id=refund_id,
             )
             return Finish(error=error)
         if verdict is Verdict.KEY_EXPIRED and problem is not None:
             charge_id = _optional_str(problem.get("charge_id"))
+            refund_id = _optional_str(problem.get("refund_id"))
+            made = f"refund {refund_id}" if refund_id else f"charge {charge_id}"
             message = (
-                f"idempotency key {key!r} has expired; this same request made charge {charge_id} before, "
-                "and nothing was charged again"
+                f"idempotency key {key!r} has expired; this same request made {made} before, "
+                f"and nothing was {self.done} again"
             )
             return Finish(
-                error=KeyExpiredError(message, key=key, attempts=attempts, charge_id=charge_id, problem=problem)
+                error=KeyExpiredError(
+                    message, key=key, attempts=attempts, charge_id=charge_id, problem=problem, refund_id=refund_id
+                )
             )
-        return Finish(error=self._api_error(status, body, problem, None))
+        finish = self._outcome(verdict, status, headers, body, problem)
+        return finish if finish is not None else Finish(error=self._api_error(status, body, problem, None))
 
     def _api_error(
         self, status: int, body: bytes, problem: Optional[Dict[str, Any]], why: Optional[str]
@@ -560,3 +688,169 @@ class ChargeCall:
 
 def _optional_str(value: Any) -> Optional[str]:
     return value if isinstance(value, str) else None
+
+
+def _replayed(headers: Mapping[str, str]) -> bool:
+    return headers.get("idempotent-replayed", "").strip().lower() == "true"
+
+
+class ChargeCall(Call[ChargeResult]):
+    """One payment intent: ``POST /v1/charges``, one key, one body."""
+
+    noun = "charge"
+    done = "charged"
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        order_id: int,
+        amount_cents: int,
+        currency: Optional[str] = None,
+        description: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
+        now: float,
+        uniform: Callable[[], float] = random.random,
+    ) -> None:
+        body = encode_body(order_id=order_id, amount_cents=amount_cents, currency=currency, description=description)
+        super().__init__(
+            config, path=CHARGES_PATH, body=body, idempotency_key=idempotency_key, now=now, uniform=uniform
+        )
+
+    def _classify(self, status: int, problem_type: Optional[str]) -> Verdict:
+        return classify(status, problem_type)
+
+    def _outcome(
+        self,
+        verdict: Verdict,
+        status: int,
+        headers: Mapping[str, str],
+        body: bytes,
+        problem: Optional[Dict[str, Any]],
+    ) -> Optional[Finish[ChargeResult]]:
+        if verdict is not Verdict.RESULT:
+            return None
+        document = parse_problem(body) if status == 201 else (problem or {}).get("charge")
+        charge = parse_charge(document)
+        if charge is None:
+            return Finish(error=self._api_error(status, body, problem, "an answer without its charge"))
+        return Finish(
+            result=ChargeResult(
+                status=status,
+                charge=charge,
+                key=self.key,
+                replayed=_replayed(headers),
+                idempotency_ttl=parse_ttl(headers.get("idempotency-ttl")),
+                body=body,
+                attempts=self.attempts,
+                problem=problem,
+            )
+        )
+
+
+class RefundCall(Call[RefundResult]):
+    """One refund intent: ``POST /v1/charges/{charge_id}/refunds``, one key,
+    one body, retried exactly as a charge is."""
+
+    noun = "refund"
+    done = "refunded"
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        charge_id: str,
+        amount_cents: Optional[int] = None,
+        reason: Optional[str] = None,
+        description: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
+        now: float,
+        uniform: Callable[[], float] = random.random,
+    ) -> None:
+        path = refunds_path(charge_id)
+        body = encode_refund_body(amount_cents=amount_cents, reason=reason, description=description)
+        super().__init__(config, path=path, body=body, idempotency_key=idempotency_key, now=now, uniform=uniform)
+        self.charge_id = charge_id
+
+    def _classify(self, status: int, problem_type: Optional[str]) -> Verdict:
+        return classify_refund(status, problem_type)
+
+    def _outcome(
+        self,
+        verdict: Verdict,
+        status: int,
+        headers: Mapping[str, str],
+        body: bytes,
+        problem: Optional[Dict[str, Any]],
+    ) -> Optional[Finish[RefundResult]]:
+        key, attempts = self.key, self.attempts
+        ttl = parse_ttl(headers.get("idempotency-ttl"))
+        if verdict is Verdict.RESULT:
+            refund = parse_refund(parse_problem(body))
+            if refund is None:
+                return Finish(error=self._api_error(status, body, problem, "an answer without its refund"))
+            result = RefundResult(
+                status=status,
+                refund=refund,
+                key=key,
+                replayed=_replayed(headers),
+                idempotency_ttl=ttl,
+                body=body,
+                attempts=attempts,
+            )
+            return Finish(result=result)
+        if problem is None:
+            return None
+        detail = _optional_str(problem.get("detail"))
+        if verdict is Verdict.REFUND_FAILED:
+            refund = parse_refund(problem.get("refund"))
+            if refund is None:
+                return Finish(error=self._api_error(status, body, problem, "an answer without its refund"))
+            message = (
+                f"the acquirer refused refund {refund.id} of charge {refund.charge_id} for good"
+                + (f" ({refund.failure_reason})" if refund.failure_reason else "")
+                + f"; no money moved. That is the stored outcome of idempotency key {key!r}: "
+                "refunding again needs a new key"
+            )
+            return Finish(
+                error=RefundFailedError(
+                    message,
+                    key=key,
+                    attempts=attempts,
+                    refund=refund,
+                    replayed=_replayed(headers),
+                    idempotency_ttl=ttl,
+                    problem=problem,
+                    body=body,
+                )
+            )
+        if verdict is Verdict.REFUND_EXCEEDS:
+            remaining = problem.get("remaining_cents")
+            remaining_cents = remaining if isinstance(remaining, int) and not isinstance(remaining, bool) else None
+            message = (
+                f"charge {self.charge_id} has less left to refund than asked"
+                + (f" ({remaining_cents} cents left)" if remaining_cents is not None else "")
+                + f": nothing was refunded or stored, and idempotency key {key!r} is still free"
+            )
+            return Finish(
+                error=RefundExceedsCapturedError(
+                    message,
+                    key=key,
+                    attempts=attempts,
+                    charge_id=self.charge_id,
+                    remaining_cents=remaining_cents,
+                    problem=problem,
+                )
+            )
+        if verdict is Verdict.NOT_REFUNDABLE:
+            message = (
+                f"charge {self.charge_id} cannot be refunded"
+                + (f": {detail}" if detail else "")
+                + f" [idempotency key {key!r}]"
+            )
+            return Finish(
+                error=ChargeNotRefundableError(
+                    message, key=key, attempts=attempts, charge_id=self.charge_id, problem=problem
+                )
+            )
+        return None

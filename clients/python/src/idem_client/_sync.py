@@ -1,4 +1,4 @@
-"""The blocking client: a thin loop that carries out what a :class:`ChargeCall` decides."""
+"""The blocking client: a thin loop that carries out what a :class:`Call` decides."""
 
 from __future__ import annotations
 
@@ -7,19 +7,21 @@ import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
-from typing import ClassVar, Optional, Sequence, Tuple, Type, Union
+from typing import Any, ClassVar, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 import httpx
 
-from ._core import ChargeCall, Config, Send, Sleep
-from ._types import ChargeResult, RetryPolicy
+from ._core import Call, ChargeCall, Config, RefundCall, Send, Sleep
+from ._types import ChargeResult, RefundReason, RefundResult, RetryPolicy
+
+R = TypeVar("R")
 
 _Answer = Tuple[int, httpx.Headers, bytes]
 
 
 class Client:
-    """A charge client for one merchant (its ``secret``) and one or more idem
-    instances (attempt ``i`` goes to ``base_url[i % n]``).
+    """A charge and refund client for one merchant (its ``secret``) and one or
+    more idem instances (attempt ``i`` goes to ``base_url[i % n]``).
 
     Thread-safe: one client may serve many threads. Close it (or use it as a
     context manager) to release its connections; an ``http_client`` given to
@@ -27,6 +29,7 @@ class Client:
     """
 
     _call_type: ClassVar[Type[ChargeCall]] = ChargeCall
+    _refund_call_type: ClassVar[Type[RefundCall]] = RefundCall
 
     def __init__(
         self,
@@ -75,6 +78,42 @@ class Client:
             idempotency_key=idempotency_key,
             now=time.monotonic(),
         )
+        return self._run(call)
+
+    def refund(
+        self,
+        charge_id: str,
+        amount_cents: Optional[int] = None,
+        *,
+        reason: Optional[RefundReason] = None,
+        description: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> RefundResult:
+        """Refunds ``amount_cents`` of charge ``charge_id`` (``None``: all it
+        has left): one refund intent, retried exactly as :meth:`charge` is.
+
+        Every attempt carries one idempotency key (``idempotency_key``, or a new one) and
+        the same body, so however often it retries, idem refunds at most once.
+        Returns the refund the acquirer paid; raises :class:`RefundFailedError`
+        (the acquirer refused it: a stored outcome),
+        :class:`RefundExceedsCapturedError`, :class:`ChargeNotRefundableError`,
+        :class:`KeyReusedError`, :class:`KeyExpiredError`, :class:`ApiError`
+        (``404``: no such charge) or :class:`GaveUpError`, each with the
+        ``key``. Bad input raises :class:`ValueError` or :class:`TypeError`
+        before any attempt.
+        """
+        call = self._refund_call_type(
+            self._config,
+            charge_id=charge_id,
+            amount_cents=amount_cents,
+            reason=reason,
+            description=description,
+            idempotency_key=idempotency_key,
+            now=time.monotonic(),
+        )
+        return self._run(call)
+
+    def _run(self, call: Call[R]) -> R:
         while True:
             action = call.next(time.monotonic())
             if isinstance(action, Send):
@@ -84,7 +123,7 @@ class Client:
             else:
                 return action.unwrap()
 
-    def _attempt(self, call: ChargeCall, send: Send) -> None:
+    def _attempt(self, call: Call[Any], send: Send) -> None:
         # httpx's timeouts bound each network wait, not the whole exchange, so
         # the exchange runs on a thread of its own and this one waits for it at
         # most the attempt's timeout: connect to the last byte of the body. An

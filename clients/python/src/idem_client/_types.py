@@ -1,9 +1,10 @@
-"""The values a caller gives and gets back: the policy, the charge, the attempts, the result."""
+"""The values a caller gives and gets back: the policy, the charge and the
+refund, the attempts, the results."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Literal, Optional
 
 
 @dataclass(frozen=True)
@@ -122,3 +123,53 @@ class ChargeResult:
     def captured(self) -> bool:
         """Money moved: the charge's status is ``captured``."""
         return self.charge.status == "captured"
+
+
+RefundReason = Literal["requested_by_customer", "duplicate", "fraudulent", "other"]
+"""The reasons idem takes for a refund (any other is ``400`` ``invalid-body``)."""
+
+
+@dataclass(frozen=True)
+class Refund:
+    """A refund as idem shows it (``docs/contract/api.md``, "The refund").
+
+    Fields idem may add later are ignored.
+    """
+
+    id: str
+    """``re_`` and 24 letters and digits."""
+    charge_id: str
+    amount_cents: int
+    currency: str
+    """The charge's currency."""
+    status: str
+    """``succeeded``, ``failed`` (or ``pending``)."""
+    reason: Optional[str]
+    description: Optional[str]
+    acquirer_reference: str
+    """The refund's own reference at the acquirer, the same on every call."""
+    failure_reason: Optional[str]
+    """The acquirer's reason when ``status`` is ``failed``, else ``None``."""
+    created_at: str
+    """When the refund was claimed: RFC 3339, UTC, to the second."""
+
+
+@dataclass(frozen=True)
+class RefundResult:
+    """A refund the acquirer paid back (``201``). A refund it refused for good
+    is :class:`~idem_client.RefundFailedError`, also a stored outcome."""
+
+    status: int
+    """The HTTP status: ``201``."""
+    refund: Refund
+    key: str
+    """The idempotency key every attempt carried."""
+    replayed: bool
+    """The answer was stored before (``Idempotent-Replayed: true``): by an
+    earlier attempt of this call, or an earlier call with this key."""
+    idempotency_ttl: Optional[int]
+    """``Idempotency-TTL``: seconds the key is still honoured."""
+    body: bytes
+    """The answer's body, exactly as read: a replay is byte for byte the first answer."""
+    attempts: List[Attempt]
+    """Every attempt, in order, the final one last."""

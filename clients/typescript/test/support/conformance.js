@@ -6,7 +6,17 @@ import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { isDeepStrictEqual } from "node:util";
 
-import { ApiError, GaveUpError, IdemClient, IdemError, KeyExpiredError, KeyReusedError } from "../../dist/index.js";
+import {
+  ApiError,
+  ChargeNotRefundableError,
+  GaveUpError,
+  IdemClient,
+  IdemError,
+  KeyExpiredError,
+  KeyReusedError,
+  RefundExceedsCapturedError,
+  RefundFailedError,
+} from "../../dist/index.js";
 import { REPO_ROOT } from "./env.js";
 
 export const SCENARIOS_FILE = path.join(REPO_ROOT, "clients", "conformance", "scenarios.json");
@@ -19,17 +29,24 @@ const POLICY_FIELDS = {
   base_delay_ms: "baseDelayMs",
   max_delay_ms: "maxDelayMs",
 };
-const SCENARIO_FIELDS = new Set(["name", "about", "faults", "endpoints", "policy", "calls", "captures"]);
-const CALL_FIELDS = new Set(["id", "order", "amount_cents", "key", "delay_ms", "after", "expect"]);
+const SCENARIO_FIELDS = new Set(["name", "about", "faults", "endpoints", "policy", "calls", "captures", "refunds"]);
+const CALL_FIELDS = new Set(["id", "op", "refund_of", "order", "amount_cents", "key", "delay_ms", "after", "expect"]);
 const EXPECT_FIELDS = new Set([
   "result",
   "replayed",
   "min_attempts",
   "max_attempts",
   "same_charge_as",
+  "same_refund_as",
+  "amount_cents",
   "ttl_at_most_secs",
   "differing_fields",
 ]);
+
+/** A call's operation: `charge` (the default) or `refund`. */
+export function opOf(call) {
+  return call.op ?? "charge";
+}
 
 export function loadSuite() {
   return JSON.parse(readFileSync(SCENARIOS_FILE, "utf8"));
@@ -58,13 +75,16 @@ export function policyFor(suitePolicy, scenarioPolicy = {}) {
   return retry;
 }
 
-/** What a call's `charge` returned or threw, reduced to the README's outcome. */
+/** What a call's `charge` or `refund` returned or threw, reduced to the README's outcome. */
 export function reduceOutcome(settled) {
   if (settled.ok) {
     const r = settled.value;
+    const refund = r.refund ?? null;
     return {
-      result: r.charge.status,
-      charge_id: r.charge.id,
+      result: refund === null ? r.charge.status : "refunded",
+      charge_id: refund === null ? r.charge.id : refund.charge_id,
+      refund_id: refund?.id ?? null,
+      amount_cents: refund?.amount_cents ?? null,
       replayed: r.replayed,
       attempts: r.attempts.length,
       key: r.key,
@@ -79,17 +99,42 @@ export function reduceOutcome(settled) {
   const outcome = {
     result: "rejected",
     charge_id: null,
+    refund_id: null,
+    amount_cents: null,
     replayed: null, // an error does not say; no expectation asks it of one
     attempts: e.attempts.length,
     key: e.key,
     idempotency_ttl: null,
     differing_fields: null,
   };
+  if (e instanceof RefundFailedError) {
+    return {
+      ...outcome,
+      result: "refund-failed",
+      charge_id: e.refund.charge_id,
+      refund_id: e.refund.id,
+      amount_cents: e.refund.amount_cents,
+      replayed: e.replayed,
+      idempotency_ttl: e.idempotencyTtl,
+    };
+  }
+  if (e instanceof RefundExceedsCapturedError) {
+    return { ...outcome, result: "refund-exceeds", charge_id: e.chargeId };
+  }
+  if (e instanceof ChargeNotRefundableError) {
+    return { ...outcome, result: "not-refundable", charge_id: e.chargeId };
+  }
   if (e instanceof KeyReusedError) {
-    return { ...outcome, result: "key-reused", charge_id: e.chargeId, differing_fields: [...e.differingFields] };
+    return {
+      ...outcome,
+      result: "key-reused",
+      charge_id: e.chargeId,
+      refund_id: e.refundId,
+      differing_fields: [...e.differingFields],
+    };
   }
   if (e instanceof KeyExpiredError) {
-    return { ...outcome, result: "key-expired", charge_id: e.chargeId };
+    return { ...outcome, result: "key-expired", charge_id: e.chargeId, refund_id: e.refundId };
   }
   if (e instanceof GaveUpError) {
     return { ...outcome, result: "gave-up", error: e.last };
@@ -127,6 +172,16 @@ export function checkExpectations(expect, outcome, outcomes) {
         }
         break;
       }
+      case "same_refund_as": {
+        const other = outcomes.get(expected)?.refund_id ?? null;
+        if (outcome.refund_id == null || other === null || outcome.refund_id !== other) {
+          miss(field, `call ${expected}'s refund_id ${JSON.stringify(other)}`, outcome.refund_id ?? null);
+        }
+        break;
+      }
+      case "amount_cents":
+        if (outcome.amount_cents !== expected) miss(field, expected, outcome.amount_cents ?? null);
+        break;
       case "ttl_at_most_secs":
         if (outcome.idempotency_ttl == null || !(outcome.idempotency_ttl <= expected)) {
           miss("idempotency_ttl", `present and at most ${expected}`, outcome.idempotency_ttl ?? null);
@@ -176,7 +231,7 @@ function show(value) {
 /**
  * Runs one scenario against the environment `env` (conformance-env's JSON)
  * with a client made by `new ClientClass(options)`. Resolves with
- * `{ name, runBase, outcomes, captures, failures }`; each failure is
+ * `{ name, runBase, outcomes, captures, refunds, failures }`; each failure is
  * `{ scenario, call, field, expected, got, message }` (`call` null for the
  * scenario's own checks) and its message names the scenario, the call, the
  * field and the outcome.
@@ -186,6 +241,7 @@ export async function runScenario({ env, suite, scenario, ClientClass = IdemClie
   const failures = [];
   const outcomes = new Map();
   const captures = {};
+  const refunds = {};
   const fail = (call, field, expected, got, outcome) => {
     const where = call === null ? `scenario ${show(name)}` : `scenario ${show(name)}, call ${show(call)}`;
     let message = `${where}: ${field}: expected ${show(expected)}, got ${show(got)}`;
@@ -196,7 +252,7 @@ export async function runScenario({ env, suite, scenario, ClientClass = IdemClie
   for (const field of Object.keys(scenario)) {
     if (!SCENARIO_FIELDS.has(field)) fail(null, field, "a scenario field this runner knows", "unknown field");
   }
-  const byId = new Map(scenario.calls.map((call) => [call.id, call]));
+  const earlier = new Map();
   for (const call of scenario.calls) {
     for (const field of Object.keys(call)) {
       if (!CALL_FIELDS.has(field)) fail(call.id, field, "a call field this runner knows", "unknown field");
@@ -204,13 +260,29 @@ export async function runScenario({ env, suite, scenario, ClientClass = IdemClie
     for (const field of Object.keys(call.expect ?? {})) {
       if (!EXPECT_FIELDS.has(field)) fail(call.id, `expect.${field}`, "an expectation this runner knows", "unknown field");
     }
-    if (call.after !== undefined && !byId.has(call.after)) fail(call.id, "after", "the id of a call", call.after);
+    if (call.after !== undefined && !earlier.has(call.after)) fail(call.id, "after", "the id of an earlier call", call.after);
+    const op = opOf(call);
+    if (op === "refund") {
+      const charge = earlier.get(call.refund_of);
+      if (charge === undefined || opOf(charge) !== "charge") {
+        fail(call.id, "refund_of", "the id of an earlier charge call", call.refund_of ?? null);
+      }
+      if (call.order !== undefined) fail(call.id, "order", "none: a refund refunds its refund_of's charge", call.order);
+    } else if (op === "charge") {
+      if (call.refund_of !== undefined) fail(call.id, "refund_of", "none on a charge", call.refund_of);
+      for (const field of ["order", "amount_cents"]) {
+        if (call[field] === undefined) fail(call.id, field, "a charge's", "nothing");
+      }
+    } else {
+      fail(call.id, "op", "charge or refund", op);
+    }
+    earlier.set(call.id, call);
   }
   const baseUrl = scenario.endpoints.map((endpoint) => env.endpoints[endpoint]);
   scenario.endpoints.forEach((endpoint, i) => {
     if (typeof baseUrl[i] !== "string") fail(null, "endpoints", "names the environment gives", endpoint);
   });
-  if (failures.length > 0) return { name, runBase, outcomes, captures, failures };
+  if (failures.length > 0) return { name, runBase, outcomes, captures, refunds, failures };
 
   try {
     // 1. The acquirer's faults.
@@ -229,16 +301,30 @@ export async function runScenario({ env, suite, scenario, ClientClass = IdemClie
     const keyOf = (call) => (call.key === undefined ? undefined : `conf-${runBase}-${name}-${call.key}`);
     const ended = new Map();
     const started = Date.now();
+    // A call starts after every call it names (after, refund_of) ended; its
+    // delay counts from the last of those ends.
     const run = async (call) => {
-      if (call.after !== undefined) {
-        await ended.get(call.after);
+      for (const other of [call.after, call.refund_of].filter((id) => id !== undefined)) {
+        await ended.get(other);
       }
       await sleep(call.delay_ms ?? 0);
-      const request = { order_id: runBase + call.order, amount_cents: call.amount_cents, currency: "BRL" };
-      const options = keyOf(call) === undefined ? {} : { idempotencyKey: keyOf(call) };
       let settled;
       try {
-        settled = { ok: true, value: await client.charge(request, options) };
+        if (opOf(call) === "refund") {
+          const chargeId = outcomes.get(call.refund_of)?.charge_id ?? null;
+          if (chargeId === null) {
+            outcomes.set(call.id, { result: `never started: call ${call.refund_of} made no charge` });
+            return;
+          }
+          const options = {};
+          if (call.amount_cents !== undefined) options.amountCents = call.amount_cents;
+          if (keyOf(call) !== undefined) options.idempotencyKey = keyOf(call);
+          settled = { ok: true, value: await client.refund(chargeId, options) };
+        } else {
+          const request = { order_id: runBase + call.order, amount_cents: call.amount_cents, currency: "BRL" };
+          const options = keyOf(call) === undefined ? {} : { idempotencyKey: keyOf(call) };
+          settled = { ok: true, value: await client.charge(request, options) };
+        }
       } catch (error) {
         settled = { ok: false, error };
       }
@@ -307,13 +393,23 @@ export async function runScenario({ env, suite, scenario, ClientClass = IdemClie
 
     // 5. The ledger.
     const ledger = await simulator(env, "GET", "/_sim/ledger");
+    const all = Object.fromEntries([...outcomes].map(([id, o]) => [id, o]));
     for (const [order, count] of Object.entries(scenario.captures ?? {})) {
       const orderId = runBase + Number(order);
       const got = ledger.captures.filter((c) => c.order_id === orderId).length;
       captures[order] = got;
       if (got !== count) {
-        const all = Object.fromEntries([...outcomes].map(([id, o]) => [id, o]));
         fail(null, "captures", { [`order ${order} (order_id ${orderId})`]: count }, got, all);
+      }
+    }
+    const paid = ledger.refunds ?? []; // absent from an older simulator's ledger
+    for (const [order, count] of Object.entries(scenario.refunds ?? {})) {
+      const orderId = runBase + Number(order);
+      const references = new Set(ledger.captures.filter((c) => c.order_id === orderId).map((c) => c.reference));
+      const got = paid.filter((r) => references.has(r.capture_reference)).length;
+      refunds[order] = got;
+      if (got !== count) {
+        fail(null, "refunds", { [`order ${order} (order_id ${orderId}), captures ${show([...references])}`]: count }, got, all);
       }
     }
   } catch (error) {
@@ -326,5 +422,5 @@ export async function runScenario({ env, suite, scenario, ClientClass = IdemClie
       fail(null, "faults reset", "PUT /_sim/faults {} to work", String(error));
     }
   }
-  return { name, runBase, outcomes, captures, failures };
+  return { name, runBase, outcomes, captures, refunds, failures };
 }

@@ -33,4 +33,5 @@ pub use engine::{Engine, EngineConfig, EngineError, Outcome, Reconciled};
 pub use memo::InFlightMemo;
 pub use operation::{Final, Operation};
 pub use operator::{OperatorError, Resolution};
+pub use refund::{refusal_kind, refusal_response};
 pub use replays::ReplayCache;

@@ -14,8 +14,8 @@ use crate::domain::{
 };
 use crate::problem::{Problem, ProblemKind};
 use crate::store::{
-    NewEvent, NewRefundClaim, NewWebhook, RefundClaim, RefundRecord, RefundSettlement, Reschedule,
-    Store, StoreError, Taken,
+    NewEvent, NewRefundClaim, NewWebhook, RefundClaim, RefundRecord, RefundSettlement, Refusal,
+    Reschedule, Store, StoreError, Taken,
 };
 
 impl Operation for RefundIntent {
@@ -216,6 +216,49 @@ impl Operation for RefundIntent {
             status,
             body: body.into(),
         }
+    }
+}
+
+/// The kind of problem a refund the charge cannot give is.
+pub fn refusal_kind(refusal: &Refusal) -> ProblemKind {
+    match refusal {
+        Refusal::NoSuchCharge => ProblemKind::NotFound,
+        Refusal::NotRefundable { .. } => ProblemKind::ChargeNotRefundable,
+        Refusal::Exceeds { .. } => ProblemKind::RefundExceedsCaptured,
+    }
+}
+
+/// The answer to a refund the charge cannot give (nothing stored, the key
+/// free), over HTTP and in a queue command's result alike.
+pub fn refusal_response(refusal: &Refusal) -> StoredResponse {
+    let detail = match refusal {
+        Refusal::NoSuchCharge => "no such charge".to_owned(),
+        Refusal::NotRefundable {
+            under_review: true, ..
+        } => "the charge awaits a person's review; it can be refunded once it is resolved as \
+              captured. Nothing was stored; the Idempotency-Key is still free"
+            .to_owned(),
+        Refusal::NotRefundable { status, .. } => format!(
+            "the charge is {}, and only a captured charge can be refunded. Nothing was stored; \
+             the Idempotency-Key is still free",
+            status.as_str()
+        ),
+        Refusal::Exceeds { remaining: 0 } => "the charge has nothing left to refund (refunds \
+            succeeded or pending take all of it). Nothing was stored; the Idempotency-Key is \
+            still free"
+            .to_owned(),
+        Refusal::Exceeds { remaining } => format!(
+            "the refund is more than the charge has left to refund, {remaining} cents \
+             (remaining_cents). Nothing was stored; the Idempotency-Key is still free"
+        ),
+    };
+    let mut p = Problem::new(refusal_kind(refusal), detail);
+    if let Refusal::Exceeds { remaining } = refusal {
+        p.remaining_cents = Some(*remaining);
+    }
+    StoredResponse {
+        status: p.status,
+        body: p.to_bytes().into(),
     }
 }
 

@@ -344,10 +344,11 @@ pub struct NewResult<'a> {
 /// A result's status and body: known now, or the key's outcome once stored.
 pub enum ResultAnswer<'a> {
     Now(&'a StoredResponse),
-    /// The outcome of the key's record for this charge, whenever it is stored.
+    /// The outcome of the key's record for this charge (or refund),
+    /// whenever it is stored.
     WhenSettled {
         merchant_id: i64,
-        charge_id: &'a ChargeId,
+        subject: &'a SubjectId,
     },
 }
 

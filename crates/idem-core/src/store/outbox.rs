@@ -27,13 +27,16 @@ pub(super) const BATCH_COLUMNS: &str =
      coalesce(o.status, k.response_status) as status,
      coalesce(o.body, k.response_body) as body,
      coalesce(o.traceparent,
-              (select c.traceparent from charges c where c.id = o.await_charge_id)) as traceparent";
+              (select c.traceparent from charges c where c.id = o.await_charge_id),
+              (select r.traceparent from refunds r where r.id = o.await_charge_id)) as traceparent";
 
 /// Joins each outbox row `o` to the key record whose outcome it waits for.
+/// `await_charge_id` (named before refunds) holds the record's subject: a
+/// charge's id or a refund's.
 pub(super) const AWAITED_KEY: &str = "left join idempotency_keys k
        on o.body is null
       and k.merchant_id = o.await_merchant_id and k.idempotency_key = o.idempotency_key
-      and k.charge_id = o.await_charge_id and k.state = 'completed'";
+      and coalesce(k.charge_id, k.refund_id) = o.await_charge_id and k.state = 'completed'";
 
 /// A result's answer as its outbox columns: a status and body known now, or
 /// the key record (merchant, charge) whose stored outcome it waits for.
@@ -55,12 +58,12 @@ impl<'a> AnswerColumns<'a> {
             },
             ResultAnswer::WhenSettled {
                 merchant_id,
-                charge_id,
+                subject,
             } => Self {
                 status: None,
                 body: None,
                 await_merchant_id: Some(*merchant_id),
-                await_charge_id: Some(charge_id.as_str()),
+                await_charge_id: Some(subject.as_str()),
             },
         }
     }

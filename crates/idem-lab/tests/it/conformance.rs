@@ -249,16 +249,16 @@ async fn run_scenario(
     for call in &scenario.calls {
         let (tx, rx) = tokio::sync::watch::channel(None::<Option<String>>);
         ended.insert(call.id.clone(), rx);
-        let after = call
-            .after
-            .as_ref()
-            .or(call.refund_of.as_ref())
-            .map(|id| ended[id].clone());
+        // A call waits for its `after` and its `refund_of` (a refund takes
+        // the charge of the latter); its delay counts from the later end.
+        let after = call.after.as_ref().map(|id| ended[id].clone());
+        let refund_of = call.refund_of.as_ref().map(|id| ended[id].clone());
         let key = call
             .key
             .as_ref()
             .map(|k| format!("conf-{run_base}-{}-{k}", scenario.name));
         let refund = call.op.as_deref() == Some("refund");
+        let call_waits = call.after.is_some() || call.refund_of.is_some();
         let charge = ChargeRequest {
             order_id: run_base + call.order.unwrap_or_default(),
             amount_cents: call.amount_cents.unwrap_or_default(),
@@ -272,14 +272,18 @@ async fn run_scenario(
         let (caller, delay) = (caller.clone(), Duration::from_millis(call.delay_ms));
         tasks.push(tokio::spawn(async move {
             let mut charge_of_earlier = None;
-            match after {
-                Some(mut after) => {
-                    if let Ok(done) = after.wait_for(Option::is_some).await {
-                        charge_of_earlier = done.clone().flatten();
-                    }
-                    tokio::time::sleep(delay).await;
+            if let Some(mut refund_of) = refund_of {
+                if let Ok(done) = refund_of.wait_for(Option::is_some).await {
+                    charge_of_earlier = done.clone().flatten();
                 }
-                None => tokio::time::sleep_until((start + delay).into()).await,
+            }
+            if let Some(mut after) = after {
+                let _ = after.wait_for(Option::is_some).await;
+            }
+            if call_waits {
+                tokio::time::sleep(delay).await;
+            } else {
+                tokio::time::sleep_until((start + delay).into()).await;
             }
             let what = if refund {
                 What::Refund(charge_of_earlier.unwrap_or_default(), refund_request)

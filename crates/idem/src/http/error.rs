@@ -64,7 +64,7 @@ pub enum ApiError {
         retry_after: Duration,
     },
     /// 404 or 422: the charge cannot give this refund back; nothing stored.
-    #[error("{}", refusal_detail(.0))]
+    #[error("the charge cannot give this refund: {0:?}")]
     RefundRefused(Refusal),
     /// 404: no such resource for this merchant.
     #[error("not found")]
@@ -94,31 +94,6 @@ fn pending(subject: &SubjectId) -> &'static str {
     match subject {
         SubjectId::Charge(_) => "processing",
         SubjectId::Refund(_) => "pending",
-    }
-}
-
-/// Why the charge cannot give a refund back, for a person.
-fn refusal_detail(refusal: &Refusal) -> String {
-    match refusal {
-        Refusal::NoSuchCharge => "no such charge".to_owned(),
-        Refusal::NotRefundable {
-            under_review: true, ..
-        } => "the charge awaits a person's review; it can be refunded once it is resolved as \
-              captured. Nothing was stored; the Idempotency-Key is still free"
-            .to_owned(),
-        Refusal::NotRefundable { status, .. } => format!(
-            "the charge is {}, and only a captured charge can be refunded. Nothing was stored; \
-             the Idempotency-Key is still free",
-            status.as_str()
-        ),
-        Refusal::Exceeds { remaining: 0 } => "the charge has nothing left to refund (refunds \
-            succeeded or pending take all of it). Nothing was stored; the Idempotency-Key is \
-            still free"
-            .to_owned(),
-        Refusal::Exceeds { remaining } => format!(
-            "the refund is more than the charge has left to refund, {remaining} cents \
-             (remaining_cents). Nothing was stored; the Idempotency-Key is still free"
-        ),
     }
 }
 
@@ -178,9 +153,7 @@ impl ApiError {
                 ..
             } => ProblemKind::UnderReview,
             Self::UnderReview { .. } => ProblemKind::RefundUnderReview,
-            Self::RefundRefused(Refusal::NoSuchCharge) => ProblemKind::NotFound,
-            Self::RefundRefused(Refusal::NotRefundable { .. }) => ProblemKind::ChargeNotRefundable,
-            Self::RefundRefused(Refusal::Exceeds { .. }) => ProblemKind::RefundExceedsCaptured,
+            Self::RefundRefused(refusal) => idem_core::idempotency::refusal_kind(refusal),
             Self::NotFound => ProblemKind::NotFound,
             Self::Unavailable => ProblemKind::ServiceUnavailable,
             Self::Unwritable => ProblemKind::StoreUnwritable,
@@ -206,6 +179,10 @@ impl ApiError {
     /// The problem document this error answers with, as status and bytes
     /// (also what a queue command's result carries).
     pub fn problem_body(&self) -> (u16, Vec<u8>) {
+        if let Self::RefundRefused(refusal) = self {
+            let answer = idem_core::idempotency::refusal_response(refusal);
+            return (answer.status, answer.body.to_vec());
+        }
         let kind = self.kind();
         let detail = match self {
             Self::Internal(cause) => {
@@ -224,12 +201,8 @@ impl ApiError {
             } => Problem::new(kind, detail).naming(subject),
             _ => Problem::new(kind, detail),
         };
-        match self {
-            Self::InvalidBody(e) => problem.field = e.field.as_deref(),
-            Self::RefundRefused(Refusal::Exceeds { remaining }) => {
-                problem.remaining_cents = Some(*remaining);
-            }
-            _ => {}
+        if let Self::InvalidBody(e) = self {
+            problem.field = e.field.as_deref();
         }
         (problem.status, problem.to_bytes())
     }

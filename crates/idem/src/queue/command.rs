@@ -11,19 +11,30 @@
 use lapin::types::AMQPValue;
 use lapin::BasicProperties;
 
-use idem_core::domain::ChargeRequest;
 use idem_core::domain::IdempotencyKey;
+use idem_core::domain::{ChargeId, ChargeRequest, RefundIntent, RefundRequest};
 use idem_core::problem;
 
 /// The header naming the merchant; publishers on the broker are trusted.
 pub const TENANT_HEADER: &str = "tenant";
+
+/// The header naming the charge a `refund` command refunds.
+pub const CHARGE_ID_HEADER: &str = "charge_id";
+
+/// What a command asks, by its AMQP `type` property: `charge` (or none) or
+/// `refund`.
+#[derive(Debug)]
+pub enum Request {
+    Charge(ChargeRequest),
+    Refund(RefundIntent),
+}
 
 /// A well-formed command, not yet tied to a merchant.
 #[derive(Debug)]
 pub struct Command {
     pub key: IdempotencyKey,
     pub tenant: String,
-    pub request: ChargeRequest,
+    pub request: Request,
     pub reply_to: Option<String>,
     pub correlation_id: Option<String>,
 }
@@ -105,14 +116,52 @@ pub fn parse(properties: &BasicProperties, body: &[u8]) -> Result<Command, Rejec
             "correlation_id must have no control characters",
         ));
     }
-    let request = ChargeRequest::from_json(body)
-        .map_err(|e| Rejection::new("invalid-body", format!("body: {e}")))?;
+    let invalid =
+        |e: idem_core::domain::FieldError| Rejection::new("invalid-body", format!("body: {e}"));
+    let request = match properties.kind().as_ref().map(|t| t.as_str()) {
+        None | Some("charge") => Request::Charge(ChargeRequest::from_json(body).map_err(invalid)?),
+        Some("refund") => Request::Refund(RefundIntent {
+            charge_id: charge_id(properties)?,
+            request: RefundRequest::from_json(body).map_err(invalid)?,
+        }),
+        Some(other) => {
+            return Err(Rejection::new(
+                "unknown-type",
+                format!("type {other:?}: a command is a `charge` (or has no type) or a `refund`"),
+            ))
+        }
+    };
     Ok(Command {
         key,
         tenant,
         request,
         reply_to,
         correlation_id,
+    })
+}
+
+/// The charge a refund command names in its `charge_id` header.
+fn charge_id(properties: &BasicProperties) -> Result<ChargeId, Rejection> {
+    let value = properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get(CHARGE_ID_HEADER));
+    let text = match value {
+        None => {
+            return Err(Rejection::new(
+                "missing-charge-id",
+                "a refund needs the header `charge_id` (the charge it refunds)",
+            ))
+        }
+        Some(AMQPValue::LongString(s)) => String::from_utf8(s.as_bytes().to_vec()).ok(),
+        Some(AMQPValue::ShortString(s)) => Some(s.as_str().to_owned()),
+        Some(_) => None,
+    };
+    text.as_deref().and_then(ChargeId::parse).ok_or_else(|| {
+        Rejection::new(
+            "malformed-charge-id",
+            "the header `charge_id` must be a charge's id (ch_ and 24 letters and digits)",
+        )
     })
 }
 
@@ -174,9 +223,55 @@ mod tests {
         let c = parse(&p, BODY).unwrap();
         assert_eq!(c.key.as_str(), "k-1");
         assert_eq!(c.tenant, "acme");
-        assert_eq!(c.request.amount_cents.get(), 25000);
+        let Request::Charge(request) = &c.request else {
+            panic!("a command without a type is a charge")
+        };
+        assert_eq!(request.amount_cents.get(), 25000);
         assert_eq!(c.reply_to.as_deref(), Some("replies"));
         assert_eq!(c.correlation_id.as_deref(), Some("c-9"));
+    }
+
+    /// A refund command: `type: refund`, the charge in its header.
+    fn refund_props(charge_id: Option<&str>) -> BasicProperties {
+        let mut h = FieldTable::default();
+        h.insert(TENANT_HEADER.into(), AMQPValue::LongString("acme".into()));
+        if let Some(id) = charge_id {
+            h.insert(CHARGE_ID_HEADER.into(), AMQPValue::LongString(id.into()));
+        }
+        BasicProperties::default()
+            .with_message_id("r-1".into())
+            .with_type("refund".into())
+            .with_headers(h)
+    }
+
+    #[test]
+    fn a_refund_command_names_its_charge_and_an_unknown_type_is_refused() {
+        let charge = ChargeId::generate();
+        let c = parse(
+            &refund_props(Some(charge.as_str())),
+            br#"{"amount_cents": 5}"#,
+        )
+        .expect("a refund command");
+        let Request::Refund(intent) = &c.request else {
+            panic!("a refund")
+        };
+        assert_eq!(intent.charge_id, charge);
+        assert_eq!(intent.request.amount_cents.map(|a| a.get()), Some(5));
+        let code = |p: &BasicProperties, body: &[u8]| parse(p, body).expect_err("refused").code;
+        assert_eq!(code(&refund_props(None), b"{}"), "missing-charge-id");
+        assert_eq!(
+            code(&refund_props(Some("ch_nope")), b"{}"),
+            "malformed-charge-id"
+        );
+        assert_eq!(
+            code(
+                &refund_props(Some(charge.as_str())),
+                br#"{"amount_cents": 0}"#
+            ),
+            "invalid-body"
+        );
+        let void = refund_props(Some(charge.as_str())).with_type("void".into());
+        assert_eq!(code(&void, b"{}"), "unknown-type");
     }
 
     #[test]

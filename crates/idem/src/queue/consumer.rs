@@ -61,17 +61,17 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::command::{self, Command, Rejection};
+use super::command::{self, Command, Rejection, Request};
 use super::message::{HeaderCarrier, Message, Outgoing, ResultHeaders};
 use super::{
     connect, declare, reconnecting, Reconnect, ATTEMPTS_HEADER, CHARGE_ID_HEADER, COMMANDS_QUEUE,
     DEAD_LETTER_QUEUE, REASON_CODE_HEADER, REASON_HEADER, RESULTS_EXCHANGE,
 };
-use idem_core::domain::{ChargeId, StoredResponse, SubjectId};
 use idem_core::domain::{Merchant, MessageId};
-use idem_core::idempotency::{Engine, Outcome};
+use idem_core::domain::{StoredResponse, SubjectId};
+use idem_core::idempotency::{refusal_response, Engine, Outcome};
 use idem_core::problem::Problem;
-use idem_core::store::{MerchantCache, NewResult, ResultAnswer, Store, StoreError};
+use idem_core::store::{KeyStatus, MerchantCache, NewResult, ResultAnswer, Store, StoreError};
 
 /// How many attempts a command gets when each meets a transient store error
 /// (the database unreachable, a timeout, a deadlock) before it is
@@ -268,18 +268,22 @@ impl Consumer {
             }
             Err(e) => return store_failed(delivery, confirmed, &e, None, shutdown).await,
         };
-        let outcome = match self
-            .engine
-            .submit(&merchant, &command.key, &command.request)
-            .await
-        {
+        let submitted = match &command.request {
+            Request::Charge(request) => self.engine.submit(&merchant, &command.key, request).await,
+            Request::Refund(intent) => self.engine.submit(&merchant, &command.key, intent).await,
+        };
+        let outcome = match submitted {
             Ok(o) => o,
             Err(idem_core::idempotency::EngineError::Store(e)) => {
                 // The claim may have made a charge before the store failed
                 // (a refused finalize, say): name it in the dead letter, if
                 // the store still answers.
-                let made = match self.store.key_record(merchant.id, &command.key).await {
-                    Ok(Some(record)) => Some(record.subject.id),
+                let made = match self.store.key_status(merchant.id, &command.key).await {
+                    Ok(Some(
+                        KeyStatus::InFlight { subject, .. }
+                        | KeyStatus::Completed { subject, .. }
+                        | KeyStatus::Expired { subject, .. },
+                    )) => Some(subject),
                     _ => None,
                 };
                 let charge = made.as_ref().map(|id| id.as_str());
@@ -346,7 +350,7 @@ impl Consumer {
             Outcome::InFlight { subject, .. } => (
                 ResultAnswer::WhenSettled {
                     merchant_id: merchant.id,
-                    charge_id: charge_of_command(subject)?,
+                    subject,
                 },
                 true,
             ),
@@ -356,15 +360,15 @@ impl Consumer {
                 (
                     ResultAnswer::WhenSettled {
                         merchant_id: merchant.id,
-                        charge_id: charge_of_command(subject)?,
+                        subject,
                     },
                     false,
                 )
             }
-            Outcome::Refused(_) => {
-                return Err(StoreError::Corrupt(
-                    "a charge command was refused as a refund".to_owned(),
-                ))
+            // A refund its charge cannot give: the API's answer, now.
+            Outcome::Refused(refusal) => {
+                mismatch = refusal_response(refusal);
+                (ResultAnswer::Now(&mismatch), false)
             }
         };
         let (exchange, routing_key) = match &command.reply_to {
@@ -460,16 +464,6 @@ fn charge_of(outcome: &Outcome) -> Option<&str> {
         // Another request's charge (or refund): this command made none.
         Outcome::Mismatch { .. } => None,
         other => other.subject().map(SubjectId::as_str),
-    }
-}
-
-/// The charge a charge command's key holds while its outcome is awaited.
-fn charge_of_command(subject: &SubjectId) -> Result<&ChargeId, StoreError> {
-    match subject {
-        SubjectId::Charge(id) => Ok(id),
-        SubjectId::Refund(id) => Err(StoreError::Corrupt(format!(
-            "a charge command's key holds refund {id}"
-        ))),
     }
 }
 

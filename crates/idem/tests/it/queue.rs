@@ -1039,3 +1039,94 @@ async fn a_consumer_dying_at_any_step_loses_nothing_and_charges_once() {
         .unwrap();
     assert_eq!(events.0, 3, "one event per outcome");
 }
+
+/// A refund sent as a command (`type: refund`, header `charge_id`) is the
+/// same operation as over HTTP, in the same key space: one key, one refund,
+/// whichever way each copy arrives; its refusals are results, not dead letters.
+#[tokio::test]
+async fn a_refund_command_and_the_same_key_over_http_make_one_refund() {
+    let broker = TestBroker::new().await;
+    let db = TestDb::new().await;
+    let secret = db.merchant("loja").await;
+    let sim = TestSim::start(Faults::default()).await;
+    let amqp = Amqp::connect(&broker).await;
+    let app = TestApp::start(&db, &sim).await;
+    let http = Client::new(&app.url, &secret);
+    let charge_key = new_key();
+    let charge = http.charge(&charge_key, &body(1, 1_000)).await;
+    assert_eq!(charge.status, 201);
+    let charge_id = charge.json()["id"].as_str().expect("id").to_owned();
+    let reference = charge.json()["acquirer_reference"]
+        .as_str()
+        .expect("reference")
+        .to_owned();
+    let _consumer = ConsumeProcess::start(&db, &sim, &broker, &[], &[], 1).await;
+    let replies = amqp.queue("test.replies", None).await;
+    let refund = |key: &str, charge: &str, body: &str| {
+        let mut headers = FieldTable::default();
+        headers.insert("tenant".into(), AMQPValue::LongString("loja".into()));
+        headers.insert("charge_id".into(), AMQPValue::LongString(charge.into()));
+        let properties = BasicProperties::default()
+            .with_content_type("application/json".into())
+            .with_type("refund".into())
+            .with_message_id(key.into())
+            .with_reply_to(replies.as_str().into())
+            .with_headers(headers);
+        (properties, body.to_owned())
+    };
+
+    let key = new_key();
+    let (p, b) = refund(&key, &charge_id, r#"{"amount_cents": 300}"#);
+    amqp.publish_raw(p, b.as_bytes()).await;
+    let first = amqp.take_at_least(&replies, 1, WITHIN).await;
+    assert_eq!(first[0].status(), 201, "{first:#?}");
+    let refund_id = first[0].json()["id"].as_str().expect("id").to_owned();
+    assert!(refund_id.starts_with("re_"));
+    // The same key over HTTP: the command's refund, replayed.
+    let over_http = http
+        .refund(&charge_id, &key, r#"{"amount_cents": 300}"#)
+        .await;
+    assert_eq!(over_http.status, 201);
+    assert!(over_http.replayed());
+    assert_eq!(over_http.json()["id"], refund_id.as_str());
+    // And the other way round.
+    let http_key = new_key();
+    let made = http
+        .refund(&charge_id, &http_key, r#"{"amount_cents": 200}"#)
+        .await;
+    assert_eq!(made.status, 201);
+    let (p, b) = refund(&http_key, &charge_id, r#"{"amount_cents": 200}"#);
+    amqp.publish_raw(p, b.as_bytes()).await;
+    // A refund above what is left, and a charge's key sent as a refund:
+    // results naming why, nothing made.
+    let (p, b) = refund(&new_key(), &charge_id, r#"{"amount_cents": 501}"#);
+    amqp.publish_raw(p, b.as_bytes()).await;
+    let (p, b) = refund(&charge_key, &charge_id, r#"{"amount_cents": 1}"#);
+    amqp.publish_raw(p, b.as_bytes()).await;
+    let results = amqp.take_at_least(&replies, 3, WITHIN).await;
+    let by_key: HashMap<String, &crate::broker::Received> = results
+        .iter()
+        .map(|r| (r.header_str("idempotency-key").expect("key"), r))
+        .collect();
+    let replayed = by_key[&http_key];
+    assert_eq!(replayed.status(), 201);
+    assert_eq!(replayed.json()["id"], made.json()["id"]);
+    let exceeds = results
+        .iter()
+        .find(|r| r.json()["type"] == "urn:idem:problem:refund-exceeds-captured")
+        .expect("the refused refund's result");
+    assert_eq!(exceeds.status(), 422);
+    assert_eq!(exceeds.json()["remaining_cents"], 500);
+    let reused = by_key[&charge_key];
+    assert_eq!(reused.status(), 422);
+    assert_eq!(reused.json()["differing_fields"][0], "operation");
+    assert_eq!(reused.json()["charge_id"], charge_id.as_str());
+    let ledger = sim.ledger().await;
+    let refunds: Vec<_> = ledger
+        .refunds
+        .iter()
+        .filter(|r| r.capture_reference == reference)
+        .collect();
+    assert_eq!(refunds.len(), 2, "{refunds:?}");
+    assert_eq!(db.count("refunds").await, 2);
+}
