@@ -55,7 +55,7 @@ pub use model::{
     KeyRecord, KeyState, KeyStatus, MerchantError, MerchantListing, NewClaim, NewEndpoint,
     NewEvent, NewRefundClaim, NewResult, NewWebhook, Orphan, OutboxMessage, PoolStats,
     ProcessingStats, Record, RefundClaim, RefundRecord, RefundSettlement, Refusal, Reschedule,
-    ResultAnswer, Rotation, SecretInfo, SecretMatch, Settlement, StuckCharge, Taken,
+    ResultAnswer, Rotation, SecretInfo, SecretMatch, Settlement, StuckCharge, StuckRefund, Taken,
 };
 pub use params::{claim_param_names, finalize_param_names};
 pub use postgres::{CLAIM_SQL, FINALIZE_SQL};

@@ -292,6 +292,21 @@ pub struct StuckCharge {
     pub review_reason: Option<String>,
 }
 
+/// A refund awaiting review: the acquirer's answer contradicted it, or it had
+/// none by the settle deadline. It stays `pending`, its amount reserved.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct StuckRefund {
+    pub id: String,
+    pub charge_id: String,
+    pub merchant: String,
+    pub amount_cents: i64,
+    pub currency: String,
+    pub acquirer_reference: String,
+    pub created_at: DateTime<Utc>,
+    pub review_since: DateTime<Utc>,
+    pub review_reason: Option<String>,
+}
+
 /// What the `/metrics` gauges show about unsettled charges.
 #[derive(Debug, Clone, Copy, sqlx::FromRow)]
 pub struct ProcessingStats {

@@ -113,6 +113,8 @@ store_ops! {
             reason: &str,
             webhook: &NewWebhook,
         ) -> Result<(), StoreError>;
+        /// Refunds awaiting review, oldest first.
+        fn stuck_refunds(&self) -> Result<Vec<StuckRefund>, StoreError>;
         /// A merchant's refund by id.
         fn refund(&self, merchant_id: i64, id: &RefundId) -> Result<Option<Refund>, StoreError>;
         /// A merchant's charge's refunds, oldest first.

@@ -19,6 +19,7 @@ mod merchant;
 mod migrate;
 mod openapi;
 mod reconcile;
+mod refunds;
 mod serve;
 mod telemetry;
 mod webhooks;
@@ -83,6 +84,11 @@ pub(crate) enum Command {
     Charges {
         #[command(subcommand)]
         command: charges::Command,
+    },
+    /// Inspect refunds.
+    Refunds {
+        #[command(subcommand)]
+        command: refunds::Command,
     },
     /// Access to the operator console (`serve --admin-listen`).
     Admin {
@@ -192,6 +198,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Consume(args) => consume::run(args, shutdown_signal()).await,
         Command::Charge(args) => charge::run(args).await,
         Command::Charges { command } => charges::run(command).await,
+        Command::Refunds { command } => refunds::run(command).await,
         Command::Events { command } => events::run(command).await,
         Command::Admin { command } => admin::run(command).await,
         Command::Openapi => openapi::run(),

@@ -472,3 +472,47 @@ async fn after_a_crash_at_any_step_of_a_refund_the_reconciler_alone_settles_it_o
         assert!(replayed.replayed(), "{point}");
     }
 }
+
+/// A refund the acquirer pays otherwise than asked (one cent more) is set
+/// aside for a person at once: `503 refund-under-review`, no retry calls the
+/// acquirer again, its amount stays reserved, and `idem refunds stuck` lists
+/// it with why.
+#[tokio::test]
+async fn a_contradicted_refund_awaits_a_person_and_is_listed_as_stuck() {
+    let env = Env::start(Faults::default()).await;
+    let charge_id = captured(&env.client, 1, 1_000).await;
+    env.sim
+        .set_faults(Faults {
+            fault_count: Some(1),
+            ..failing(Fault::WrongAmount)
+        })
+        .await;
+    let key = new_key();
+    let lied = env.client.refund(&charge_id, &key, &amount(400)).await;
+    assert_eq!(lied.status, 503, "{lied:?}");
+    assert_eq!(lied.problem_type(), "urn:idem:problem:refund-under-review");
+    assert_eq!(lied.header("retry-after"), Some("60"));
+    let refund_id = lied.json()["refund_id"]
+        .as_str()
+        .expect("refund_id")
+        .to_owned();
+    // A retry does not call the acquirer again.
+    let again = env.client.refund(&charge_id, &key, &amount(400)).await;
+    assert_eq!(again.problem_type(), "urn:idem:problem:refund-under-review");
+    assert_eq!(env.sim.ledger().await.refunds.len(), 1);
+    // Its amount stays reserved until a person settles it.
+    let more = env
+        .client
+        .refund(&charge_id, &new_key(), &amount(601))
+        .await;
+    assert_eq!(more.json()["remaining_cents"], 600, "{more:?}");
+    let (status, stdout, stderr) = run_idem(&env.db, &["refunds", "stuck"]).await;
+    assert!(status.success(), "{stderr}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with(&refund_id))
+        .unwrap_or_else(|| panic!("{refund_id} not listed: {stdout}"));
+    assert!(line.contains(&charge_id), "{line}");
+    assert!(line.contains("contradicts the refund"), "{line}");
+    assert!(stderr.contains("1 refund(s) awaiting review"), "{stderr}");
+}

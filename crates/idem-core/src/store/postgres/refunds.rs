@@ -20,7 +20,7 @@ use crate::domain::EVENTS_EXCHANGE;
 use crate::domain::{AcquirerReference, ChargeId, IdempotencyKey, Refund, RefundId, RefundStatus};
 use crate::store::model::{
     NewRefundClaim, NewWebhook, RefundClaim, RefundRecord, RefundSettlement, Refusal, Reschedule,
-    Taken,
+    StuckRefund, Taken,
 };
 use crate::store::ops::Refunds;
 use crate::store::rows::{RefundRecordRow, RefundRow};
@@ -126,6 +126,13 @@ pub(super) const WEBHOOK_DELIVERIES_SQL: &str = "insert into webhook_deliveries
 const MARK_FOR_REVIEW_SQL: &str = "update refunds
         set review_since = now(), review_reason = $2, updated_at = now()
       where id = $1 and status = 'pending' and review_since is null";
+
+/// Refunds awaiting review, oldest first.
+const STUCK_SQL: &str = "select r.id, r.charge_id, m.name as merchant, r.amount_cents, r.currency,
+            r.acquirer_reference, r.created_at, r.review_since, r.review_reason
+       from refunds r join merchants m on m.id = r.merchant_id
+      where r.status = 'pending' and r.review_since is not null
+      order by r.created_at";
 
 /// Why a reservation was refused: the charge as it is now.
 const EXPLAIN_SQL: &str = "select status, review_since is not null as under_review,
@@ -316,6 +323,11 @@ impl Refunds for PgStore {
             Ok(())
         })
         .await
+    }
+
+    async fn stuck_refunds(&self) -> Result<Vec<StuckRefund>, StoreError> {
+        self.on_conn(async |db| sqlx::query_as(STUCK_SQL).fetch_all(db).await)
+            .await
     }
 
     async fn refund(&self, merchant_id: i64, id: &RefundId) -> Result<Option<Refund>, StoreError> {

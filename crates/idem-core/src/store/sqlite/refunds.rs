@@ -16,7 +16,7 @@ use crate::domain::EVENTS_EXCHANGE;
 use crate::domain::{AcquirerReference, ChargeId, IdempotencyKey, Refund, RefundId, RefundStatus};
 use crate::store::model::{
     NewRefundClaim, NewWebhook, RefundClaim, RefundRecord, RefundSettlement, Refusal, Reschedule,
-    Taken,
+    StuckRefund, Taken,
 };
 use crate::store::ops::Refunds;
 use crate::store::rows::{RefundRecordRow, RefundRow};
@@ -106,6 +106,16 @@ const WEBHOOK_DELIVERIES_SQL: &str = concatcp!(
       where ",
     ENDPOINT_HEARS
 );
+
+/// Refunds awaiting review, oldest first.
+const STUCK_SQL: &str = "select r.id, r.charge_id, m.name as merchant, r.amount_cents, r.currency,
+            r.acquirer_reference,
+            strftime('%Y-%m-%dT%H:%M:%fZ', r.created_at / 1000.0, 'unixepoch') as created_at,
+            strftime('%Y-%m-%dT%H:%M:%fZ', r.review_since / 1000.0, 'unixepoch') as review_since,
+            r.review_reason
+       from refunds r join merchants m on m.id = r.merchant_id
+      where r.status = 'pending' and r.review_since is not null
+      order by r.created_at";
 
 /// `$1` refund, `$2` reason.
 const MARK_FOR_REVIEW_SQL: &str = concatcp!(
@@ -434,6 +444,10 @@ impl Refunds for SqliteStore {
             Ok(())
         })
         .await
+    }
+
+    async fn stuck_refunds(&self) -> Result<Vec<StuckRefund>, StoreError> {
+        Ok(sqlx::query_as(STUCK_SQL).fetch_all(&self.pool).await?)
     }
 
     async fn refund(&self, merchant_id: i64, id: &RefundId) -> Result<Option<Refund>, StoreError> {
