@@ -481,7 +481,7 @@ impl Engine {
         };
         metrics::counter!(crate::metrics::ACQUIRER_CALLS, "outcome" => label).increment(1);
         if let Err(AcquirerError::Rejected { status, reason }) = &result {
-            tracing::warn!(subject = %O::id(&record.subject), status, reason,
+            tracing::error!(subject = %O::id(&record.subject), status, reason,
                 "the acquirer refused the request for good");
         }
         match verdict(result, backoff) {
