@@ -508,6 +508,101 @@ async fn an_expired_refund_key_is_swept_and_its_tombstone_names_the_refund() {
     );
 }
 
+/// An expired refund's key, not yet swept: the same request again is told
+/// its refund (a late retry, nothing claimed); another request that the
+/// charge cannot give is refused and leaves the old record as it was;
+/// another that it can give makes the key its own, a new refund under the
+/// next attempt. The record a won claim answers is the one stored.
+#[tokio::test]
+async fn an_expired_refund_key_is_made_anew_only_by_a_refund_the_charge_can_give() {
+    let db = TestDb::new().await;
+    db.merchant("loja").await;
+    let merchant_id = db.merchant_id("loja").await;
+    let charge_id = charge(&db, merchant_id, 1, 100, ChargeStatus::Captured).await;
+    let first = refund_body(Some(5));
+    let RefundClaim::Won(old) = claim_refund(&db.store, merchant_id, "k", &charge_id, &first).await
+    else {
+        panic!("won")
+    };
+    let key = IdempotencyKey::parse(b"k").expect("key");
+    let stored = db
+        .store
+        .refund_record(merchant_id, &key)
+        .await
+        .expect("read")
+        .expect("a record");
+    assert_eq!(
+        format!("{:?}", old.subject),
+        format!("{:?}", stored.subject)
+    );
+    assert_eq!(
+        (old.attempt, &old.fingerprint),
+        (stored.attempt, &stored.fingerprint)
+    );
+    assert!(
+        settle_for(
+            &db,
+            merchant_id,
+            "k",
+            &old,
+            RefundStatus::Succeeded,
+            Duration::ZERO
+        )
+        .await
+    );
+
+    let late = claim_refund(&db.store, merchant_id, "k", &charge_id, &first).await;
+    assert!(
+        matches!(&late, RefundClaim::Expired(id) if *id == old.subject.id),
+        "{late:?}"
+    );
+    let too_much = claim_refund(
+        &db.store,
+        merchant_id,
+        "k",
+        &charge_id,
+        &refund_body(Some(96)),
+    )
+    .await;
+    assert!(
+        matches!(
+            too_much,
+            RefundClaim::Refused(Refusal::Exceeds { remaining: 95 })
+        ),
+        "{too_much:?}"
+    );
+    let kept = db
+        .store
+        .refund_record(merchant_id, &key)
+        .await
+        .expect("read")
+        .expect("the old record, kept");
+    assert_eq!(kept.subject.id, old.subject.id);
+    assert!(kept.expired);
+
+    let RefundClaim::Won(new) =
+        claim_refund(&db.store, merchant_id, "k", &charge_id, &refund_body(None)).await
+    else {
+        panic!("a new request under the expired key wins")
+    };
+    assert_ne!(new.subject.id, old.subject.id);
+    assert_eq!(new.attempt, old.attempt + 1);
+    assert_eq!(new.subject.amount_cents.get(), 95, "what remained");
+    let stored = db
+        .store
+        .refund_record(merchant_id, &key)
+        .await
+        .expect("read")
+        .expect("the new record");
+    assert_eq!(
+        format!("{:?}", new.subject),
+        format!("{:?}", stored.subject)
+    );
+    assert_eq!(stored.attempt, new.attempt);
+    assert_eq!(refunded_cents(&db, &charge_id).await, 100);
+    assert_eq!(count(&db, "select count(*) from refunds").await, 2);
+}
+
 /// A refund's record is fenced as a charge's: a lease over can be taken
 /// once, a stale holder stores nothing, and a release schedules the
 /// reconciler on the refund in the same write; the reservation stays.
