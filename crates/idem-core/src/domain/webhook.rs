@@ -38,10 +38,12 @@ pub enum WebhookEvent {
     RefundFailed,
     /// A refund awaits a person: the acquirer's answers could not settle it.
     RefundReviewRequired,
+    /// A person settled a refund that awaited review.
+    RefundResolved,
 }
 
 impl WebhookEvent {
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Captured,
         Self::Declined,
         Self::Failed,
@@ -50,6 +52,7 @@ impl WebhookEvent {
         Self::RefundSucceeded,
         Self::RefundFailed,
         Self::RefundReviewRequired,
+        Self::RefundResolved,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -62,6 +65,7 @@ impl WebhookEvent {
             Self::RefundSucceeded => "refund.succeeded",
             Self::RefundFailed => "refund.failed",
             Self::RefundReviewRequired => "refund.review_required",
+            Self::RefundResolved => "refund.resolved",
         }
     }
 
@@ -101,7 +105,8 @@ impl WebhookEvent {
             | Self::Failed
             | Self::Resolved
             | Self::RefundSucceeded
-            | Self::RefundFailed => 2,
+            | Self::RefundFailed
+            | Self::RefundResolved => 2,
         }
     }
 }

@@ -2,6 +2,7 @@
 
 use super::memo::InFlightMemo;
 use super::operation::{ClaimArgs, Claimed, Final, Finalize, Operation, Said};
+use super::operator::Operable;
 use super::Engine;
 use crate::acquirer::protocol::CaptureRequest;
 use crate::acquirer::{AcquirerClient, AcquirerError};
@@ -19,6 +20,7 @@ impl Operation for ChargeRequest {
     type Subject = Charge;
 
     const ACQUIRER_PATH: &'static str = "/v1/captures";
+    const KIND: &'static str = "charge";
 
     fn fingerprint(&self) -> Fingerprint {
         Fingerprint::of_charge(self)
@@ -159,6 +161,23 @@ impl Operation for ChargeRequest {
     ) -> Result<Option<Said>, AcquirerError> {
         let found = acquirer.lookup(&capture_request(merchant, charge)).await?;
         Ok(found.map(|settled| settled.map(|captured| captured.capture_id)))
+    }
+
+    async fn operable(store: &Store, id: &str) -> Result<Option<Operable>, StoreError> {
+        Ok(store.charge_record(id).await?.map(|r| Operable {
+            merchant: Merchant {
+                id: r.charge.merchant_id,
+                name: r.charge.merchant.clone(),
+            },
+            pending: r.charge.status == ChargeStatus::Processing.as_str(),
+            awaiting_review: r.charge.awaiting_review(),
+            status: r.charge.status,
+            key: r.key,
+        }))
+    }
+
+    fn status(charge: &Charge) -> &'static str {
+        charge.status.as_str()
     }
 
     fn settled(charge: &Charge, outcome: &Final) -> Charge {

@@ -15,6 +15,7 @@ use crate::domain::{
 use crate::store::{AuditEntry, Record, Refusal, Reschedule, Store, StoreError};
 
 use super::memo::InFlightMemo;
+use super::operator::Operable;
 use super::Engine;
 
 /// What the acquirer said for good about one call: the id it gave what it
@@ -84,6 +85,9 @@ pub trait Operation: Clone + Send + Sync + Sized + 'static {
 
     /// The path of the acquirer's resource (for spans): `/v1/captures`.
     const ACQUIRER_PATH: &'static str;
+    /// What operators call the subject: `charge`, `refund` (`idem charges`,
+    /// `idem refunds`, the audit trail's `charge.resolve`).
+    const KIND: &'static str;
 
     fn fingerprint(&self) -> Fingerprint;
     /// The request that made `subject`, as near as the subject tells it.
@@ -145,6 +149,14 @@ pub trait Operation: Clone + Send + Sync + Sized + 'static {
         merchant: &Merchant,
         subject: &Self::Subject,
     ) -> impl Future<Output = Result<Option<Said>, AcquirerError>> + Send;
+
+    /// The subject `id`, any merchant's, as an operator finds it.
+    fn operable(
+        store: &Store,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<Operable>, StoreError>> + Send;
+    /// The subject's status, as its API names it.
+    fn status(subject: &Self::Subject) -> &'static str;
 
     /// The subject as the final outcome leaves it.
     fn settled(subject: &Self::Subject, outcome: &Final) -> Self::Subject;

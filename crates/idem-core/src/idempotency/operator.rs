@@ -1,54 +1,71 @@
-//! What an operator may do to one charge (`idem charges retry | resolve`, and
-//! the console's buttons): the same fenced take-over every attempt uses, so an
-//! operator never works a charge at the same time as a client retry, a server
-//! or the reconciler, and the same finalize, so a late retry replays what the
-//! operator decided exactly as if the engine had decided it.
+//! What an operator may do to one charge or one refund (`idem charges retry
+//! | resolve`, `idem refunds retry | resolve`, and the console's buttons): the
+//! same fenced take-over every attempt uses, so an operator never works a
+//! subject at the same time as a client retry, a server or the reconciler,
+//! and the same finalize, so a late retry replays what the operator decided
+//! exactly as if the engine had decided it. Written once, for any
+//! [`Operation`].
 
 use std::time::Duration;
 
 use super::engine::{Approach, Decided};
-use super::operation::Final;
+use super::operation::{Final, Operation};
 use super::{Engine, EngineError, Outcome};
-use crate::domain::{ChargeRequest, ChargeStatus, IdempotencyKey, Merchant};
-use crate::store::{Audit, AuditEntry, ChargeRecord, KeyRecord};
+use crate::domain::{IdempotencyKey, Merchant};
+use crate::store::{Audit, AuditEntry, KeyDetail, Record};
 
-/// How a person settles a charge awaiting review.
+/// How a person settles a subject awaiting review, from the acquirer's
+/// records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resolution {
-    /// The acquirer's records show the money moved.
-    Captured,
-    /// They show it did not: the stored answer is the acquirer-rejected problem.
+    /// The money moved as asked: the charge was captured, the refund paid.
+    Succeeded,
+    /// It did not: the stored answer is the one the acquirer's refusal gets.
     Failed,
 }
 
-impl Resolution {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Captured => "captured",
-            Self::Failed => "failed",
-        }
-    }
+/// A charge or a refund as an operator finds it by id, any merchant's.
+#[derive(Debug, Clone)]
+pub struct Operable {
+    pub merchant: Merchant,
+    /// Its status word (`processing`, `pending`, `captured`, ...).
+    pub status: String,
+    /// Not final yet: the acquirer's word, or a person's, is still awaited.
+    pub pending: bool,
+    /// Pending and set aside for a person.
+    pub awaiting_review: bool,
+    /// Its key record, while it exists.
+    pub key: Option<KeyDetail>,
 }
 
-/// Why an operator's action was not taken. Nothing was written.
+/// Why an operator's action was not taken. Nothing was written. `kind` is
+/// `charge` or `refund`.
 #[derive(Debug, thiserror::Error)]
 pub enum OperatorError {
-    #[error("no charge has the id {0:?}")]
-    NotFound(String),
-    #[error("charge {id} is already final ({status}); its stored answer stands")]
-    AlreadyFinal { id: String, status: String },
+    #[error("no {kind} has the id {id:?}")]
+    NotFound { kind: &'static str, id: String },
+    #[error("{kind} {id} is already final ({status}); its stored answer stands")]
+    AlreadyFinal {
+        kind: &'static str,
+        id: String,
+        status: String,
+    },
     #[error(
-        "charge {0} is not awaiting review (the reconciler has not given up on it): \
-         `idem charges retry` it instead"
+        "{kind} {id} is not awaiting review (the reconciler has not given up on it): \
+         `idem {kind}s retry` it instead"
     )]
-    NotAwaitingReview(String),
-    #[error("charge {id} has no key record left to work on")]
-    NoKeyRecord { id: String },
+    NotAwaitingReview { kind: &'static str, id: String },
+    #[error("{kind} {id} has no key record left to work on")]
+    NoKeyRecord { kind: &'static str, id: String },
     #[error(
-        "charge {id} is being worked on by another attempt (a client retry, a server or the \
+        "{kind} {id} is being worked on by another attempt (a client retry, a server or the \
          reconciler) until {until}; try again after it"
     )]
-    Busy { id: String, until: String },
+    Busy {
+        kind: &'static str,
+        id: String,
+        until: String,
+    },
     #[error(transparent)]
     Engine(#[from] EngineError),
 }
@@ -59,23 +76,27 @@ impl From<crate::store::StoreError> for OperatorError {
     }
 }
 
-/// A charge an operator may act on, taken over: its merchant, key and record.
-struct Taken {
+/// A subject an operator may act on, taken over: its merchant, key and record.
+struct Taken<S> {
     merchant: Merchant,
     key: IdempotencyKey,
-    record: KeyRecord,
+    record: Record<S>,
 }
 
 impl Engine {
-    /// Re-drives a processing charge now: looks its reference up at the
-    /// acquirer and captures with the same reference only where the acquirer
-    /// has no outcome (as the reconciler does), then records the retry, with
-    /// what came of it, in the audit trail.
-    pub async fn retry_charge(&self, id: &str, audit: Audit<'_>) -> Result<Outcome, OperatorError> {
-        let found = self.operable(id).await?;
-        let taken = self.take(&found).await?;
+    /// Re-drives a pending charge or refund now: looks its reference up at
+    /// the acquirer and calls with the same reference only where the
+    /// acquirer has no outcome (as the reconciler does), then records the
+    /// retry, with what came of it, in the audit trail.
+    pub async fn retry<O: Operation>(
+        &self,
+        id: &str,
+        audit: Audit<'_>,
+    ) -> Result<Outcome, OperatorError> {
+        let found = self.operable::<O>(id).await?;
+        let taken = self.take::<O>(id, &found).await?;
         let outcome = self
-            .drive::<ChargeRequest>(
+            .drive::<O>(
                 &taken.merchant,
                 &taken.key,
                 taken.record,
@@ -94,10 +115,11 @@ impl Engine {
             ),
             other => format!("another attempt's outcome: {}", other.label()),
         };
+        let action = format!("{}.retry", O::KIND);
         self.store
             .record_audit(&AuditEntry {
                 audit,
-                action: "charge.retry",
+                action: &action,
                 subject: id,
                 detail: &detail,
             })
@@ -105,34 +127,42 @@ impl Engine {
         Ok(outcome)
     }
 
-    /// Settles a charge awaiting review as a person decided, with the
-    /// acquirer's records in hand: stores the answer the engine would have
-    /// stored for that outcome, with its event, and the decision in the audit
-    /// trail, all in one transaction. No call to the acquirer is made.
-    pub async fn resolve_charge(
+    /// Settles a charge or refund awaiting review as a person decided, with
+    /// the acquirer's records in hand: stores the answer the engine would
+    /// have stored for that outcome, with its event and webhooks, and the
+    /// decision in the audit trail, all in one transaction. No call to the
+    /// acquirer is made.
+    pub async fn resolve<O: Operation>(
         &self,
         id: &str,
         resolution: Resolution,
         audit: Audit<'_>,
     ) -> Result<Outcome, OperatorError> {
-        let found = self.operable(id).await?;
-        if !found.charge.awaiting_review() {
-            return Err(OperatorError::NotAwaitingReview(id.to_owned()));
+        let found = self.operable::<O>(id).await?;
+        if !found.awaiting_review {
+            return Err(OperatorError::NotAwaitingReview {
+                kind: O::KIND,
+                id: id.to_owned(),
+            });
         }
-        let taken = self.take(&found).await?;
-        let detail = format!("resolved as {}", resolution.as_str());
+        let taken = self.take::<O>(id, &found).await?;
+        let outcome = match resolution {
+            Resolution::Succeeded => Final::Done { acquirer_id: None },
+            Resolution::Failed => Final::Refused { reason: None },
+        };
+        let detail = format!(
+            "resolved as {}",
+            O::status(&O::settled(&taken.record.subject, &outcome))
+        );
+        let action = format!("{}.resolve", O::KIND);
         let entry = AuditEntry {
             audit,
-            action: "charge.resolve",
+            action: &action,
             subject: id,
             detail: &detail,
         };
-        let outcome = match resolution {
-            Resolution::Captured => Final::Done { acquirer_id: None },
-            Resolution::Failed => Final::Refused { reason: None },
-        };
         let outcome = self
-            .store_outcome::<ChargeRequest>(
+            .store_outcome::<O>(
                 &taken.merchant,
                 &taken.key,
                 taken.record,
@@ -145,45 +175,55 @@ impl Engine {
         Ok(outcome)
     }
 
-    /// The charge `id` while it is still processing, with its key record.
-    async fn operable(&self, id: &str) -> Result<ChargeRecord, OperatorError> {
-        let found = self
-            .store
-            .charge_record(id)
+    /// The subject `id` while it is still pending.
+    async fn operable<O: Operation>(&self, id: &str) -> Result<Operable, OperatorError> {
+        let found = O::operable(&self.store, id)
             .await?
-            .ok_or_else(|| OperatorError::NotFound(id.to_owned()))?;
-        if found.charge.status != ChargeStatus::Processing.as_str() {
-            return Err(OperatorError::AlreadyFinal {
+            .ok_or_else(|| OperatorError::NotFound {
+                kind: O::KIND,
                 id: id.to_owned(),
-                status: found.charge.status.clone(),
+            })?;
+        if !found.pending {
+            return Err(OperatorError::AlreadyFinal {
+                kind: O::KIND,
+                id: id.to_owned(),
+                status: found.status,
             });
         }
         Ok(found)
     }
 
-    /// Takes the charge's record over with the fenced take-over every attempt uses.
-    async fn take(&self, found: &ChargeRecord) -> Result<Taken, OperatorError> {
-        let id = &found.charge.id;
-        let no_record = || OperatorError::NoKeyRecord { id: id.clone() };
+    /// Takes the subject's record over with the fenced take-over every
+    /// attempt uses.
+    async fn take<O: Operation>(
+        &self,
+        id: &str,
+        found: &Operable,
+    ) -> Result<Taken<O::Subject>, OperatorError> {
+        let no_record = || OperatorError::NoKeyRecord {
+            kind: O::KIND,
+            id: id.to_owned(),
+        };
         let key_detail = found.key.as_ref().ok_or_else(no_record)?;
         let key = IdempotencyKey::parse(key_detail.idempotency_key.as_bytes())
             .map_err(|_| no_record())?;
-        let merchant = Merchant {
-            id: found.charge.merchant_id,
-            name: found.charge.merchant.clone(),
-        };
-        let record = self
-            .store
-            .take_over(merchant.id, &key, key_detail.attempt, self.config.lease)
-            .await?
-            .ok_or_else(|| OperatorError::Busy {
-                id: id.clone(),
-                until: key_detail
-                    .locked_until
-                    .map_or_else(|| "its lease ends".to_owned(), |t| t.to_rfc3339()),
-            })?;
+        let record = O::take_over(
+            &self.store,
+            found.merchant.id,
+            &key,
+            key_detail.attempt,
+            self.config.lease,
+        )
+        .await?
+        .ok_or_else(|| OperatorError::Busy {
+            kind: O::KIND,
+            id: id.to_owned(),
+            until: key_detail
+                .locked_until
+                .map_or_else(|| "its lease ends".to_owned(), |t| t.to_rfc3339()),
+        })?;
         Ok(Taken {
-            merchant,
+            merchant: found.merchant.clone(),
             key,
             record,
         })

@@ -4,6 +4,7 @@
 
 use super::memo::InFlightMemo;
 use super::operation::{ClaimArgs, Claimed, Final, Finalize, Operation, Said};
+use super::operator::Operable;
 use super::Engine;
 use crate::acquirer::protocol::RefundRequest as AcquirerRefund;
 use crate::acquirer::{AcquirerClient, AcquirerError};
@@ -22,6 +23,7 @@ impl Operation for RefundIntent {
     type Subject = Refund;
 
     const ACQUIRER_PATH: &'static str = "/v1/refunds";
+    const KIND: &'static str = "refund";
 
     fn fingerprint(&self) -> Fingerprint {
         Fingerprint::of_refund(&self.charge_id, &self.request)
@@ -139,7 +141,10 @@ impl Operation for RefundIntent {
                 body: body.into(),
             }
         });
-        let webhook_event = if succeeded {
+        // A person's decision is `refund.resolved`; the acquirer's, its outcome.
+        let webhook_event = if f.audit.is_some() {
+            WebhookEvent::RefundResolved
+        } else if succeeded {
             WebhookEvent::RefundSucceeded
         } else {
             WebhookEvent::RefundFailed
@@ -156,6 +161,7 @@ impl Operation for RefundIntent {
                 response: f.response,
                 event: event.as_ref(),
                 webhook: Some(&webhook),
+                audit: f.audit,
             },
             f.key_ttl,
         ))
@@ -178,6 +184,23 @@ impl Operation for RefundIntent {
             .lookup_refund(&acquirer_refund(merchant, refund))
             .await?;
         Ok(found.map(|settled| settled.map(|refunded| refunded.refund_id)))
+    }
+
+    async fn operable(store: &Store, id: &str) -> Result<Option<Operable>, StoreError> {
+        Ok(store.refund_detail(id).await?.map(|r| Operable {
+            merchant: Merchant {
+                id: r.merchant_id,
+                name: r.merchant.clone(),
+            },
+            pending: r.status == RefundStatus::Pending.as_str(),
+            awaiting_review: r.awaiting_review(),
+            status: r.status,
+            key: r.key,
+        }))
+    }
+
+    fn status(refund: &Refund) -> &'static str {
+        refund.status.as_str()
     }
 
     fn settled(refund: &Refund, outcome: &Final) -> Refund {

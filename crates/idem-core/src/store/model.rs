@@ -174,6 +174,8 @@ pub struct RefundSettlement<'a> {
     pub event: Option<&'a NewEvent<'a>>,
     /// The webhook event it produces for the merchant's endpoints.
     pub webhook: Option<&'a NewWebhook>,
+    /// An operator's decision, recorded with the outcome.
+    pub audit: Option<&'a AuditEntry<'a>>,
 }
 
 /// What a key stands for now, as `GET /v1/idempotency-keys/{key}` shows it.
@@ -305,6 +307,34 @@ pub struct StuckRefund {
     pub created_at: DateTime<Utc>,
     pub review_since: DateTime<Utc>,
     pub review_reason: Option<String>,
+}
+
+/// One refund, any merchant's, as an operator finds it by id, with its key
+/// record while it exists: for `idem refunds` and the console.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
+pub struct RefundDetail {
+    pub id: String,
+    pub charge_id: String,
+    pub merchant_id: i64,
+    pub merchant: String,
+    pub amount_cents: i64,
+    pub currency: String,
+    /// `pending`, `succeeded` or `failed`.
+    pub status: String,
+    pub acquirer_reference: String,
+    pub created_at: DateTime<Utc>,
+    pub review_since: Option<DateTime<Utc>>,
+    pub review_reason: Option<String>,
+    #[serde(skip)]
+    pub idempotency_key: String,
+    #[sqlx(skip)]
+    pub key: Option<KeyDetail>,
+}
+
+impl RefundDetail {
+    pub fn awaiting_review(&self) -> bool {
+        self.status == "pending" && self.review_since.is_some()
+    }
 }
 
 /// What the `/metrics` gauges show about unsettled charges.

@@ -115,6 +115,8 @@ store_ops! {
         ) -> Result<(), StoreError>;
         /// Refunds awaiting review, oldest first.
         fn stuck_refunds(&self) -> Result<Vec<StuckRefund>, StoreError>;
+        /// One refund, any merchant's, with its key record: for operators.
+        fn refund_detail(&self, id: &str) -> Result<Option<RefundDetail>, StoreError>;
         /// A merchant's refund by id.
         fn refund(&self, merchant_id: i64, id: &RefundId) -> Result<Option<Refund>, StoreError>;
         /// A merchant's charge's refunds, oldest first.

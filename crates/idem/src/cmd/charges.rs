@@ -8,7 +8,7 @@ use clap::{Subcommand, ValueEnum};
 
 use super::args::{ActorArgs, DbArgs, EngineArgs};
 use crate::app;
-use idem_core::domain::{ChargeId, ChargeStatus};
+use idem_core::domain::{ChargeId, ChargeRequest, ChargeStatus};
 use idem_core::idempotency::{Outcome, Resolution};
 use idem_core::store::{Audit, ChargeFilter, Store};
 
@@ -132,7 +132,7 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<()> {
                 actor: &actor,
                 reason: None,
             };
-            report(engine.retry_charge(&id, audit).await?)
+            report(engine.retry::<ChargeRequest>(&id, audit).await?)
         }
         Command::Resolve {
             id,
@@ -145,14 +145,18 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<()> {
             let actor = actor.actor()?;
             let (engine, _) = app::engine(&engine.settings()?).await?;
             let resolution = match resolution {
-                ResolutionArg::Captured => Resolution::Captured,
+                ResolutionArg::Captured => Resolution::Succeeded,
                 ResolutionArg::Failed => Resolution::Failed,
             };
             let audit = Audit {
                 actor: &actor,
                 reason: Some(&reason),
             };
-            report(engine.resolve_charge(&id, resolution, audit).await?)
+            report(
+                engine
+                    .resolve::<ChargeRequest>(&id, resolution, audit)
+                    .await?,
+            )
         }
     }
 }
@@ -163,35 +167,34 @@ async fn connect(db: &DbArgs) -> anyhow::Result<Store> {
         .context("connecting to the database")
 }
 
-/// What a retry or resolve came to: the stored answer on stdout (as a replay
-/// would send it), a line on stderr.
-fn report(outcome: Outcome) -> anyhow::Result<()> {
+/// What a retry or resolve of a charge or a refund came to: the stored
+/// answer on stdout (as a replay would send it), a line on stderr.
+pub(super) fn report(outcome: Outcome) -> anyhow::Result<()> {
     match outcome {
         Outcome::Completed {
-            subject: charge_id,
-            response,
-            ..
+            subject, response, ..
         } => {
-            eprintln!("{charge_id}: final; answer {} stored", response.status);
+            eprintln!("{subject}: final; answer {} stored", response.status);
             println!("{}", String::from_utf8_lossy(&response.body));
             Ok(())
         }
         Outcome::Unknown {
-            subject: charge_id,
+            subject,
             retry_after,
         } => {
             anyhow::bail!(
-                "{charge_id}: the acquirer's outcome is still unknown; try again in {} s",
+                "{subject}: the acquirer's outcome is still unknown; try again in {} s",
                 retry_after.as_secs().max(1)
             )
         }
-        Outcome::UnderReview {
-            subject: charge_id, ..
-        } => anyhow::bail!(
-            "{charge_id}: the acquirer's answer still cannot settle it (`idem charges stuck` says \
-             why); it awaits review: resolve it with `idem charges resolve`"
-        ),
-        other => anyhow::bail!("another attempt holds the charge now ({})", other.label()),
+        Outcome::UnderReview { subject, .. } => {
+            let kind = subject.kind();
+            anyhow::bail!(
+                "{subject}: the acquirer's answer still cannot settle it (`idem {kind}s stuck` \
+                 says why); it awaits review: resolve it with `idem {kind}s resolve`"
+            )
+        }
+        other => anyhow::bail!("another attempt holds it now ({})", other.label()),
     }
 }
 

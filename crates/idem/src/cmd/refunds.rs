@@ -1,13 +1,17 @@
-//! `idem refunds`: operators' view of refunds. `stuck` prints tab-separated
-//! lines, as `idem charges stuck` does. (Settling a refund that awaits
-//! review, as `idem charges resolve` does a charge, is not built yet: until
-//! it is, only the acquirer's word settles one.)
+//! `idem refunds`: operators' view of refunds and what they may do to one,
+//! as `idem charges` does for charges. `stuck` prints tab-separated lines;
+//! `retry` and `resolve` act through the engine (the same operations as a
+//! charge's), as `--actor`, audited.
 
 use anyhow::Context;
-use clap::Subcommand;
+use clap::{Subcommand, ValueEnum};
 
-use super::args::DbArgs;
-use idem_core::store::Store;
+use super::args::{ActorArgs, DbArgs, EngineArgs};
+use super::charges::report;
+use crate::app;
+use idem_core::domain::RefundIntent;
+use idem_core::idempotency::Resolution;
+use idem_core::store::{Audit, Store};
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum Command {
@@ -15,11 +19,79 @@ pub(crate) enum Command {
     /// them, or it had none by the settle deadline): each stays pending, its
     /// amount reserved against its charge.
     Stuck(DbArgs),
+    /// Re-drive a pending refund now: look its reference up at the acquirer,
+    /// and refund with the same reference only where the acquirer has no
+    /// outcome. Refused while another attempt holds it.
+    Retry {
+        id: String,
+        #[command(flatten)]
+        actor: ActorArgs,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// Settle a refund awaiting review as the acquirer's records show it: the
+    /// stored answer is the one idem would have stored (a failed refund gives
+    /// its amount back to the charge), replayed to any late retry; its
+    /// webhook and event go out. No acquirer call.
+    Resolve {
+        id: String,
+        /// What the acquirer's records show.
+        #[arg(long = "as", value_enum)]
+        resolution: ResolutionArg,
+        /// Why, for the audit trail (e.g. the acquirer's ticket).
+        #[arg(long)]
+        reason: String,
+        #[command(flatten)]
+        actor: ActorArgs,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy)]
+pub(crate) enum ResolutionArg {
+    /// The acquirer paid it.
+    Succeeded,
+    /// It did not.
+    Failed,
 }
 
 pub(crate) async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Stuck(db) => stuck(&db).await,
+        Command::Retry { id, actor, engine } => {
+            let actor = actor.actor()?;
+            let (engine, _) = app::engine(&engine.settings()?).await?;
+            let audit = Audit {
+                actor: &actor,
+                reason: None,
+            };
+            report(engine.retry::<RefundIntent>(&id, audit).await?)
+        }
+        Command::Resolve {
+            id,
+            resolution,
+            reason,
+            actor,
+            engine,
+        } => {
+            anyhow::ensure!(!reason.trim().is_empty(), "--reason: say why");
+            let actor = actor.actor()?;
+            let (engine, _) = app::engine(&engine.settings()?).await?;
+            let resolution = match resolution {
+                ResolutionArg::Succeeded => Resolution::Succeeded,
+                ResolutionArg::Failed => Resolution::Failed,
+            };
+            let audit = Audit {
+                actor: &actor,
+                reason: Some(&reason),
+            };
+            report(
+                engine
+                    .resolve::<RefundIntent>(&id, resolution, audit)
+                    .await?,
+            )
+        }
     }
 }
 

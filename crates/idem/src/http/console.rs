@@ -28,10 +28,11 @@ use maud::{html, Markup, DOCTYPE};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use idem_core::domain::SecretHash;
+use idem_core::domain::{ChargeRequest, RefundIntent, SecretHash};
 use idem_core::idempotency::{Engine, Outcome, Resolution};
 use idem_core::store::{
     Audit, ChargeFilter, ChargeSummary, DeliveryInfo, EndpointInfo, MerchantListing, Store,
+    StuckRefund,
 };
 
 /// The cookie that carries the console token.
@@ -75,8 +76,8 @@ pub async fn serve_console(
         .route("/", get(page))
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
-        .route("/charges/{id}/retry", post(retry))
-        .route("/charges/{id}/resolve", post(resolve))
+        .route("/{kind}/{id}/retry", post(retry))
+        .route("/{kind}/{id}/resolve", post(resolve))
         .route("/webhooks/{event_id}/redeliver", post(redeliver))
         .route("/console.css", get(css))
         .with_state(console);
@@ -220,13 +221,19 @@ struct Notice {
 async fn retry(
     State(console): State<Console>,
     Operator(actor): Operator,
-    Path(id): Path<String>,
+    Path((kind, id)): Path<(String, String)>,
 ) -> Response {
     let audit = Audit {
         actor: &actor,
         reason: None,
     };
-    acted(&id, console.engine.retry_charge(&id, audit).await)
+    let engine = &console.engine;
+    let result = match kind.as_str() {
+        "charges" => engine.retry::<ChargeRequest>(&id, audit).await,
+        "refunds" => engine.retry::<RefundIntent>(&id, audit).await,
+        _ => return StatusCode::NOT_FOUND.into_response(),
+    };
+    acted(&id, result)
 }
 
 #[derive(serde::Deserialize)]
@@ -239,13 +246,19 @@ struct ResolveForm {
 async fn resolve(
     State(console): State<Console>,
     Operator(actor): Operator,
-    Path(id): Path<String>,
+    Path((kind, id)): Path<(String, String)>,
     Form(form): Form<ResolveForm>,
 ) -> Response {
+    // What the money did, in the subject's own word.
+    let succeeded = match kind.as_str() {
+        "charges" => "captured",
+        "refunds" => "succeeded",
+        _ => return StatusCode::NOT_FOUND.into_response(),
+    };
     let resolution = match form.resolution.as_str() {
-        "captured" => Resolution::Captured,
+        word if word == succeeded => Resolution::Succeeded,
         "failed" => Resolution::Failed,
-        _ => return back_with("failed", &format!("{id}: choose captured or failed")),
+        _ => return back_with("failed", &format!("{id}: choose {succeeded} or failed")),
     };
     let reason = form.reason.trim();
     if reason.is_empty() {
@@ -255,10 +268,15 @@ async fn resolve(
         actor: &actor,
         reason: Some(reason),
     };
-    acted(
-        &id,
-        console.engine.resolve_charge(&id, resolution, audit).await,
-    )
+    let engine = &console.engine;
+    let result = if kind == "charges" {
+        engine
+            .resolve::<ChargeRequest>(&id, resolution, audit)
+            .await
+    } else {
+        engine.resolve::<RefundIntent>(&id, resolution, audit).await
+    };
+    acted(&id, result)
 }
 
 async fn redeliver(
@@ -329,6 +347,7 @@ async fn page(
     let loaded = async {
         Ok::<_, idem_core::store::StoreError>((
             store.charges(&review).await?,
+            store.stuck_refunds().await?,
             store.charges(&processing).await?,
             store.outbox_backlog().await?,
             store.merchant_listing().await?,
@@ -338,10 +357,11 @@ async fn page(
         ))
     }
     .await;
-    let (review, processing, backlog, listing, counts, endpoints, deliveries) = match loaded {
-        Ok(l) => l,
-        Err(e) => return unavailable(&e),
-    };
+    let (review, refunds, processing, backlog, listing, counts, endpoints, deliveries) =
+        match loaded {
+            Ok(l) => l,
+            Err(e) => return unavailable(&e),
+        };
     let body = html! {
         header {
             h1 { "idem console" }
@@ -353,6 +373,7 @@ async fn page(
         @if let Some(done) = &notice.done { p.notice.good role="status" { (done) } }
         @if let Some(failed) = &notice.failed { p.notice.bad role="alert" { (failed) } }
         (review_section(&review))
+        (refund_review_section(&refunds))
         (processing_section(&processing))
         section #outbox {
             h2 { "Outbox" }
@@ -409,19 +430,56 @@ fn review_section(charges: &[ChargeSummary]) -> Markup {
                                 td.num { (money(c)) }
                                 td { (c.review_since.map(|t| t.format("%Y-%m-%d %H:%M UTC").to_string()).unwrap_or_default()) }
                                 td { (c.review_reason.as_deref().unwrap_or("")) }
-                                td.actions {
-                                    form method="post" action=(format!("/charges/{}/retry", c.id)) {
-                                        button.retry type="submit" { "Retry" }
-                                    }
-                                    form.resolve method="post" action=(format!("/charges/{}/resolve", c.id)) {
-                                        select name="as" aria-label="resolve as" {
-                                            option value="captured" { "captured" }
-                                            option value="failed" { "failed" }
-                                        }
-                                        input type="text" name="reason" placeholder="reason (audited)" required;
-                                        button.resolve type="submit" { "Resolve" }
-                                    }
-                                }
+                                (actions(&format!("/charges/{}", c.id), "captured"))
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A subject's retry and resolve buttons; `succeeded`: what the money did,
+/// in its own word (a charge `captured`, a refund `succeeded`).
+fn actions(path: &str, succeeded: &str) -> Markup {
+    html! {
+        td.actions {
+            form method="post" action=(format!("{path}/retry")) {
+                button.retry type="submit" { "Retry" }
+            }
+            form.resolve method="post" action=(format!("{path}/resolve")) {
+                select name="as" aria-label="resolve as" {
+                    option value=(succeeded) { (succeeded) }
+                    option value="failed" { "failed" }
+                }
+                input type="text" name="reason" placeholder="reason (audited)" required;
+                button.resolve type="submit" { "Resolve" }
+            }
+        }
+    }
+}
+
+fn refund_review_section(refunds: &[StuckRefund]) -> Markup {
+    html! {
+        section #refund-review {
+            h2 { "Refunds awaiting review (" (refunds.len()) ")" }
+            @if refunds.is_empty() {
+                p.empty { "No refund awaits a person." }
+            } @else {
+                p.hint { "The acquirer's answer contradicted the refund, or it had none by the settle deadline; its amount stays reserved against its charge. Retry asks the acquirer again (and refunds under the same reference only if it has nothing); resolve records what the acquirer's own records show (failed gives the amount back)." }
+                table {
+                    thead { tr { th { "refund" } th { "charge" } th { "merchant" } th { "amount" } th { "since" } th { "why" } th { "act" } } }
+                    tbody {
+                        @for r in refunds {
+                            tr data-refund=(r.id) {
+                                td { code { (r.id) } }
+                                td { code { (r.charge_id) } }
+                                td { (r.merchant) }
+                                td.num { (format!("{}.{:02} {}", r.amount_cents / 100, r.amount_cents % 100, r.currency)) }
+                                td { (r.review_since.format("%Y-%m-%d %H:%M UTC")) }
+                                td { (r.review_reason.as_deref().unwrap_or("")) }
+                                (actions(&format!("/refunds/{}", r.id), "succeeded"))
                             }
                         }
                     }

@@ -146,6 +146,7 @@ async fn settle_for(
                 response: &response,
                 event: None,
                 webhook: None,
+                audit: None,
             },
             ttl,
         )

@@ -516,3 +516,206 @@ async fn a_contradicted_refund_awaits_a_person_and_is_listed_as_stuck() {
     assert!(line.contains("contradicts the refund"), "{line}");
     assert!(stderr.contains("1 refund(s) awaiting review"), "{stderr}");
 }
+
+/// Runs `idem refunds ARGS` against the simulator, as the actor `ana`.
+async fn refunds_cli(env: &Env, args: &[&str]) -> (bool, String, String) {
+    let mut all = vec!["refunds"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--acquirer-url", &env.sim.url, "--actor", "ana"]);
+    let (status, stdout, stderr) = run_idem(&env.db, &all).await;
+    (status.success(), stdout, stderr)
+}
+
+/// What the charge has left to refund, as an over-refund's refusal says.
+async fn remaining(env: &Env, charge_id: &str) -> i64 {
+    let refused = env
+        .client
+        .refund(charge_id, &new_key(), &amount(1_000_000))
+        .await;
+    refused.json()["remaining_cents"]
+        .as_i64()
+        .expect("remaining_cents")
+}
+
+/// A refund the acquirer contradicted (it paid another amount): `503`
+/// refund-under-review; its id.
+async fn contradicted(env: &Env, charge_id: &str, key: &str, cents: i64) -> String {
+    env.sim
+        .set_faults(Faults {
+            fault_count: Some(1),
+            ..failing(Fault::WrongAmount)
+        })
+        .await;
+    let lied = env.client.refund(charge_id, key, &amount(cents)).await;
+    assert_eq!(lied.problem_type(), "urn:idem:problem:refund-under-review");
+    env.sim.set_faults(Faults::default()).await;
+    lied.json()["refund_id"]
+        .as_str()
+        .expect("refund_id")
+        .to_owned()
+}
+
+/// A person settles the refunds awaiting review with `idem refunds retry`
+/// and `resolve`, through the same take-over and finalize as every attempt:
+/// a retry that meets the same contradiction leaves it for review; resolved
+/// as failed, its amount goes back to the charge; resolved as succeeded,
+/// its event goes out; a late retry replays the decision byte for byte;
+/// each decision is audited once and told the merchant (`refund.resolved`),
+/// and a final refund is not resolved again.
+#[tokio::test]
+async fn a_person_settles_a_refund_awaiting_review_and_a_late_retry_replays_it() {
+    let env = Env::start(Faults::default()).await;
+    env.db.store.set_events_enabled(true).await.unwrap();
+    let (status, _, err) = run_idem(
+        &env.db,
+        &[
+            "webhooks",
+            "add",
+            "loja",
+            "http://127.0.0.1:9/hooks",
+            "--webhook-allow-private",
+            "--actor",
+            "ana",
+        ],
+    )
+    .await;
+    assert!(status.success(), "{err}");
+    let charge_id = captured(&env.client, 1, 1_000).await;
+    let (first_key, second_key) = (new_key(), new_key());
+    let first = contradicted(&env, &charge_id, &first_key, 300).await;
+    let second = contradicted(&env, &charge_id, &second_key, 200).await;
+    assert!(remaining(&env, &charge_id).await == 500, "both reserved");
+
+    // A retry asks the acquirer, which still says another amount.
+    let (ok, _, err) = refunds_cli(&env, &["retry", &first]).await;
+    assert!(!ok && err.contains("awaits review"), "{err}");
+    let (ok, _, err) = refunds_cli(
+        &env,
+        &[
+            "resolve",
+            "re_000000000000000000000000",
+            "--as",
+            "failed",
+            "--reason",
+            "x",
+        ],
+    )
+    .await;
+    assert!(!ok && err.contains("no refund has the id"), "{err}");
+
+    // Failed: the stored answer is the refusal, the amount given back.
+    let (ok, stored, err) = refunds_cli(
+        &env,
+        &[
+            "resolve",
+            &first,
+            "--as",
+            "failed",
+            "--reason",
+            "acquirer ticket 7",
+        ],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let problem: serde_json::Value = serde_json::from_str(stored.trim()).expect("json");
+    assert_eq!(
+        problem["type"], "urn:idem:problem:refund-failed",
+        "{problem}"
+    );
+    assert!(
+        remaining(&env, &charge_id).await == 800,
+        "the failed refund's 300 given back"
+    );
+    let late = env
+        .client
+        .refund(&charge_id, &first_key, &amount(300))
+        .await;
+    assert_eq!(late.status, 422);
+    assert!(late.replayed());
+    assert_eq!(late.body.as_ref(), stored.trim_end().as_bytes());
+
+    // Succeeded: 201 stored, its event in the outbox.
+    let (ok, stored, err) = refunds_cli(
+        &env,
+        &[
+            "resolve",
+            &second,
+            "--as",
+            "succeeded",
+            "--reason",
+            "paid per the acquirer's report",
+        ],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let refund: serde_json::Value = serde_json::from_str(stored.trim()).expect("json");
+    assert_eq!(
+        (refund["id"].as_str(), refund["status"].as_str()),
+        (Some(second.as_str()), Some("succeeded"))
+    );
+    let late = env
+        .client
+        .refund(&charge_id, &second_key, &amount(200))
+        .await;
+    assert_eq!(late.status, 201);
+    assert!(late.replayed());
+    assert_eq!(late.body.as_ref(), stored.trim_end().as_bytes());
+    assert!(
+        remaining(&env, &charge_id).await == 800,
+        "the succeeded refund's 200 kept"
+    );
+    let (events,): (i64,) = sqlx::query_as(
+        "select count(*) from outbox where kind = 'event' and event_type = 'refund.succeeded'",
+    )
+    .fetch_one(&env.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(events, 1);
+
+    let (ok, _, err) = refunds_cli(
+        &env,
+        &["resolve", &second, "--as", "failed", "--reason", "oops"],
+    )
+    .await;
+    assert!(!ok && err.contains("already final (succeeded)"), "{err}");
+    let (status, stuck, err) = run_idem(&env.db, &["refunds", "stuck"]).await;
+    assert!(status.success(), "{err}");
+    assert_eq!(stuck.lines().count(), 1, "only the header: {stuck}");
+    for (id, detail) in [
+        (&first, "resolved as failed"),
+        (&second, "resolved as succeeded"),
+    ] {
+        let trail = env.db.store.audit_trail(Some(id), 10).await.unwrap();
+        let resolved: Vec<_> = trail
+            .iter()
+            .filter(|a| a.action == "refund.resolve")
+            .collect();
+        assert_eq!(resolved.len(), 1, "{trail:?}");
+        assert_eq!(
+            (resolved[0].actor.as_str(), resolved[0].detail.as_deref()),
+            ("ana", Some(detail))
+        );
+    }
+    assert!(env
+        .db
+        .store
+        .audit_trail(Some(&first), 10)
+        .await
+        .unwrap()
+        .iter()
+        .any(|a| a.action == "refund.retry"));
+    let told: Vec<(String, i64)> = sqlx::query_as(
+        "select event_type, count(*) from webhook_deliveries group by event_type order by 1",
+    )
+    .fetch_all(&env.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        told,
+        [
+            ("charge.captured".to_owned(), 1),
+            ("refund.resolved".to_owned(), 2),
+            ("refund.review_required".to_owned(), 2)
+        ]
+    );
+}

@@ -23,8 +23,8 @@ use crate::domain::{
     RefundStatus, EVENTS_EXCHANGE,
 };
 use crate::store::model::{
-    KeyState, NewRefundClaim, NewWebhook, RefundClaim, RefundRecord, RefundSettlement, Refusal,
-    Reschedule, StuckRefund, Taken,
+    KeyState, NewRefundClaim, NewWebhook, RefundClaim, RefundDetail, RefundRecord,
+    RefundSettlement, Refusal, Reschedule, StuckRefund, Taken,
 };
 use crate::store::ops::Refunds;
 use crate::store::rows::{RefundRecordRow, RefundRow};
@@ -104,6 +104,19 @@ const STUCK_SQL: &str = "select r.id, r.charge_id, m.name as merchant, r.amount_
       where r.status = 'pending' and r.review_since is not null
       order by r.created_at";
 
+/// `$1` refund.
+const DETAIL_SQL: &str = "select r.id, r.charge_id, r.merchant_id, m.name as merchant,
+            r.amount_cents, r.currency, r.status, r.acquirer_reference, r.created_at,
+            r.review_since, r.review_reason, r.idempotency_key
+       from refunds r join merchants m on m.id = r.merchant_id
+      where r.id = $1";
+
+/// `$1` merchant, `$2` key, `$3` refund.
+const KEY_DETAIL_SQL: &str = "select idempotency_key, state, attempt, locked_until,
+            response_status, expires_at
+       from idempotency_keys
+      where merchant_id = $1 and idempotency_key = $2 and refund_id = $3";
+
 const REFUND_SQL: &str = concatcp!(
     "select ",
     REFUND_COLUMNS,
@@ -174,28 +187,39 @@ impl Refunds for PgStore {
     ) -> Result<bool, StoreError> {
         let event = settlement.event;
         let webhook = settlement.webhook;
-        self.on_conn(async |db| -> Result<bool, StoreError> {
-            let (settled,): (bool,) = sqlx::query_as(FINALIZE_SQL)
-                .bind(merchant_id)
-                .bind(key.as_str())
-                .bind(record.subject.id.as_str())
-                .bind(record.attempt)
-                .bind(i16::try_from(settlement.response.status).unwrap_or(i16::MAX))
-                .bind(settlement.response.body.as_ref())
-                .bind(millis(key_ttl))
-                .bind(settlement.status.as_str())
-                .bind(settlement.acquirer_refund_id)
-                .bind(settlement.failure_reason)
-                .bind(event.map(|e| e.message_id.as_str()))
-                .bind(event.map(|_| EVENTS_EXCHANGE))
-                .bind(event.map(|e| e.event_type))
-                .bind(event.map(|e| e.tenant))
-                .bind(event.map(|e| e.body.as_ref()))
-                .bind(webhook.map(|w| w.event_id.as_str()))
-                .bind(webhook.map(|w| w.event_type))
-                .bind(webhook.map(|w| w.body.as_ref()))
-                .fetch_one(db)
-                .await?;
+        let finalize = sqlx::query_as(FINALIZE_SQL)
+            .bind(merchant_id)
+            .bind(key.as_str())
+            .bind(record.subject.id.as_str())
+            .bind(record.attempt)
+            .bind(i16::try_from(settlement.response.status).unwrap_or(i16::MAX))
+            .bind(settlement.response.body.as_ref())
+            .bind(millis(key_ttl))
+            .bind(settlement.status.as_str())
+            .bind(settlement.acquirer_refund_id)
+            .bind(settlement.failure_reason)
+            .bind(event.map(|e| e.message_id.as_str()))
+            .bind(event.map(|_| EVENTS_EXCHANGE))
+            .bind(event.map(|e| e.event_type))
+            .bind(event.map(|e| e.tenant))
+            .bind(event.map(|e| e.body.as_ref()))
+            .bind(webhook.map(|w| w.event_id.as_str()))
+            .bind(webhook.map(|w| w.event_type))
+            .bind(webhook.map(|w| w.body.as_ref()));
+        let Some(entry) = settlement.audit else {
+            return self
+                .on_conn(async |db| -> Result<bool, StoreError> {
+                    let (settled,): (bool,) = finalize.fetch_one(db).await?;
+                    Ok(settled)
+                })
+                .await;
+        };
+        // An operator's decision: the outcome and its audit record together.
+        self.in_tx(async |db| -> Result<bool, StoreError> {
+            let (settled,): (bool,) = finalize.fetch_one(&mut *db).await?;
+            if settled {
+                super::audit::record(db, entry).await?;
+            }
             Ok(settled)
         })
         .await
@@ -249,6 +273,26 @@ impl Refunds for PgStore {
     async fn stuck_refunds(&self) -> Result<Vec<StuckRefund>, StoreError> {
         self.on_conn(async |db| sqlx::query_as(STUCK_SQL).fetch_all(db).await)
             .await
+    }
+
+    async fn refund_detail(&self, id: &str) -> Result<Option<RefundDetail>, StoreError> {
+        self.on_conn(async |db| -> Result<_, sqlx::Error> {
+            let refund: Option<RefundDetail> = sqlx::query_as(DETAIL_SQL)
+                .bind(id)
+                .fetch_optional(&mut *db)
+                .await?;
+            let Some(mut refund) = refund else {
+                return Ok(None);
+            };
+            refund.key = sqlx::query_as(KEY_DETAIL_SQL)
+                .bind(refund.merchant_id)
+                .bind(&refund.idempotency_key)
+                .bind(&refund.id)
+                .fetch_optional(db)
+                .await?;
+            Ok(Some(refund))
+        })
+        .await
     }
 
     async fn refund(&self, merchant_id: i64, id: &RefundId) -> Result<Option<Refund>, StoreError> {
@@ -360,7 +404,7 @@ fn won(
     };
     Ok(RefundRecord {
         subject: refund,
-        fingerprint: claim.fingerprint.clone(),
+        fingerprint: claim.fingerprint,
         state: KeyState::InFlight {
             lease_remaining: claim.lease,
         },

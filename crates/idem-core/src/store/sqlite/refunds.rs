@@ -15,8 +15,8 @@ use super::{SqliteStore, NOW};
 use crate::domain::EVENTS_EXCHANGE;
 use crate::domain::{AcquirerReference, ChargeId, IdempotencyKey, Refund, RefundId, RefundStatus};
 use crate::store::model::{
-    NewRefundClaim, NewWebhook, RefundClaim, RefundRecord, RefundSettlement, Refusal, Reschedule,
-    StuckRefund, Taken,
+    NewRefundClaim, NewWebhook, RefundClaim, RefundDetail, RefundRecord, RefundSettlement, Refusal,
+    Reschedule, StuckRefund, Taken,
 };
 use crate::store::ops::Refunds;
 use crate::store::rows::{RefundRecordRow, RefundRow};
@@ -116,6 +116,23 @@ const STUCK_SQL: &str = "select r.id, r.charge_id, m.name as merchant, r.amount_
        from refunds r join merchants m on m.id = r.merchant_id
       where r.status = 'pending' and r.review_since is not null
       order by r.created_at";
+
+/// `$1` refund.
+const DETAIL_SQL: &str = "select r.id, r.charge_id, r.merchant_id, m.name as merchant,
+            r.amount_cents, r.currency, r.status, r.acquirer_reference,
+            strftime('%Y-%m-%dT%H:%M:%fZ', r.created_at / 1000.0, 'unixepoch') as created_at,
+            strftime('%Y-%m-%dT%H:%M:%fZ', r.review_since / 1000.0, 'unixepoch') as review_since,
+            r.review_reason, r.idempotency_key
+       from refunds r join merchants m on m.id = r.merchant_id
+      where r.id = $1";
+
+/// `$1` merchant, `$2` key, `$3` refund.
+const KEY_DETAIL_SQL: &str = "select idempotency_key, state, attempt,
+            strftime('%Y-%m-%dT%H:%M:%fZ', locked_until / 1000.0, 'unixepoch') as locked_until,
+            response_status,
+            strftime('%Y-%m-%dT%H:%M:%fZ', expires_at / 1000.0, 'unixepoch') as expires_at
+       from idempotency_keys
+      where merchant_id = $1 and idempotency_key = $2 and refund_id = $3";
 
 /// `$1` refund, `$2` reason.
 const MARK_FOR_REVIEW_SQL: &str = concatcp!(
@@ -352,6 +369,9 @@ impl Refunds for SqliteStore {
             if keyed.rows_affected() == 0 {
                 return Ok(false);
             }
+            if let Some(entry) = settlement.audit {
+                super::audit::record(tx, entry).await?;
+            }
             let settled: Option<(String, i64)> = sqlx::query_as(SETTLE_REFUND_SQL)
                 .bind(record.subject.id.as_str())
                 .bind(settlement.status.as_str())
@@ -448,6 +468,23 @@ impl Refunds for SqliteStore {
 
     async fn stuck_refunds(&self) -> Result<Vec<StuckRefund>, StoreError> {
         Ok(sqlx::query_as(STUCK_SQL).fetch_all(&self.pool).await?)
+    }
+
+    async fn refund_detail(&self, id: &str) -> Result<Option<RefundDetail>, StoreError> {
+        let refund: Option<RefundDetail> = sqlx::query_as(DETAIL_SQL)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(mut refund) = refund else {
+            return Ok(None);
+        };
+        refund.key = sqlx::query_as(KEY_DETAIL_SQL)
+            .bind(refund.merchant_id)
+            .bind(&refund.idempotency_key)
+            .bind(&refund.id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(Some(refund))
     }
 
     async fn refund(&self, merchant_id: i64, id: &RefundId) -> Result<Option<Refund>, StoreError> {
