@@ -26,7 +26,8 @@ pub(crate) struct Args {
     /// Fault to inject into capture and refund calls: none, error-before,
     /// error-after, hang, drop-after, status:N (answer status N without
     /// capturing), a lie: wrong-amount, wrong-currency, wrong-order (capture
-    /// that, and say so), or refuse-paid (a refund already paid answers 422).
+    /// that, and say so), refuse-paid (a refund already paid answers 422), or
+    /// lenient-refunds (refunds paid past what the capture has left).
     #[arg(long, env = "IDEM_SIM_FAULT", default_value_t = Fault::None)]
     pub(crate) fault: Fault,
     /// Apply the fault to this many calls only (default: every call).

@@ -22,14 +22,16 @@ pub(crate) struct Args {
     /// A live secret of the merchant the run charges as.
     #[arg(long, env = "IDEM_VERIFY_SECRET", hide_env_values = true)]
     secret: String,
-    /// The acquirer's captures, in the simulator's /_sim/ledger format (docs/verify.md).
+    /// The acquirer's captures and refunds, in the simulator's /_sim/ledger
+    /// format (docs/verify.md).
     #[arg(long)]
     ledger: String,
     /// Charge even though the ledger is not the simulator's: say so only for
     /// a sandbox acquirer whose charges move no money.
     #[arg(long)]
     allow_real_charges: bool,
-    /// Intents to charge, once each.
+    /// Intents to charge, once each; one captured charge in ten is also
+    /// refunded, by three refund intents that race for what it has left.
     #[arg(long, default_value_t = 400)]
     intents: usize,
     /// Intents sent at once.

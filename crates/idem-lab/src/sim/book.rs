@@ -1,6 +1,7 @@
 //! The simulator's book of captures and refunds, each keyed by reference: the
 //! dedup tables and the ledger at once. A refund is paid back from a capture
-//! only while the capture has that much left: the acquirer's own sum rule.
+//! only while the capture has that much left: the acquirer's own sum rule,
+//! which a lenient book (the `lenient-refunds` fault) leaves to its caller.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
@@ -175,12 +176,14 @@ impl Book {
     /// Presents a refund of `request`. A known reference gets its first
     /// outcome again (or a mismatch). A new one is paid as `moved` (`request`
     /// unless a fault lies) if its capture exists, in its currency, and has
-    /// that much left after its earlier refunds; else it is refused, and the
-    /// refusal is remembered as its outcome.
+    /// that much left after its earlier refunds (unless `lenient`: then
+    /// whatever it has left); else it is refused, and the refusal is
+    /// remembered as its outcome.
     pub fn refund(
         &mut self,
         request: RefundRequest,
         moved: RefundRequest,
+        lenient: bool,
         traceparent: Option<String>,
     ) -> Recorded<RefundOutcome> {
         if let Some((first, outcome)) = self.refunds_by_reference.get(&request.reference) {
@@ -202,7 +205,10 @@ impl Book {
             _ if request.amount_cents <= 0 => refused(refusal::INVALID_AMOUNT),
             None => refused(refusal::UNKNOWN_CAPTURE),
             Some(c) if c.currency != request.currency => refused(refusal::CURRENCY_MISMATCH),
-            Some(c) if moved.amount_cents > c.amount_cents - self.refunded(&c.reference) => {
+            Some(c)
+                if !lenient
+                    && moved.amount_cents > c.amount_cents - self.refunded(&c.reference) =>
+            {
                 refused(refusal::EXCEEDS_CAPTURE)
             }
             Some(c) => {
@@ -364,7 +370,7 @@ mod tests {
 
     fn refund(book: &mut Book, request: RefundRequest) -> RefundOutcome {
         let moved = request.clone();
-        match book.refund(request, moved, None) {
+        match book.refund(request, moved, false, None) {
             Recorded::Outcome(o) => o,
             Recorded::Mismatch => panic!("a mismatch"),
         }
@@ -391,7 +397,12 @@ mod tests {
             "the same reference, the first outcome"
         );
         assert!(matches!(
-            book.refund(refund_of("r1", "c1", 61), refund_of("r1", "c1", 61), None),
+            book.refund(
+                refund_of("r1", "c1", 61),
+                refund_of("r1", "c1", 61),
+                false,
+                None
+            ),
             Recorded::Mismatch
         ));
         assert_eq!(
@@ -430,6 +441,34 @@ mod tests {
         assert_eq!(
             reason(&book.refund_outcome("r2").expect("a refusal is remembered")),
             "exceeds_capture"
+        );
+    }
+
+    #[test]
+    fn a_lenient_book_pays_past_the_capture_but_only_from_a_capture_once_per_reference() {
+        let mut book = Book::default();
+        capture(&mut book, req("c1", 100), false);
+        let mut lenient = |request: RefundRequest| {
+            let moved = request.clone();
+            match book.refund(request, moved, true, None) {
+                Recorded::Outcome(o) => o,
+                Recorded::Mismatch => panic!("a mismatch"),
+            }
+        };
+        assert_eq!(reason(&lenient(refund_of("r1", "c1", 60))), "refunded");
+        assert_eq!(reason(&lenient(refund_of("r2", "c1", 60))), "refunded");
+        assert_eq!(reason(&lenient(refund_of("r2", "c1", 60))), "refunded");
+        assert_eq!(
+            reason(&lenient(refund_of("r3", "nope", 1))),
+            "unknown_capture"
+        );
+        assert_eq!(reason(&lenient(refund_of("r4", "c1", 0))), "invalid_amount");
+        let ledger = book.ledger();
+        assert_eq!(ledger.refunds.len(), 2, "each reference paid once");
+        assert_eq!(
+            ledger.refunds.iter().map(|r| r.amount_cents).sum::<i64>(),
+            120,
+            "past the capture's 100"
         );
     }
 

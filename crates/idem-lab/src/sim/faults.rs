@@ -7,11 +7,11 @@ use serde::{Deserialize, Serialize};
 
 use idem_core::acquirer::protocol::{CaptureRequest, RefundRequest};
 
-/// One kind of misbehaviour, applied to a capture call. Written the same way
+/// One kind of misbehaviour, applied to a capture or refund call. Written the same way
 /// on the command line and in `/_sim/faults`: `none`, `error-before`,
 /// `error-after`, `hang`, `drop-after`, `wrong-amount`, `wrong-currency`,
-/// `wrong-order`, `refuse-paid`, or `status:N` (`error_before` and the other
-/// snake-case spellings are accepted too).
+/// `wrong-order`, `refuse-paid`, `lenient-refunds`, or `status:N`
+/// (`error_before` and the other snake-case spellings are accepted too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub enum Fault {
@@ -42,6 +42,11 @@ pub enum Fault {
     /// left to refund") instead of its first outcome, as some acquirers do to
     /// a retry; its GET still says paid. Captures behave.
     RefusePaid,
+    /// Pay a refund of a capture even past what the capture has left, as an
+    /// acquirer that leaves the sum to its caller would: the caller's own sum
+    /// rule is then all that stands between two refunds and an over-refund,
+    /// and a broken one shows in the ledger. Captures behave.
+    LenientRefunds,
 }
 
 impl Fault {
@@ -84,8 +89,8 @@ impl std::str::FromStr for Fault {
         let bad = || {
             format!(
                 "unknown fault {s:?}: use none, error-before, error-after, hang, drop-after, \
-                 wrong-amount, wrong-currency, wrong-order, refuse-paid or status:N \
-                 (N from 100 to 599)"
+                 wrong-amount, wrong-currency, wrong-order, refuse-paid, lenient-refunds \
+                 or status:N (N from 100 to 599)"
             )
         };
         if let Some(code) = s.strip_prefix("status:") {
@@ -104,6 +109,7 @@ impl std::str::FromStr for Fault {
             "wrong-currency" => Ok(Self::WrongCurrency),
             "wrong-order" => Ok(Self::WrongOrder),
             "refuse-paid" => Ok(Self::RefusePaid),
+            "lenient-refunds" => Ok(Self::LenientRefunds),
             _ => Err(bad()),
         }
     }
@@ -121,6 +127,7 @@ impl std::fmt::Display for Fault {
             Self::WrongCurrency => f.write_str("wrong-currency"),
             Self::WrongOrder => f.write_str("wrong-order"),
             Self::RefusePaid => f.write_str("refuse-paid"),
+            Self::LenientRefunds => f.write_str("lenient-refunds"),
             Self::Status(n) => write!(f, "status:{n}"),
         }
     }
@@ -239,6 +246,7 @@ mod tests {
             "wrong-currency",
             "wrong-order",
             "refuse-paid",
+            "lenient-refunds",
             "status:429",
         ] {
             let fault: Fault = text.parse().expect(text);

@@ -143,7 +143,8 @@ impl Booking for RefundRequest {
             }
         }
         let moved = plan.fault.refunds(&self);
-        book.refund(self, moved, traceparent)
+        let lenient = plan.fault == Fault::LenientRefunds;
+        book.refund(self, moved, lenient, traceparent)
     }
     fn find(book: &Book, reference: &str) -> Option<RefundOutcome> {
         book.refund_outcome(reference)
@@ -202,7 +203,9 @@ async fn book_call<B: Booking>(
             | Fault::WrongAmount
             | Fault::WrongCurrency
             | Fault::WrongOrder
-            | Fault::RefusePaid => match request.book(&mut sim.lock_book(), &plan, traceparent) {
+            | Fault::RefusePaid
+            | Fault::LenientRefunds => match request.book(&mut sim.lock_book(), &plan, traceparent)
+            {
                 Recorded::Mismatch => Answer::Mismatch,
                 Recorded::Outcome(outcome) => Answer::Outcome(
                     B::post_status(&outcome),

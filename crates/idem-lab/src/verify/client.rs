@@ -64,11 +64,12 @@ impl Client {
         self.t0.elapsed().as_secs_f64() * 1000.0
     }
 
-    /// `POST /v1/charges` of `body` under the intent's key.
-    pub async fn charge(&self, intent: &Intent, body: &str, turn: Turn) -> Request {
+    /// `POST` of `body` to `path` (`/v1/charges`, or a charge's refunds)
+    /// under the intent's key.
+    pub async fn post(&self, intent: &Intent, path: &str, body: &str, turn: Turn) -> Request {
         let request = self
             .http
-            .post(format!("{}/v1/charges", self.urls[turn.instance]))
+            .post(format!("{}{path}", self.urls[turn.instance]))
             .header("idempotency-key", &intent.key)
             .header("content-type", "application/json")
             .body(body.to_owned());

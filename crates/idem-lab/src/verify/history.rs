@@ -20,27 +20,65 @@ pub enum Kind {
     Burst,
 }
 
-/// One charge the run meant to make once.
+/// One charge, or one refund of a charge, the run meant to make once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Intent {
     pub index: usize,
     pub kind: Kind,
     pub key: String,
+    /// The charge's order id; a refund's is the order of the charge it refunds,
+    /// which is how its captures, and their refunds, are found in the ledger.
     pub order_id: i64,
+    /// What it charges, or refunds.
     pub amount_cents: i64,
-    /// The body every charge request of this intent sends, byte for byte.
+    /// The body every request of this intent sends, byte for byte.
     pub body: String,
+    /// For a refund intent, the index of the charge intent it refunds; `None`
+    /// for a charge.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refund_of: Option<usize>,
+}
+
+impl Intent {
+    pub fn is_refund(&self) -> bool {
+        self.refund_of.is_some()
+    }
+
+    /// Whether `answer` is the intent's final outcome, what the contract
+    /// stores and replays: for a charge a capture (`201`), a decline (`402`)
+    /// or the acquirer's refusal (`502` `acquirer-rejected`); for a refund
+    /// the money paid back (`201`) or the acquirer's refusal (`422`
+    /// `refund-failed`).
+    pub fn is_final(&self, answer: &Request) -> bool {
+        let kind = || answer.problem_type();
+        match (self.is_refund(), answer.status) {
+            (false, Some(201 | 402)) | (true, Some(201)) => true,
+            (false, Some(502)) => kind().as_deref() == Some(ACQUIRER_REJECTED),
+            (true, Some(422)) => kind().as_deref() == Some(REFUND_FAILED),
+            _ => false,
+        }
+    }
+
+    /// Whether `answer` ends the intent: its final outcome, or, for a refund,
+    /// the database's refusal of its amount (`422 refund-exceeds-captured`):
+    /// nothing stored, the key left free, and no retry can change it while
+    /// the charge's other refunds hold what it has left.
+    pub fn is_settled_by(&self, answer: &Request) -> bool {
+        self.is_final(answer) || (self.is_refund() && answer.is_past_capture())
+    }
 }
 
 /// What a request was for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Purpose {
-    /// The intent's charge during the workload (a burst's copies included).
+    /// A charge intent's charge during the workload (a burst's copies included).
     Charge,
-    /// The same charge after the workload, until it settles.
+    /// A refund intent's refund during the workload (a burst's copies included).
+    Refund,
+    /// The intent's request after the workload, until it settles.
     Settle,
-    /// The same charge once more after it settled, on another URL.
+    /// The intent's request once more after it settled, on another URL.
     LateReplay,
     /// The intent's key with another amount: must be `422`.
     Reuse,
@@ -50,8 +88,11 @@ pub enum Purpose {
 
 impl Purpose {
     /// Sends the intent's own request (not the reuse, not a key read).
-    pub fn is_the_charge(self) -> bool {
-        matches!(self, Self::Charge | Self::Settle | Self::LateReplay)
+    pub fn sends_the_intent(self) -> bool {
+        matches!(
+            self,
+            Self::Charge | Self::Refund | Self::Settle | Self::LateReplay
+        )
     }
 }
 
@@ -87,19 +128,24 @@ impl Request {
 
     /// The problem's `type` of an error answer, if it has one.
     pub fn problem_type(&self) -> Option<String> {
-        let body: serde_json::Value = serde_json::from_str(self.body.as_deref()?).ok()?;
-        body.get("type")?.as_str().map(str::to_owned)
+        self.json_str("type")
     }
 
-    /// The intent's final outcome: a capture (`201`), a decline (`402`), or
-    /// the acquirer's refusal (`502` `acquirer-rejected`); what the contract
-    /// stores and replays.
-    pub fn is_final(&self) -> bool {
-        match self.status {
-            Some(201 | 402) => true,
-            Some(502) => self.problem_type().as_deref() == Some(ACQUIRER_REJECTED),
-            _ => false,
-        }
+    /// A refund refused by idem's database for more than the charge has
+    /// left (`422 refund-exceeds-captured`).
+    pub fn is_past_capture(&self) -> bool {
+        self.status == Some(422) && self.problem_type().as_deref() == Some(EXCEEDS_CAPTURED)
+    }
+
+    /// A string field of the answer's JSON body (`id`, `acquirer_reference`).
+    pub fn json_str(&self, field: &str) -> Option<String> {
+        self.json(field)?.as_str().map(str::to_owned)
+    }
+
+    /// A field of the answer's JSON body.
+    pub fn json(&self, field: &str) -> Option<serde_json::Value> {
+        let mut body: serde_json::Value = serde_json::from_str(self.body.as_deref()?).ok()?;
+        Some(body.get_mut(field)?.take())
     }
 
     /// What the answer was, in a word: its status, `timeout`, or `failed`.
@@ -117,6 +163,10 @@ pub const TIMEOUT: &str = "timeout";
 
 /// The problem type of the contract's one final `502`.
 pub const ACQUIRER_REJECTED: &str = "urn:idem:problem:acquirer-rejected";
+/// ... and of its one final `422`: the acquirer refused a refund for good.
+pub const REFUND_FAILED: &str = "urn:idem:problem:refund-failed";
+/// The `422` of a refund for more than the charge has left: not stored.
+pub const EXCEEDS_CAPTURED: &str = "urn:idem:problem:refund-exceeds-captured";
 
 /// Hex SHA-256 of an answer's body.
 pub fn digest(body: &[u8]) -> String {
@@ -157,6 +207,13 @@ enum Line<'a> {
 }
 
 impl History {
+    /// The refund intents of the charge intent `charge`.
+    pub fn refunds_of(&self, charge: usize) -> impl Iterator<Item = &Intent> {
+        self.intents
+            .iter()
+            .filter(move |i| i.refund_of == Some(charge))
+    }
+
     /// The intent's requests, in the order they were sent.
     pub fn of(&self, intent: usize) -> Vec<&Request> {
         let mut mine: Vec<&Request> = self

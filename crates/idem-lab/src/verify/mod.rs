@@ -2,10 +2,11 @@
 //!
 //! A run makes intents (keys, order ids and descriptions carry its id), sends
 //! them the way real clients do while faults run ([`workload`], [`faults`]),
-//! records every request and answer ([`history`]), keeps retrying the
-//! unsettled ones once the faults stop, replays the settled ones late, then
-//! reads the acquirer's ledger and judges seven invariants on the history and
-//! the ledger alone ([`invariants`]). [`report`] says the verdicts, with a
+//! refunds some of the charges they capture the same way, records every
+//! request and answer ([`history`]), keeps retrying the unsettled ones once
+//! the faults stop, replays the settled ones late, then reads the acquirer's
+//! ledger (its captures and refunds) and judges nine invariants on the history
+//! and the ledger alone ([`invariants`]). [`report`] says the verdicts, with a
 //! counterexample for each broken one. docs/verify.md is the operator's guide.
 
 mod client;
@@ -23,7 +24,7 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::progress::{self, Progress};
-use crate::sim::{Ledger, LedgerCapture};
+use crate::sim::{Ledger, LedgerCapture, LedgerRefund};
 use client::Client;
 use history::History;
 use invariants::{Evidence, Verdict};
@@ -40,7 +41,7 @@ pub struct VerifyConfig {
     pub urls: Vec<String>,
     /// A live secret of the merchant the run charges as.
     pub secret: String,
-    /// The acquirer's captures, in the simulator's `/_sim/ledger` format.
+    /// The acquirer's captures and refunds, in the simulator's `/_sim/ledger` format.
     pub ledger_url: String,
     /// Charge even when the ledger is not the simulator's.
     pub allow_real_charges: bool,
@@ -75,14 +76,26 @@ impl Outcome {
     /// The run's captures, on the run's clock (ms), when the ledger has times.
     pub fn captures(&self) -> Vec<(&LedgerCapture, Option<f64>)> {
         runs_captures(&self.ledger, self.report.run_id)
-            .map(|c| {
-                let at = (self.ledger.now_micros > 0).then(|| {
-                    let ago_ms = self.ledger.now_micros.saturating_sub(c.at_micros) as f64 / 1000.0;
-                    self.ledger_read_ms - ago_ms
-                });
-                (c, at)
-            })
+            .map(|c| (c, self.on_runs_clock(c.at_micros)))
             .collect()
+    }
+
+    /// The refunds of the run's captures, on the run's clock (ms), when the
+    /// ledger has times.
+    pub fn refunds(&self) -> Vec<(&LedgerRefund, Option<f64>)> {
+        let captures: Vec<&LedgerCapture> =
+            runs_captures(&self.ledger, self.report.run_id).collect();
+        runs_refunds(&self.ledger, &captures)
+            .map(|r| (r, self.on_runs_clock(r.at_micros)))
+            .collect()
+    }
+
+    /// A time on the acquirer's clock (µs since it started) on the run's (ms).
+    fn on_runs_clock(&self, at_micros: u64) -> Option<f64> {
+        (self.ledger.now_micros > 0).then(|| {
+            let ago_ms = self.ledger.now_micros.saturating_sub(at_micros) as f64 / 1000.0;
+            self.ledger_read_ms - ago_ms
+        })
     }
 
     pub fn write_html(&self, path: &std::path::Path) -> anyhow::Result<()> {
@@ -155,10 +168,13 @@ pub async fn run(config: &VerifyConfig, shutdown: CancellationToken) -> anyhow::
     };
     let ledger_read_ms = client.now_ms();
     let ledger = read_ledger(&config.ledger_url).await?;
-    let captures: Vec<LedgerCapture> = runs_captures(&ledger, run_id).cloned().collect();
+    let captures: Vec<&LedgerCapture> = runs_captures(&ledger, run_id).collect();
+    let refunds: Vec<LedgerRefund> = runs_refunds(&ledger, &captures).cloned().collect();
+    let captures: Vec<LedgerCapture> = captures.into_iter().cloned().collect();
     let verdicts = invariants::judge(&Evidence {
         history: &history,
         captures: &captures,
+        refunds: &refunds,
         in_flight_p99: config.in_flight_p99,
     });
     let report = Report::new(
@@ -195,7 +211,7 @@ async fn work(
 ) -> anyhow::Result<(History, Phases)> {
     let intents = workload::intents(run_id, config.intents, config.duplicates);
     let done = Arc::new(AtomicUsize::new(0));
-    let bar = Progress::start("verify", intents.len());
+    let bar = Progress::start("verify", config.intents);
     let ticker = CancellationToken::new();
     if bar.is_live() {
         tokio::spawn(progress::follow(
@@ -220,7 +236,10 @@ async fn work(
         .stop()
         .await
         .context("putting the simulator's faults back")?;
-    let unsettled = progress.iter().filter(|p| p.settled_on.is_none()).count();
+    let unsettled = progress
+        .iter()
+        .filter(|p| p.sent && p.settled_on.is_none())
+        .count();
     let captured = read_ledger(&config.ledger_url)
         .await
         .map_or(0, |l| runs_captures(&l, run_id).count());
@@ -264,6 +283,19 @@ fn runs_captures(ledger: &Ledger, run: u64) -> impl Iterator<Item = &LedgerCaptu
         .captures
         .iter()
         .filter(move |c| workload::is_runs(run, c.order_id))
+}
+
+/// The refunds in `ledger` paid back from `captures` (the run's).
+fn runs_refunds<'a>(
+    ledger: &'a Ledger,
+    captures: &[&LedgerCapture],
+) -> impl Iterator<Item = &'a LedgerRefund> {
+    let references: std::collections::HashSet<String> =
+        captures.iter().map(|c| c.reference.clone()).collect();
+    ledger
+        .refunds
+        .iter()
+        .filter(move |r| references.contains(&r.capture_reference))
 }
 
 async fn read_ledger(url: &str) -> anyhow::Result<Ledger> {

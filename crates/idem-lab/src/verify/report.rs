@@ -1,7 +1,8 @@
 //! The verdicts, for a terminal (one line per invariant, then a few
 //! counterexamples with the intent's requests and what the ledger holds for
 //! it), as JSON, and as an HTML page that draws each violating intent on a
-//! time axis.
+//! time axis. A charge's counterexample for a refund invariant also shows its
+//! refund intents, whose requests tell that story.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -9,10 +10,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::history::{History, Kind, Request};
-use super::invariants::{what, Verdict};
+use super::history::{History, Intent, Kind, Request};
+use super::invariants::{what, Verdict, ABOUT_REFUNDS};
 use super::{all_hold, Outcome, Phases, VerifyConfig};
-use crate::sim::LedgerCapture;
+use crate::sim::{LedgerCapture, LedgerRefund};
 use crate::timeline::{
     self, escape, instance_name, AttemptEnd, AttemptSpan, IntentKind, IntentTrace,
 };
@@ -30,7 +31,10 @@ pub struct Report {
     pub run_id: u64,
     pub urls: Vec<String>,
     pub ledger: String,
+    /// Charge intents.
     pub intents: usize,
+    /// Refund intents sent (those of the charges captured during the workload).
+    pub refund_intents: usize,
     pub requests: usize,
     pub fault_cmd_runs: usize,
     pub fault_cmd_failed: usize,
@@ -59,7 +63,12 @@ impl Report {
             run_id,
             urls: config.urls.clone(),
             ledger: config.ledger_url.clone(),
-            intents: history.intents.len(),
+            intents: history.intents.iter().filter(|i| !i.is_refund()).count(),
+            refund_intents: history
+                .intents
+                .iter()
+                .filter(|i| i.is_refund() && history.requests.iter().any(|r| r.intent == i.index))
+                .count(),
             requests: history.requests.len(),
             fault_cmd_runs: runs("fault-cmd").count(),
             fault_cmd_failed: runs("fault-cmd").filter(|f| !f.ok).count(),
@@ -126,13 +135,19 @@ pub(super) fn text(outcome: &Outcome) -> String {
     );
     let _ = writeln!(
         out,
-        "requests: {} for {} intents; {} without a final answer when the faults stopped, {} of them settled after; {} late replays\n",
-        r.requests, r.intents, r.unsettled_after_workload, r.settled_later, r.late_replays
+        "requests: {} for {} intents and {} refund intents; {} without a final answer when the faults stopped, {} of them settled after; {} late replays\n",
+        r.requests,
+        r.intents,
+        r.refund_intents,
+        r.unsettled_after_workload,
+        r.settled_later,
+        r.late_replays
     );
+    let width = r.verdicts.iter().map(|v| v.name.len()).max().unwrap_or(0);
     for v in &r.verdicts {
         let _ = writeln!(
             out,
-            "{:<26} {:<7} {}{}",
+            "{:<width$} {:<7} {}{}",
             v.name,
             if v.holds { "holds" } else { "BROKEN" },
             v.detail,
@@ -146,7 +161,7 @@ pub(super) fn text(outcome: &Outcome) -> String {
     for v in r.verdicts.iter().filter(|v| !v.holds) {
         let _ = writeln!(out, "\n{}:", v.name);
         for c in v.counterexamples.iter().take(SHOWN) {
-            out.push_str(&counterexample_text(outcome, c.intent, &c.why));
+            out.push_str(&counterexample_text(outcome, v.name, c.intent, &c.why));
         }
         if v.counterexamples.len() > SHOWN {
             let _ = writeln!(
@@ -160,32 +175,75 @@ pub(super) fn text(outcome: &Outcome) -> String {
     out
 }
 
-/// One intent that broke an invariant: why, its requests in time order,
-/// what the ledger holds for it.
-fn counterexample_text(outcome: &Outcome, index: usize, why: &str) -> String {
+/// One intent that broke an invariant: why, its requests in time order (for
+/// a charge and a refund invariant, its refund intents' too), what the
+/// ledger holds for it.
+fn counterexample_text(outcome: &Outcome, invariant: &str, index: usize, why: &str) -> String {
     let Some(intent) = outcome.history.intents.get(index) else {
         return String::new();
     };
+    let what = match intent.refund_of {
+        Some(charge) => format!("intent {index}, a refund of intent {charge}"),
+        None => format!("intent {index}"),
+    };
     let mut out = format!(
-        "  intent {index} (key {}, order {}, {} cents): {why}\n",
+        "  {what} (key {}, order {}, {} cents): {why}\n",
         intent.key, intent.order_id, intent.amount_cents
     );
     for r in outcome.history.of(index) {
         let _ = writeln!(out, "    {}", request_line(r));
+    }
+    for refund in told_by_refunds(outcome, invariant, intent) {
+        let _ = writeln!(
+            out,
+            "    refund intent {} (key {}, {} cents):",
+            refund.index, refund.key, refund.amount_cents
+        );
+        for r in outcome.history.of(refund.index) {
+            let _ = writeln!(out, "      {}", request_line(r));
+        }
     }
     let captures = captures_of(outcome, intent.order_id);
     if captures.is_empty() {
         out.push_str("    ledger: no capture\n");
     }
     for (c, at) in captures {
-        let at = at.map_or(String::new(), |ms| format!(" at {ms:.1} ms"));
         let _ = writeln!(
             out,
-            "    ledger: {} of {} {}, reference {}{at}",
-            c.capture_id, c.amount_cents, c.currency, c.reference
+            "    ledger: {} of {} {}, reference {}{}",
+            c.capture_id,
+            c.amount_cents,
+            c.currency,
+            c.reference,
+            at_ms(at)
+        );
+    }
+    for (f, at) in refunds_of(outcome, intent.order_id) {
+        let _ = writeln!(
+            out,
+            "    ledger: {} of {} {} from {}, reference {}{}",
+            f.refund_id,
+            f.amount_cents,
+            f.currency,
+            f.capture_id,
+            f.reference,
+            at_ms(at)
         );
     }
     out
+}
+
+fn at_ms(at: Option<f64>) -> String {
+    at.map_or(String::new(), |ms| format!(" at {ms:.1} ms"))
+}
+
+/// The refund intents that tell a charge's story for a refund invariant
+/// (none for a refund intent, or for another invariant).
+fn told_by_refunds<'a>(outcome: &'a Outcome, invariant: &str, intent: &Intent) -> Vec<&'a Intent> {
+    if intent.is_refund() || !ABOUT_REFUNDS.contains(&invariant) {
+        return Vec::new();
+    }
+    outcome.history.refunds_of(intent.index).collect()
 }
 
 fn request_line(r: &Request) -> String {
@@ -213,19 +271,80 @@ fn captures_of(outcome: &Outcome, order_id: i64) -> Vec<(&LedgerCapture, Option<
         .collect()
 }
 
-/// The intent as the timeline draws it: its charge requests, its captures.
-fn trace(outcome: &Outcome, index: usize) -> Option<IntentTrace> {
+/// The ledger's refunds of the captures of `order_id`.
+fn refunds_of(outcome: &Outcome, order_id: i64) -> Vec<(&LedgerRefund, Option<f64>)> {
+    let references: Vec<&str> = captures_of(outcome, order_id)
+        .into_iter()
+        .map(|(c, _)| c.reference.as_str())
+        .collect();
+    outcome
+        .refunds()
+        .into_iter()
+        .filter(|(f, _)| references.contains(&f.capture_reference.as_str()))
+        .collect()
+}
+
+/// The intent as the timeline draws it: its requests (for a charge and a
+/// refund invariant, its refund intents', a lane per client) and where the
+/// money moved (its captures; for a refund, or a charge and a refund
+/// invariant, the refunds).
+fn trace(outcome: &Outcome, invariant: &str, index: usize) -> Option<IntentTrace> {
     let intent = outcome.history.intents.get(index)?;
+    let refunds = told_by_refunds(outcome, invariant, intent);
+    let (kind, attempts, money_ms) = if refunds.is_empty() {
+        let money: Vec<Option<f64>> = if intent.is_refund() {
+            refunds_of(outcome, intent.order_id)
+                .into_iter()
+                .filter(|(f, _)| f.amount_cents == intent.amount_cents)
+                .map(|(_, at)| at)
+                .collect()
+        } else {
+            captures_of(outcome, intent.order_id)
+                .into_iter()
+                .map(|(_, at)| at)
+                .collect()
+        };
+        (intent.kind, spans(outcome, index, 0).0, money)
+    } else {
+        // Each refund intent's clients on lanes of their own.
+        let mut attempts = Vec::new();
+        let mut lanes = 0;
+        for refund in refunds {
+            let (mine, clients) = spans(outcome, refund.index, lanes);
+            attempts.extend(mine);
+            lanes += clients;
+        }
+        let money = refunds_of(outcome, intent.order_id)
+            .into_iter()
+            .map(|(_, at)| at)
+            .collect();
+        (Kind::Burst, attempts, money)
+    };
+    Some(IntentTrace {
+        kind: match kind {
+            Kind::Retried => IntentKind::Retried,
+            Kind::Burst => IntentKind::Burst,
+        },
+        order_id: intent.order_id,
+        attempts,
+        captures_ms: money_ms.into_iter().flatten().collect(),
+        server: Vec::new(),
+    })
+}
+
+/// The intent's requests as the timeline's attempts, its clients numbered
+/// from `first_lane`; and how many clients it had.
+fn spans(outcome: &Outcome, index: usize, first_lane: usize) -> (Vec<AttemptSpan>, usize) {
     let mut per_copy = std::collections::HashMap::<usize, usize>::new();
-    let attempts = outcome
+    let attempts: Vec<AttemptSpan> = outcome
         .history
         .of(index)
         .into_iter()
-        .filter(|r| r.purpose.is_the_charge())
+        .filter(|r| r.purpose.sends_the_intent())
         .map(|r| {
             let number = per_copy.entry(r.copy).or_default();
             let span = AttemptSpan {
-                copy: r.copy,
+                copy: first_lane + r.copy,
                 number: *number,
                 instance: r.instance,
                 sent_ms: r.sent_ms,
@@ -240,19 +359,8 @@ fn trace(outcome: &Outcome, index: usize) -> Option<IntentTrace> {
             span
         })
         .collect();
-    Some(IntentTrace {
-        kind: match intent.kind {
-            Kind::Retried => IntentKind::Retried,
-            Kind::Burst => IntentKind::Burst,
-        },
-        order_id: intent.order_id,
-        attempts,
-        captures_ms: captures_of(outcome, intent.order_id)
-            .into_iter()
-            .filter_map(|(_, at)| at)
-            .collect(),
-        server: Vec::new(),
-    })
+    let clients = per_copy.keys().max().map_or(0, |c| c + 1);
+    (attempts, clients)
 }
 
 pub(super) fn write_html(outcome: &Outcome, path: &Path) -> anyhow::Result<()> {
@@ -270,12 +378,13 @@ fn html(outcome: &Outcome) -> String {
          .broken{{color:#c0392b;font-weight:bold}}.holds{{color:#1e8449}}\
          pre{{background:#f6f6f6;padding:6px;overflow-x:auto;font-size:12px}}\
          </style></head><body><h1>idem-lab verify: run {run}</h1><p class=\"verdict\">{verdict}</p>\
-         <p>{intents} intents, {requests} requests against {urls}; ledger {ledger}. \
+         <p>{intents} intents and {refund_intents} refund intents, {requests} requests against {urls}; ledger {ledger}. \
          --fault-cmd ran {runs} times ({failed} failed); the simulator's script took {steps} steps.</p>\
          <table><tr><th>invariant</th><th>verdict</th><th>checked</th><th>intents that break it</th></tr>",
         run = escape(&r.run),
         verdict = escape(&r.verdict_line()),
         intents = r.intents,
+        refund_intents = r.refund_intents,
         requests = r.requests,
         urls = escape(
             &r.urls
@@ -305,8 +414,8 @@ fn html(outcome: &Outcome) -> String {
     if !r.holds {
         out.push_str(
             "<h2>Counterexamples</h2><p>Each intent that broke an invariant, on the run's clock \
-             (ms since it began): one lane per request as the client saw it, the acquirer's \
-             captures below.</p>",
+             (ms since it began): one lane per request as the client saw it (for a charge's \
+             refunds, one per refund client), the acquirer's captures (or refunds) below.</p>",
         );
         out.push_str(&timeline::legend(false));
     }
@@ -317,14 +426,14 @@ fn html(outcome: &Outcome) -> String {
             escape(v.name)
         );
         for c in v.counterexamples.iter().take(DRAWN) {
-            if let Some(t) = trace(outcome, c.intent) {
+            if let Some(t) = trace(outcome, v.name, c.intent) {
                 let caption = format!("intent {}: {}", c.intent, c.why);
                 out.push_str(&timeline::sample_svg(&caption, v.name, &t));
             }
             let _ = write!(
                 out,
                 "<pre>{}</pre>",
-                escape(&counterexample_text(outcome, c.intent, &c.why))
+                escape(&counterexample_text(outcome, v.name, c.intent, &c.why))
             );
         }
         if v.counterexamples.len() > DRAWN {

@@ -1,8 +1,10 @@
 //! What the verifier sends: each intent by a client that retries the way the
 //! contract says (the same key, the next URL, `Retry-After` honoured), some as
 //! bursts of simultaneous copies, some with their key reused for another
-//! amount, some with their key's state read; then, once the faults stop, the
-//! unsettled intents again until they settle; then a late replay of each.
+//! amount, some with their key's state read; some captured charges refunded
+//! the same way, with refunds that race for what the charge has left; then,
+//! once the faults stop, the unsettled intents again until they settle; then
+//! a late replay of each.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -22,6 +24,24 @@ const REUSE_EVERY: usize = 7;
 /// Every how many intents one has its key's state read while it is sent and
 /// after it settled.
 const READ_EVERY: usize = 4;
+
+/// Every how many charges one is refunded once it is captured: few enough
+/// that the run takes about as long as the charges alone.
+const REFUND_EVERY: usize = 10;
+/// Which charge of each [`REFUND_EVERY`]: one that is not a burst (those are
+/// `index % 8 == 0`), so that its refunds start as soon as its one client
+/// has the `201`.
+const REFUNDED: usize = 5;
+
+/// A refunded charge's refunds, in hundredths of its amount, all sent at
+/// once: a small one as a burst, and two of 60 % (the second a cent more:
+/// see [`refund_amounts`]) by one client each, which together ask for more
+/// than the charge. The sum rule decides which of the two is paid; the small
+/// one fits beside either, and so do a few copies of it, so that a server
+/// that pays a burst's copies each shows it in the ledger even when the
+/// acquirer keeps the sum itself.
+const SMALL_REFUND: i64 = 5;
+const RACED_REFUND: i64 = 60;
 
 /// The first wait between attempts that got no answer, doubled up to
 /// [`MAX_BACKOFF`], with full jitter.
@@ -43,9 +63,11 @@ const RAMP_STEP: Duration = Duration::from_millis(10);
 /// How long the late replay of one settled intent may take.
 const REPLAY_PATIENCE: Duration = Duration::from_secs(10);
 
-/// The run's intents: keys, order ids and descriptions carry the run's id.
+/// The run's intents: `count` charges, then the refund intents of one charge
+/// in ten (sent only if it is captured). Keys, order ids and descriptions
+/// carry the run's id.
 pub fn intents(run: u64, count: usize, duplicates: usize) -> Vec<Intent> {
-    (0..count)
+    let charges: Vec<Intent> = (0..count)
         .map(|index| {
             let order_id = order_base(run) + i64::try_from(index).unwrap_or(0) + 1;
             let amount_cents = 25_000 + i64::try_from(index % 100).unwrap_or(0);
@@ -60,9 +82,43 @@ pub fn intents(run: u64, count: usize, duplicates: usize) -> Vec<Intent> {
                 order_id,
                 amount_cents,
                 body: body(order_id, amount_cents, run, index),
+                refund_of: None,
             }
         })
-        .collect()
+        .collect();
+    let refunds: Vec<Intent> = charges
+        .iter()
+        .filter(|c| c.index % REFUND_EVERY == REFUNDED)
+        .flat_map(|charge| {
+            refund_amounts(charge.amount_cents)
+                .into_iter()
+                .enumerate()
+                .map(move |(nth, amount)| (charge, nth, amount))
+        })
+        .enumerate()
+        .map(|(i, (charge, nth, amount_cents))| Intent {
+            index: count + i,
+            kind: if duplicates > 1 && nth == 0 {
+                Kind::Burst
+            } else {
+                Kind::Retried
+            },
+            key: format!("verify-{run}-{}-refund-{nth}", charge.index),
+            order_id: charge.order_id,
+            amount_cents,
+            body: refund_body(amount_cents, run, charge.index, nth),
+            refund_of: Some(charge.index),
+        })
+        .collect();
+    charges.into_iter().chain(refunds).collect()
+}
+
+/// The amounts of a charge's refunds ([`SMALL_REFUND`], [`RACED_REFUND`]):
+/// each different, so that the ledger's refunds of its capture, which name
+/// no intent, are told apart by their amounts.
+fn refund_amounts(charge_cents: i64) -> [i64; 3] {
+    let raced = charge_cents * RACED_REFUND / 100;
+    [charge_cents * SMALL_REFUND / 100, raced, raced + 1]
 }
 
 /// The most intents a run may have: they share the run's block of order ids.
@@ -89,6 +145,32 @@ fn body(order_id: i64, amount_cents: i64, run: u64, index: usize) -> String {
     .to_string()
 }
 
+fn refund_body(amount_cents: i64, run: u64, charge: usize, nth: usize) -> String {
+    serde_json::json!({
+        "amount_cents": amount_cents,
+        "reason": "requested_by_customer",
+        "description": format!("idem verify run {run}, refund {nth} of intent {charge}"),
+    })
+    .to_string()
+}
+
+/// Where a charge intent's requests go.
+const CHARGES: &str = "/v1/charges";
+
+/// Where the refund intents of the charge `charge_id` go.
+fn refunds_path(charge_id: &str) -> String {
+    format!("/v1/charges/{charge_id}/refunds")
+}
+
+/// Where an intent's requests go; for a refund, `None` until its charge was
+/// captured.
+fn path(intent: &Intent, progress: &[Progress]) -> Option<String> {
+    match intent.refund_of {
+        None => Some(CHARGES.to_owned()),
+        Some(charge) => progress.get(charge)?.charge_id.as_deref().map(refunds_path),
+    }
+}
+
 /// The amount a reuse of the intent's key asks for.
 pub fn reused_amount(intent: &Intent) -> i64 {
     intent.amount_cents + 1
@@ -102,14 +184,15 @@ fn reuse_body(intent: &Intent) -> String {
     body.to_string()
 }
 
-/// Whether the workload reuses this intent's key.
+/// Whether the workload reuses this intent's key (charges only).
 pub fn is_reused(intent: &Intent) -> bool {
-    intent.index % REUSE_EVERY == 3
+    !intent.is_refund() && intent.index % REUSE_EVERY == 3
 }
 
 /// How one client's session with an intent ended.
 enum End {
-    /// A final answer (for a reuse: any answer that is not "try later").
+    /// An answer that settles the intent (for a reuse: any answer that is
+    /// not "try later").
     Done(Request),
     /// An answer a client must not retry (another `4xx`).
     Refused,
@@ -117,17 +200,30 @@ enum End {
     GaveUp,
 }
 
-/// Sends the intent's `body` until an answer ends it or `deadline` passes:
-/// each attempt on the next URL after the last.
+/// What one session sends, and where.
+#[derive(Clone, Copy)]
+struct Send<'a> {
+    intent: &'a Intent,
+    path: &'a str,
+    body: &'a str,
+    purpose: Purpose,
+}
+
+/// Sends `what` until an answer ends it or `deadline` passes: each attempt on
+/// the next URL after the last.
 async fn session(
     client: &Client,
-    intent: &Intent,
-    body: &str,
-    purpose: Purpose,
+    what: Send<'_>,
     copy: usize,
     first: usize,
     deadline: Instant,
 ) -> End {
+    let Send {
+        intent,
+        path,
+        body,
+        purpose,
+    } = what;
     let mut backoff = BASE_BACKOFF;
     for attempt in 0.. {
         if Instant::now() >= deadline {
@@ -139,14 +235,16 @@ async fn session(
             attempt,
             instance: (first + attempt) % client.instances(),
         };
-        let answer = client.charge(intent, body, turn).await;
+        let answer = client.post(intent, path, body, turn).await;
         let wait = match answer.status {
             // Try later: the key is in flight, the outcome unknown, the
             // instance busy or its database away (or a bug, which the
             // contract says is safe to retry).
             Some(409 | 429 | 500 | 503 | 504) => retry_after(&answer),
-            Some(502) if !answer.is_final() => None,
-            Some(_) if purpose == Purpose::Reuse || answer.is_final() => return End::Done(answer),
+            Some(502) if !intent.is_final(&answer) => None,
+            Some(_) if purpose == Purpose::Reuse || intent.is_settled_by(&answer) => {
+                return End::Done(answer)
+            }
             Some(_) => return End::Refused,
             // No answer: the next URL at once, as a client behind a load
             // balancer would; after a failed connection, a short pause.
@@ -164,16 +262,22 @@ async fn session(
 }
 
 /// What the workload learnt about one intent.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Progress {
-    /// The URL that gave its final answer, if it has one.
+    /// Sent during the workload: every charge, and a refund once its charge
+    /// was captured.
+    pub sent: bool,
+    /// The URL that gave the answer that settled it, if one did.
     pub settled_on: Option<usize>,
     /// Refused with a `4xx` a client must not retry: sending it again is no use.
     pub refused: bool,
+    /// A captured charge's id, from its `201`: where its refunds go.
+    pub charge_id: Option<String>,
 }
 
-/// The workload: every intent, `concurrency` at a time. `done` counts the
-/// intents whose clients have finished.
+/// The workload: every charge intent, `concurrency` at a time, each followed
+/// by its refund intents once it is captured. `done` counts the charges whose
+/// clients have finished. What it learnt, by intent.
 pub async fn run(
     client: &Client,
     intents: &[Intent],
@@ -184,7 +288,8 @@ pub async fn run(
 ) -> Vec<Progress> {
     let permits = Semaphore::new(concurrency.max(1));
     let started = &AtomicUsize::new(0);
-    let sessions = intents.iter().map(|intent| {
+    let charges = intents.iter().filter(|i| !i.is_refund());
+    let sessions = charges.map(|charge| {
         let permits = &permits;
         async move {
             let _permit = permits.acquire().await;
@@ -193,46 +298,86 @@ pub async fn run(
             if (1..concurrency).contains(&nth) {
                 tokio::time::sleep(RAMP_STEP * u32::try_from(nth).unwrap_or(0)).await;
             }
-            let deadline = Instant::now() + patience;
-            let copies = match intent.kind {
-                Kind::Retried => 1,
-                Kind::Burst => duplicates,
-            };
-            let first = intent.index % client.instances();
-            let sends = (0..copies).map(|copy| {
-                let start = (first + copy) % client.instances();
-                session(
-                    client,
-                    intent,
-                    &intent.body,
-                    Purpose::Charge,
-                    copy,
-                    start,
-                    deadline,
-                )
-            });
-            let read_while_sent = async {
-                if intent.index % READ_EVERY == 0 {
-                    read_key(client, intent, first + 1).await;
-                }
-            };
-            let (ends, ()) = tokio::join!(join_all(sends), read_while_sent);
-            let progress = progress_of(&ends);
-            if let Some(on) = progress.settled_on {
-                after_settling(client, intent, on).await;
+            let progress = send(client, charge, CHARGES, duplicates, patience).await;
+            let mut learnt = vec![(charge.index, progress.clone())];
+            if let Some(charge_id) = &progress.charge_id {
+                let path = refunds_path(charge_id);
+                let refunds = intents
+                    .iter()
+                    .filter(|r| r.refund_of == Some(charge.index))
+                    .map(|refund| async {
+                        let progress = send(client, refund, &path, duplicates, patience).await;
+                        (refund.index, progress)
+                    });
+                learnt.extend(join_all(refunds).await);
             }
             done.fetch_add(1, Ordering::SeqCst);
-            progress
+            learnt
         }
     });
-    join_all(sessions).await
+    let mut progress = vec![Progress::default(); intents.len()];
+    for (index, learnt) in join_all(sessions).await.into_iter().flatten() {
+        progress[index] = learnt;
+    }
+    progress
 }
 
-fn progress_of(ends: &[End]) -> Progress {
-    let mut progress = Progress::default();
+/// One intent during the workload: sent to `path` by its client, or by a
+/// burst's copies at once (each starting on another URL), with its key read
+/// while it is sent and after it settled, and reused, for some intents.
+async fn send(
+    client: &Client,
+    intent: &Intent,
+    path: &str,
+    duplicates: usize,
+    patience: Duration,
+) -> Progress {
+    let deadline = Instant::now() + patience;
+    let copies = match intent.kind {
+        Kind::Retried => 1,
+        Kind::Burst => duplicates,
+    };
+    let what = Send {
+        intent,
+        path,
+        body: &intent.body,
+        purpose: if intent.is_refund() {
+            Purpose::Refund
+        } else {
+            Purpose::Charge
+        },
+    };
+    let first = intent.index % client.instances();
+    let sends = (0..copies).map(|copy| {
+        let start = (first + copy) % client.instances();
+        session(client, what, copy, start, deadline)
+    });
+    let read_while_sent = async {
+        if intent.index.is_multiple_of(READ_EVERY) {
+            read_key(client, intent, first + 1).await;
+        }
+    };
+    let (ends, ()) = tokio::join!(join_all(sends), read_while_sent);
+    let progress = progress_of(intent, &ends);
+    if let Some(on) = progress.settled_on {
+        after_settling(client, intent, path, on).await;
+    }
+    progress
+}
+
+fn progress_of(intent: &Intent, ends: &[End]) -> Progress {
+    let mut progress = Progress {
+        sent: true,
+        ..Progress::default()
+    };
     for end in ends {
         match end {
-            End::Done(answer) => progress.settled_on = Some(answer.instance),
+            End::Done(answer) => {
+                progress.settled_on = Some(answer.instance);
+                if !intent.is_refund() && answer.status == Some(201) {
+                    progress.charge_id = answer.json_str("id").or(progress.charge_id);
+                }
+            }
             End::Refused => progress.refused = true,
             End::GaveUp => {}
         }
@@ -242,12 +387,18 @@ fn progress_of(ends: &[End]) -> Progress {
 
 /// Once an intent settled: its key reused with another amount, and its
 /// state read, for some intents.
-async fn after_settling(client: &Client, intent: &Intent, settled_on: usize) {
+async fn after_settling(client: &Client, intent: &Intent, path: &str, settled_on: usize) {
     let next = settled_on + 1;
     if is_reused(intent) {
         let other = reuse_body(intent);
+        let reuse = Send {
+            intent,
+            path,
+            body: &other,
+            purpose: Purpose::Reuse,
+        };
         let deadline = Instant::now() + REPLAY_PATIENCE;
-        session(client, intent, &other, Purpose::Reuse, 0, next, deadline).await;
+        session(client, reuse, 0, next, deadline).await;
     }
     if intent.index % READ_EVERY == 1 {
         read_key(client, intent, next).await;
@@ -274,25 +425,27 @@ pub async fn settle(
     deadline: Instant,
 ) -> usize {
     let permits = Semaphore::new(concurrency.max(1));
-    let open: Vec<usize> = (0..intents.len())
-        .filter(|&i| progress[i].settled_on.is_none() && !progress[i].refused)
+    let open: Vec<(&Intent, String)> = intents
+        .iter()
+        .filter(|i| {
+            let p = &progress[i.index];
+            p.sent && p.settled_on.is_none() && !p.refused
+        })
+        .filter_map(|i| Some((i, path(i, progress)?)))
         .collect();
-    let sessions = open.iter().map(|&i| {
-        let (permits, intent) = (&permits, &intents[i]);
+    let sessions = open.iter().map(|(intent, path)| {
+        let permits = &permits;
         async move {
             let _permit = permits.acquire().await;
             let first = (intent.index + 1) % client.instances();
-            let end = session(
-                client,
+            let settle = Send {
                 intent,
-                &intent.body,
-                Purpose::Settle,
-                0,
-                first,
-                deadline,
-            )
-            .await;
-            (i, end)
+                path,
+                body: &intent.body,
+                purpose: Purpose::Settle,
+            };
+            let end = session(client, settle, 0, first, deadline).await;
+            (intent.index, end)
         }
     });
     let mut settled = 0;
@@ -318,22 +471,20 @@ pub async fn replay(
     concurrency: usize,
 ) -> usize {
     let permits = Semaphore::new(concurrency.max(1));
-    let replays = intents.iter().zip(progress).filter_map(|(intent, p)| {
-        let on = p.settled_on?;
+    let replays = intents.iter().filter_map(|intent| {
+        let on = progress[intent.index].settled_on?;
+        let path = path(intent, progress)?;
         let permits = &permits;
         Some(async move {
             let _permit = permits.acquire().await;
             let deadline = Instant::now() + REPLAY_PATIENCE;
-            session(
-                client,
+            let replay = Send {
                 intent,
-                &intent.body,
-                Purpose::LateReplay,
-                0,
-                on + 1,
-                deadline,
-            )
-            .await;
+                path: &path,
+                body: &intent.body,
+                purpose: Purpose::LateReplay,
+            };
+            session(client, replay, 0, on + 1, deadline).await;
         })
     });
     join_all(replays).await.len()
@@ -367,5 +518,45 @@ mod tests {
             .as_str()
             .is_some_and(|d| d.contains(&run.to_string())));
         assert!(intents(run, 9, 1).iter().all(|i| i.kind == Kind::Retried));
+    }
+
+    #[test]
+    fn one_charge_in_ten_gets_refunds_that_race_for_it() {
+        let run = 7;
+        let all = intents(run, 20, 5);
+        let refunds: Vec<&Intent> = all.iter().filter(|i| i.is_refund()).collect();
+        assert_eq!(all.len(), 20 + 6, "three refunds of charges 5 and 15");
+        assert!(all.iter().enumerate().all(|(i, intent)| intent.index == i));
+        for refund in &refunds {
+            let charge = &all[refund.refund_of.expect("a refund")];
+            assert_eq!(refund.order_id, charge.order_id);
+            assert!(refund.key.starts_with(&format!("{}-refund-", charge.key)));
+            assert!(!is_reused(refund));
+        }
+        let of_5: Vec<&&Intent> = refunds.iter().filter(|r| r.refund_of == Some(5)).collect();
+        let amounts: Vec<i64> = of_5.iter().map(|r| r.amount_cents).collect();
+        let charge = all[5].amount_cents;
+        assert_eq!(amounts, vec![1250, 15003, 15004], "{charge}");
+        assert!(amounts[1] + amounts[2] > charge, "the two big ones race");
+        assert!(
+            amounts[0] * 5 + amounts[2] <= charge,
+            "the burst's copies fit"
+        );
+        assert_eq!(of_5[0].kind, Kind::Burst);
+        assert_eq!(of_5[1].kind, Kind::Retried);
+        let body: serde_json::Value = serde_json::from_str(&of_5[1].body).expect("json");
+        assert_eq!(body["amount_cents"], 15003);
+        assert_eq!(
+            path(of_5[1], &[]),
+            None,
+            "no path until the charge is captured"
+        );
+        let mut progress = vec![Progress::default(); all.len()];
+        progress[5].charge_id = Some("ch_1".to_owned());
+        assert_eq!(
+            path(of_5[1], &progress).as_deref(),
+            Some("/v1/charges/ch_1/refunds")
+        );
+        assert_eq!(path(&all[5], &progress).as_deref(), Some(CHARGES));
     }
 }

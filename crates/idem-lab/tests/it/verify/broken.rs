@@ -1,8 +1,10 @@
-//! A small idempotent charge server in memory, correct unless told to break
-//! one promise: what shows that each of verify's invariants can fail. It
-//! captures at the real simulator over loopback, so the ledger is true.
+//! A small idempotent charge and refund server in memory, correct unless told
+//! to break one promise: what shows that each of verify's invariants can
+//! fail. It captures and refunds at the real simulator over loopback, so the
+//! ledger is true.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,6 +32,16 @@ pub enum Break {
     ReuseReplays,
     /// `409` takes 150 ms.
     SlowConflict,
+    /// A refund reads what the charge has left, checks its amount against
+    /// it, calls the acquirer, and only then counts what it paid back: two
+    /// refunds at once both pass the check.
+    RefundCheckThenInsert,
+    /// A refund's acquirer reference is made per attempt, not per refund,
+    /// and a request whose refund is in flight takes it over at once (no
+    /// `409`), as if the first attempt had died: a burst's copies each pay
+    /// it back. The first outcome stored is every copy's answer, so only the
+    /// ledger shows it.
+    RefundReferencePerAttempt,
 }
 
 /// How long its acquirer call takes: long enough that a burst's copies find
@@ -46,15 +58,40 @@ enum Entry {
     },
 }
 
+/// A captured charge: what its refunds are paid back from.
+struct Charge {
+    reference: String,
+    amount: i64,
+    /// What its refunds paid back, and reserve while at the acquirer.
+    refunded: i64,
+}
+
+/// A refund claimed and not yet settled, held by its key: a retry after an
+/// unknown outcome sends the same refund again, its amount still reserved.
+#[derive(Clone)]
+struct Refund {
+    id: String,
+    charge_id: String,
+    capture_reference: String,
+    amount: i64,
+}
+
 #[derive(Clone)]
 struct Server {
     broken: Break,
     sim: String,
     http: reqwest::Client,
+    /// Charges' and refunds' keys: one key space.
     keys: Arc<Mutex<HashMap<String, Entry>>>,
     answered_500: Arc<Mutex<HashSet<i64>>>,
     posts: Arc<Mutex<usize>>,
     replays: Arc<Mutex<u64>>,
+    /// Locked after `keys` when both are held.
+    charges: Arc<Mutex<HashMap<String, Charge>>>,
+    /// Locked after `keys` and before `charges` when they are held together.
+    refunds: Arc<Mutex<HashMap<String, Refund>>>,
+    /// Numbers refund ids and acquirer calls.
+    counter: Arc<AtomicUsize>,
 }
 
 /// A running broken server: its URL and how many charges it was sent.
@@ -81,9 +118,13 @@ pub async fn start(broken: Break, sim: &str) -> Running {
         answered_500: Arc::default(),
         posts: posts.clone(),
         replays: Arc::default(),
+        charges: Arc::default(),
+        refunds: Arc::default(),
+        counter: Arc::default(),
     };
     let app = Router::new()
         .route("/v1/charges", post(charge))
+        .route("/v1/charges/{charge_id}/refunds", post(refund))
         .route("/v1/idempotency-keys/{key}", get(read_key))
         .with_state(server);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -149,10 +190,7 @@ async fn charge(State(s): State<Server>, headers: HeaderMap, body: Bytes) -> Res
         Some(Entry::Done { request: first, .. })
             if first != request && s.broken != Break::ReuseReplays =>
         {
-            json(
-                422,
-                r#"{"type":"urn:idem:problem:idempotency-key-reused"}"#.to_owned(),
-            )
+            reused()
         }
         Some(Entry::Done { status, body, .. }) => {
             let body = if s.broken == Break::ReplayOtherBytes {
@@ -177,10 +215,7 @@ async fn charge(State(s): State<Server>, headers: HeaderMap, body: Bytes) -> Res
                     Some(outcome) => outcome,
                     None => {
                         s.keys.lock().unwrap().remove(&key);
-                        return json(
-                            503,
-                            r#"{"type":"urn:idem:problem:outcome-unknown"}"#.to_owned(),
-                        );
+                        return outcome_unknown();
                     }
                 }
             };
@@ -195,6 +230,20 @@ async fn charge(State(s): State<Server>, headers: HeaderMap, body: Bytes) -> Res
             json(status, body)
         }
     }
+}
+
+fn reused() -> Response {
+    json(
+        422,
+        r#"{"type":"urn:idem:problem:idempotency-key-reused"}"#.to_owned(),
+    )
+}
+
+fn outcome_unknown() -> Response {
+    json(
+        503,
+        r#"{"type":"urn:idem:problem:outcome-unknown"}"#.to_owned(),
+    )
 }
 
 /// The acquirer's word: `201` with the charge, `402`, or `None` when it had none.
@@ -213,12 +262,21 @@ async fn capture(s: &Server, key: &str, order_id: i64, amount: i64) -> Option<(u
         .await
         .ok()?;
     match answer.status().as_u16() {
-        201 => Some((
-            201,
-            format!(
-                r#"{{"id":"ch_{order_id}","acquirer_reference":"{reference}","status":"captured"}}"#
-            ),
-        )),
+        201 => {
+            let charge = Charge {
+                reference: reference.clone(),
+                amount,
+                refunded: 0,
+            };
+            let id = format!("ch_{order_id}");
+            s.charges.lock().unwrap().insert(id.clone(), charge);
+            Some((
+                201,
+                format!(
+                    r#"{{"id":"{id}","acquirer_reference":"{reference}","status":"captured"}}"#
+                ),
+            ))
+        }
         402 => Some((
             402,
             r#"{"type":"urn:idem:problem:charge-declined"}"#.to_owned(),
@@ -237,4 +295,190 @@ async fn read_key(State(s): State<Server>, Path(key): Path<String>) -> Response 
             format!(r#"{{"key":"{key}","state":"completed","status":{status}}}"#),
         ),
     }
+}
+
+/// `POST /v1/charges/{id}/refunds`: the key claimed and the amount reserved
+/// against the charge at once, then the acquirer; its word stored.
+async fn refund(
+    State(s): State<Server>,
+    Path(charge_id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let request = format!("{charge_id} {}", String::from_utf8_lossy(&body));
+    let parsed: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let refund = match begin_refund(
+        &s,
+        &key,
+        &request,
+        &charge_id,
+        parsed["amount_cents"].as_i64(),
+    ) {
+        Begun::Send(refund) => refund,
+        Begun::Answer(answer) => return answer,
+    };
+    let attempt = s.counter.fetch_add(1, Ordering::SeqCst);
+    let reference = if s.broken == Break::RefundReferencePerAttempt {
+        format!("ref_{key}_{attempt}")
+    } else {
+        format!("ref_{key}")
+    };
+    match pay_back(&s, &reference, &refund).await {
+        Some((status, body)) => {
+            let (status, body) = store_refund(&s, &key, &request, &refund, status, body);
+            json(status, body)
+        }
+        None => {
+            // The refund stays claimed, its amount reserved; the key is free
+            // for a retry, which sends the same refund again.
+            s.keys.lock().unwrap().remove(&key);
+            outcome_unknown()
+        }
+    }
+}
+
+/// What a refund request comes to before the acquirer.
+enum Begun {
+    /// A refund to send: its key claimed, its amount reserved.
+    Send(Refund),
+    /// Nothing to send: in flight, a stored outcome, a refusal.
+    Answer(Response),
+}
+
+/// Claims the key for a refund of `asked` cents (what the charge has left when
+/// `None`): the refund its key already holds, or a new one whose amount is
+/// reserved against the charge in the same step.
+fn begin_refund(
+    s: &Server,
+    key: &str,
+    request: &str,
+    charge_id: &str,
+    asked: Option<i64>,
+) -> Begun {
+    let mut keys = s.keys.lock().unwrap();
+    match keys.get(key) {
+        Some(Entry::InFlight) if s.broken != Break::RefundReferencePerAttempt => {
+            return Begun::Answer(in_flight())
+        }
+        Some(Entry::Done { request: first, .. }) if first != request => {
+            return Begun::Answer(reused())
+        }
+        Some(Entry::Done { status, body, .. }) => {
+            return Begun::Answer(json(*status, body.clone()))
+        }
+        Some(Entry::InFlight) | None => {}
+    }
+    let mut refunds = s.refunds.lock().unwrap();
+    if let Some(held) = refunds.get(key) {
+        keys.insert(key.to_owned(), Entry::InFlight);
+        return Begun::Send(held.clone());
+    }
+    let mut charges = s.charges.lock().unwrap();
+    let Some(charge) = charges.get_mut(charge_id) else {
+        return Begun::Answer(json(
+            404,
+            r#"{"type":"urn:idem:problem:not-found"}"#.to_owned(),
+        ));
+    };
+    let left = charge.amount - charge.refunded;
+    let amount = asked.unwrap_or(left);
+    if amount > left || amount < 1 {
+        return Begun::Answer(json(
+            422,
+            format!(
+                r#"{{"type":"urn:idem:problem:refund-exceeds-captured","remaining_cents":{left}}}"#
+            ),
+        ));
+    }
+    if s.broken != Break::RefundCheckThenInsert {
+        charge.refunded += amount;
+    }
+    let refund = Refund {
+        id: format!("re_{}", s.counter.fetch_add(1, Ordering::SeqCst)),
+        charge_id: charge_id.to_owned(),
+        capture_reference: charge.reference.clone(),
+        amount,
+    };
+    refunds.insert(key.to_owned(), refund.clone());
+    keys.insert(key.to_owned(), Entry::InFlight);
+    Begun::Send(refund)
+}
+
+/// The acquirer's word on a refund: `201` with the refund, `422`
+/// `refund-failed`, or `None` when it had none.
+async fn pay_back(s: &Server, reference: &str, refund: &Refund) -> Option<(u16, String)> {
+    tokio::time::sleep(CAPTURE_TAKES).await;
+    let answer = s
+        .http
+        .post(format!("{}/v1/refunds", s.sim))
+        .header("idempotency-key", reference)
+        .json(&serde_json::json!({
+            "reference": reference, "capture_reference": refund.capture_reference,
+            "merchant": "broken", "amount_cents": refund.amount, "currency": "BRL",
+        }))
+        .send()
+        .await
+        .ok()?;
+    let Refund {
+        id,
+        charge_id,
+        amount,
+        ..
+    } = refund;
+    match answer.status().as_u16() {
+        201 => Some((
+            201,
+            format!(
+                r#"{{"id":"{id}","charge_id":"{charge_id}","amount_cents":{amount},"currency":"BRL","status":"succeeded","acquirer_reference":"{reference}"}}"#
+            ),
+        )),
+        422 => Some((
+            422,
+            format!(
+                r#"{{"type":"urn:idem:problem:refund-failed","refund":{{"id":"{id}","amount_cents":{amount},"status":"failed"}}}}"#
+            ),
+        )),
+        _ => None,
+    }
+}
+
+/// Stores a refund's outcome unless one is already stored (a taken-over
+/// attempt's), settles its amount against the charge once, and returns the
+/// outcome stored.
+fn store_refund(
+    s: &Server,
+    key: &str,
+    request: &str,
+    refund: &Refund,
+    status: u16,
+    body: String,
+) -> (u16, String) {
+    let mut keys = s.keys.lock().unwrap();
+    if let Some(Entry::Done { status, body, .. }) = keys.get(key) {
+        return (*status, body.clone());
+    }
+    s.refunds.lock().unwrap().remove(key);
+    if let Some(charge) = s.charges.lock().unwrap().get_mut(&refund.charge_id) {
+        match (status, s.broken) {
+            // Check-then-insert counts the refund only now it is paid.
+            (201, Break::RefundCheckThenInsert) => charge.refunded += refund.amount,
+            (201, _) | (_, Break::RefundCheckThenInsert) => {}
+            // A refusal gives its reserved amount back.
+            _ => charge.refunded -= refund.amount,
+        }
+    }
+    keys.insert(
+        key.to_owned(),
+        Entry::Done {
+            request: request.to_owned(),
+            status,
+            body: body.clone(),
+        },
+    );
+    (status, body)
 }
