@@ -172,7 +172,7 @@ fn bind_columns<'q, const N: usize>(
 }
 
 /// Runs `sql` with the rows' parameters as arrays; its rows.
-async fn fetch<R, const N: usize>(
+pub(super) async fn fetch<R, const N: usize>(
     pool: &PgPool,
     sql: &'static str,
     params: &[Params<'_, N>],

@@ -122,7 +122,10 @@ impl Charges for PgStore {
             sqlx::query_as(
                 "select coalesce(extract(epoch from now() - min(created_at)), 0)::float8
                           as oldest_processing_seconds,
-                        count(*) filter (where review_since is not null) as awaiting_review
+                        count(*) filter (where review_since is not null) as awaiting_review,
+                        (select count(*) from refunds
+                          where status = 'pending' and review_since is not null)
+                          as refunds_awaiting_review
                    from charges where status = 'processing'",
             )
             .fetch_one(db)

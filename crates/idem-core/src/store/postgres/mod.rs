@@ -67,6 +67,9 @@ pub struct PgStore {
     finalizes: Batcher<FinalizeRow, bool>,
     /// Queue commands' results, likewise ([`outbox`]).
     results: Batcher<ResultRow, ()>,
+    /// Refunds' claims and finalizes, likewise ([`refunds`]).
+    refund_claims: Batcher<refunds::ClaimRow, refunds::ClaimAnswer>,
+    refund_finalizes: Batcher<refunds::FinalizeRow, bool>,
 }
 
 impl PgStore {
@@ -119,12 +122,30 @@ impl PgStore {
             batch_pool.clone(),
             async |pool: PgPool, rows| outbox::results(&pool, rows).await,
         );
+        let refund_claims = Batcher::new(
+            "refund_claim",
+            BATCHES_AT_ONCE,
+            BATCH_CAP,
+            ACQUIRE_TIMEOUT,
+            batch_pool.clone(),
+            async |pool: PgPool, rows| refunds::claims(&pool, rows).await,
+        );
+        let refund_finalizes = Batcher::new(
+            "refund_finalize",
+            BATCHES_AT_ONCE,
+            BATCH_CAP,
+            ACQUIRE_TIMEOUT,
+            batch_pool.clone(),
+            async |pool: PgPool, rows| refunds::finalizes(&pool, rows).await,
+        );
         Ok(Self {
             pool,
             batch_pool,
             claims,
             finalizes,
             results,
+            refund_claims,
+            refund_finalizes,
         })
     }
 
@@ -226,11 +247,11 @@ impl PgStore {
 }
 
 /// Connections of `max_connections` (at least 2) kept for the batch
-/// workers: one per kind of batch (claims, finalizes, queue results) when
-/// there are enough, and never more than half. Their planner is set by
-/// [`BATCH_PLANNER`].
+/// workers: one per kind of batch (claims, finalizes, queue results, refund
+/// claims, refund finalizes) when there are enough, and never more than
+/// half. Their planner is set by [`BATCH_PLANNER`].
 fn batch_connections(max_connections: u32) -> u32 {
-    (max_connections / 2).clamp(1, 3)
+    (max_connections / 2).clamp(1, 5)
 }
 
 /// How PostgreSQL plans on the batch workers' connections, which run only
