@@ -58,6 +58,10 @@ pub const OLDEST_PROCESSING: &str = "idem_oldest_processing_charge_seconds";
 /// Charges awaiting review (past the settle deadline without the acquirer's
 /// word, or captured in contradiction with the charge).
 pub const AWAITING_REVIEW: &str = "idem_charges_awaiting_review";
+/// Refunds awaiting review (the acquirer's answer contradicted them, or it
+/// had none by the settle deadline): each stays `pending`, its amount
+/// reserved against its charge, until a person settles it (read at scrape).
+pub const REFUNDS_AWAITING_REVIEW: &str = "idem_refunds_awaiting_review";
 /// Queue commands by result: an engine outcome (as in [`CHARGE_OUTCOMES`]),
 /// `dead_lettered` (malformed, refused by the store, or out of attempts), or
 /// `requeued` (a transient database error: sent back for another attempt).
@@ -167,7 +171,17 @@ pub const KNOWN_SERIES: &[(&str, &str, &[&str])] = &[
     (QUEUE_RESULTS, "via", &["broker", "outbox"]),
     (OUTBOX_PUBLISHED, "", &[]),
     (OUTBOX_SET_ASIDE, "", &[]),
-    (STORE_BATCH_ROWS, "op", &["claim", "finalize", "result"]),
+    (
+        STORE_BATCH_ROWS,
+        "op",
+        &[
+            "claim",
+            "finalize",
+            "result",
+            "refund_claim",
+            "refund_finalize",
+        ],
+    ),
     (REPLAY_CACHE, "result", &["hit", "miss"]),
 ];
 
@@ -252,6 +266,10 @@ fn describe() {
         "age of the oldest processing charge"
     );
     metrics::describe_gauge!(AWAITING_REVIEW, "charges awaiting a person's review");
+    metrics::describe_gauge!(
+        REFUNDS_AWAITING_REVIEW,
+        "refunds awaiting a person's review, their amounts reserved"
+    );
     metrics::describe_counter!(QUEUE_COMMANDS, "queue commands handled, by result");
     metrics::describe_counter!(
         QUEUE_RESULTS,

@@ -337,11 +337,15 @@ impl RefundDetail {
     }
 }
 
-/// What the `/metrics` gauges show about unsettled charges.
+/// What the `/metrics` gauges show about unsettled charges and refunds.
 #[derive(Debug, Clone, Copy, sqlx::FromRow)]
 pub struct ProcessingStats {
     pub oldest_processing_seconds: f64,
+    /// Charges `processing` with a review mark.
     pub awaiting_review: i64,
+    /// Refunds `pending` with a review mark (each one's amount still
+    /// reserved against its charge).
+    pub refunds_awaiting_review: i64,
 }
 
 /// How many connections a pool holds now, and how many of them are idle.

@@ -210,7 +210,7 @@ store_ops! {
         ) -> Result<Option<Charge>, StoreError>;
         /// Charges awaiting review, oldest first.
         fn stuck_charges(&self) -> Result<Vec<StuckCharge>, StoreError>;
-        /// What the `/metrics` gauges show about unsettled charges.
+        /// What the `/metrics` gauges show about unsettled charges and refunds.
         fn processing_stats(&self) -> Result<ProcessingStats, StoreError>;
         /// Stops the reconciler trying this charge; it stays `processing`, because
         /// only the acquirer's word may make it captured or failed. With the

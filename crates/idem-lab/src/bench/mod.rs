@@ -227,8 +227,13 @@ async fn run_bench(config: &BenchConfig) -> anyhow::Result<BenchResult> {
     if config.target.is_none() {
         let metrics = load.http.get(format!("{base}/metrics")).send().await?;
         let metrics = metrics.text().await?;
-        result.claim_batch_rows = mean_batch_rows(&metrics, "claim");
-        result.finalize_batch_rows = mean_batch_rows(&metrics, "finalize");
+        // A refund's claim and finalize are batches of their own.
+        let (claim, finalize) = match config.scenario {
+            Scenario::Refund => ("refund_claim", "refund_finalize"),
+            _ => ("claim", "finalize"),
+        };
+        result.claim_batch_rows = mean_batch_rows(&metrics, claim);
+        result.finalize_batch_rows = mean_batch_rows(&metrics, finalize);
     }
     if config.vs_pgbench {
         let db_url = db_url.context("--vs-pgbench needs a deployment it starts (no --url)")?;

@@ -84,6 +84,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     if let Ok(Ok(stats)) = tokio::time::timeout(READY_TIMEOUT, store.processing_stats()).await {
         metrics::gauge!(m::OLDEST_PROCESSING).set(stats.oldest_processing_seconds);
         metrics::gauge!(m::AWAITING_REVIEW).set(stats.awaiting_review as f64);
+        metrics::gauge!(m::REFUNDS_AWAITING_REVIEW).set(stats.refunds_awaiting_review as f64);
     }
     if let Ok(Ok((pending, oldest))) =
         tokio::time::timeout(READY_TIMEOUT, store.outbox_backlog()).await

@@ -189,9 +189,10 @@ const AT_ZERO: [&str; 7] = [
 
 /// Each alert whose event the scenario provokes, and the state it must reach
 /// on that first event (a rule with a long `for:` stays `pending` that long).
-const EXPECTED: [(&str, &str); 7] = [
+const EXPECTED: [(&str, &str); 8] = [
     ("IdemAcquirerContradicted", "firing"),
     ("IdemChargesAwaitingReview", "firing"),
+    ("IdemRefundsAwaitingReview", "firing"),
     ("IdemAcquirerUnknownOutcomes", "pending"),
     ("IdemShedding", "pending"),
     ("IdemDeadLetters", "firing"),
@@ -301,7 +302,9 @@ async fn every_counter_alert_fires_on_its_first_event_in_a_real_prometheus() {
     // A capture and its replay (the replay cache's panel), with a webhook
     // event to an endpoint that never answers.
     let key = new_key();
-    assert_eq!(client.charge(&key, &body(1, 25_000)).await.status, 201);
+    let captured = client.charge(&key, &body(1, 25_000)).await;
+    assert_eq!(captured.status, 201, "{captured:?}");
+    let charge_id = captured.json()["id"].as_str().expect("id").to_owned();
     assert_eq!(client.charge(&key, &body(1, 25_000)).await.status, 201);
     // The acquirer lies about the amount once: a contradicted capture.
     sim.set_faults(Faults {
@@ -314,6 +317,21 @@ async fn every_counter_alert_fires_on_its_first_event_in_a_real_prometheus() {
     assert_eq!(
         contradicted.problem_type(),
         "urn:idem:problem:charge-under-review"
+    );
+    // It lies about a refund of the first charge once: a refund awaiting review.
+    sim.set_faults(Faults {
+        fault: Fault::WrongAmount,
+        fault_count: Some(1),
+        ..Faults::default()
+    })
+    .await;
+    let refund = client
+        .refund(&charge_id, &new_key(), r#"{"amount_cents": 400}"#)
+        .await;
+    assert_eq!(
+        refund.problem_type(),
+        "urn:idem:problem:refund-under-review",
+        "{refund:?}"
     );
     // The acquirer answers 503 once: an unknown outcome.
     sim.set_faults(Faults {

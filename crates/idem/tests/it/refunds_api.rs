@@ -537,6 +537,14 @@ async fn remaining(env: &Env, charge_id: &str) -> i64 {
         .expect("remaining_cents")
 }
 
+/// The charges and the refunds awaiting review, as the store counts them for
+/// the `/metrics` gauges (`idem_charges_awaiting_review`,
+/// `idem_refunds_awaiting_review`).
+async fn awaiting_review(env: &Env) -> (i64, i64) {
+    let stats = env.db.store.processing_stats().await.expect("stats");
+    (stats.awaiting_review, stats.refunds_awaiting_review)
+}
+
 /// A refund the acquirer contradicted (it paid another amount): `503`
 /// refund-under-review; its id.
 async fn contradicted(env: &Env, charge_id: &str, key: &str, cents: i64) -> String {
@@ -585,10 +593,16 @@ async fn a_person_settles_a_refund_awaiting_review_and_a_late_retry_replays_it()
     let first = contradicted(&env, &charge_id, &first_key, 300).await;
     let second = contradicted(&env, &charge_id, &second_key, 200).await;
     assert!(remaining(&env, &charge_id).await == 500, "both reserved");
+    assert_eq!(
+        awaiting_review(&env).await,
+        (0, 2),
+        "both counted, no charge"
+    );
 
     // A retry asks the acquirer, which still says another amount.
     let (ok, _, err) = refunds_cli(&env, &["retry", &first]).await;
     assert!(!ok && err.contains("awaits review"), "{err}");
+    assert_eq!(awaiting_review(&env).await, (0, 2));
     let (ok, _, err) = refunds_cli(
         &env,
         &[
@@ -625,6 +639,11 @@ async fn a_person_settles_a_refund_awaiting_review_and_a_late_retry_replays_it()
     assert!(
         remaining(&env, &charge_id).await == 800,
         "the failed refund's 300 given back"
+    );
+    assert_eq!(
+        awaiting_review(&env).await,
+        (0, 1),
+        "the failed one settled"
     );
     let late = env
         .client
@@ -664,6 +683,7 @@ async fn a_person_settles_a_refund_awaiting_review_and_a_late_retry_replays_it()
         remaining(&env, &charge_id).await == 800,
         "the succeeded refund's 200 kept"
     );
+    assert_eq!(awaiting_review(&env).await, (0, 0), "none left to review");
     let (events,): (i64,) = sqlx::query_as(
         "select count(*) from outbox where kind = 'event' and event_type = 'refund.succeeded'",
     )

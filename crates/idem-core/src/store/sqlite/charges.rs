@@ -52,7 +52,10 @@ const PROCESSING_STATS_SQL: &str = concatcp!(
     "select coalesce((",
     NOW,
     " - min(created_at)) / 1000.0, 0.0) as oldest_processing_seconds,
-            count(*) filter (where review_since is not null) as awaiting_review
+            count(*) filter (where review_since is not null) as awaiting_review,
+            (select count(*) from refunds
+              where status = 'pending' and review_since is not null)
+              as refunds_awaiting_review
        from charges where status = 'processing'"
 );
 
