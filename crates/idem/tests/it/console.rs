@@ -1,6 +1,7 @@
 //! The operator console in a real browser: headless Chromium from Debian,
 //! driven through ChromeDriver (WebDriver), signs in and clicks "Resolve" on
-//! a charge awaiting review; the API then replays the charge as resolved.
+//! a charge awaiting review (and on a refund awaiting review); the API then
+//! replays what the person decided.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -317,6 +318,132 @@ async fn a_person_resolves_a_charge_in_the_console_and_the_api_replays_it_resolv
     assert_eq!(
         resolve.reason.as_deref(),
         Some("acquirer portal shows it captured")
+    );
+}
+
+/// Signs in to the console at `console` with the flag's token.
+async fn sign_in(browser: &fantoccini::Client, console: &str) {
+    browser.goto(&format!("{console}/login")).await.unwrap();
+    browser
+        .find(Locator::Css("#token"))
+        .await
+        .unwrap()
+        .send_keys(TOKEN)
+        .await
+        .unwrap();
+    browser
+        .find(Locator::Css("button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
+/// A refund the acquirer contradicted awaits review; a person resolves it as
+/// failed in the console: its amount is the charge's again, the API replays
+/// the refusal to the client's late retry, and the decision is audited under
+/// the token's name.
+#[tokio::test]
+async fn a_person_resolves_a_refund_in_the_console_and_its_amount_is_the_charges_again() {
+    let db = TestDb::new().await;
+    let sim = TestSim::start(Faults::default()).await;
+    let secret = db.merchant("loja").await;
+    let admin = format!("127.0.0.1:{}", free_port());
+    let server = ServeProcess::start(
+        &db,
+        &sim,
+        &[
+            "--no-workers",
+            "--admin-listen",
+            &admin,
+            "--admin-token",
+            TOKEN,
+        ],
+    )
+    .await;
+    let client = Client::new(&server.url, &secret);
+    let charge = client.charge(&new_key(), &body(7, 1_000)).await;
+    assert_eq!(charge.status, 201);
+    let charge_id = charge.json()["id"].as_str().unwrap().to_owned();
+    sim.set_faults(Faults {
+        fault_count: Some(1),
+        ..failing(Fault::WrongAmount)
+    })
+    .await;
+    let key = new_key();
+    let lied = client
+        .refund(&charge_id, &key, r#"{"amount_cents": 400}"#)
+        .await;
+    assert_eq!(lied.problem_type(), "urn:idem:problem:refund-under-review");
+    let id = lied.json()["refund_id"].as_str().unwrap().to_owned();
+
+    let driver = Driver::start().await;
+    let browser = driver.browser().await;
+    let console = format!("http://{admin}");
+    sign_in(&browser, &console).await;
+    let row = browser
+        .wait()
+        .for_element(Locator::Css(&format!(
+            "#refund-review tr[data-refund='{id}']"
+        )))
+        .await
+        .expect("the refund awaiting review is listed");
+    assert!(row.text().await.unwrap().contains(&charge_id));
+    row.find(Locator::Css("select[name=as]"))
+        .await
+        .unwrap()
+        .select_by_value("failed")
+        .await
+        .unwrap();
+    row.find(Locator::Css("input[name=reason]"))
+        .await
+        .unwrap()
+        .send_keys("the acquirer's report has no such refund")
+        .await
+        .unwrap();
+    row.find(Locator::Css("button.resolve"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let done = browser
+        .wait()
+        .for_element(Locator::Css(".notice.good"))
+        .await
+        .unwrap();
+    let said = done.text().await.unwrap();
+    assert!(
+        said.contains(&id) && said.contains("answer 422 stored"),
+        "{said}"
+    );
+    assert!(
+        browser
+            .find(Locator::Css(&format!("tr[data-refund='{id}']")))
+            .await
+            .is_err(),
+        "no longer awaiting review"
+    );
+    browser.close().await.unwrap();
+
+    let late = client
+        .refund(&charge_id, &key, r#"{"amount_cents": 400}"#)
+        .await;
+    assert_eq!((late.status, late.replayed()), (422, true));
+    assert_eq!(late.problem_type(), "urn:idem:problem:refund-failed");
+    let over = client
+        .refund(&charge_id, &new_key(), r#"{"amount_cents": 1001}"#)
+        .await;
+    assert_eq!(over.json()["remaining_cents"], 1_000, "the 400 given back");
+    let trail = db.store.audit_trail(Some(&id), 10).await.unwrap();
+    let resolve = trail
+        .iter()
+        .find(|a| a.action == "refund.resolve")
+        .expect("audited");
+    assert_eq!(
+        (resolve.actor.as_str(), resolve.detail.as_deref()),
+        ("console (--admin-token)", Some("resolved as failed"))
     );
 }
 
