@@ -277,6 +277,79 @@ async fn a_charge_with_a_traceparent_is_one_trace_through_the_acquirer_to_its_ev
     assert_eq!(trace_of(&carried), TRACE, "{carried}");
 }
 
+/// A refund is traced as a charge is: the request's span, its claim, the
+/// acquirer's call (naming the refund, at `/v1/refunds`) whose context the
+/// acquirer receives, its finalize; and its event carries the trace.
+#[tokio::test]
+async fn a_refund_with_a_traceparent_is_one_trace_through_the_acquirer_to_its_event() {
+    let broker = TestBroker::new().await;
+    let amqp = Amqp::connect(&broker).await;
+    let events = amqp
+        .queue("test.refund-events", Some((EVENTS_EXCHANGE, "refund.#")))
+        .await;
+    let t = Traced::start(
+        Faults::default(),
+        &["--amqp-url", &broker.url, "--outbox-poll", "100ms"],
+    )
+    .await;
+    let (receiver, sim, client) = (&t.receiver, &t.sim, &t.client);
+    let charge = client.charge(&new_key(), &body(7, 5_000)).await;
+    assert_eq!(charge.status, 201, "{charge:?}");
+    let charge_id = charge.json()["id"].as_str().expect("id").to_owned();
+
+    let traceparent = client_traceparent();
+    let answer = client
+        .refund_with(
+            &charge_id,
+            &new_key(),
+            r#"{"amount_cents": 1200}"#,
+            &[("traceparent", &traceparent)],
+        )
+        .await;
+    assert_eq!(answer.status, 201, "{answer:?}");
+    let refund_id = answer.json()["id"].as_str().expect("id").to_owned();
+
+    let route = "POST /v1/charges/{id}/refunds";
+    let spans = receiver
+        .spans_when("the refund's server span", |s| !named(s, route).is_empty())
+        .await;
+    let server = named(&spans, route)[0];
+    assert_eq!(
+        (server.trace_id.as_str(), server.parent_span_id.as_str()),
+        (TRACE, CLIENT_SPAN),
+        "the client's trace goes on"
+    );
+    assert_eq!(server.attr("http.response.status_code"), 201);
+    let children = |name: &str| -> Vec<&Span> {
+        named(&spans, name)
+            .into_iter()
+            .filter(|s| s.trace_id == TRACE && s.parent_span_id == server.span_id)
+            .collect()
+    };
+    assert_eq!(children("claim").len(), 1, "one claim: {spans:#?}");
+    assert_eq!(children("finalize").len(), 1, "one finalize: {spans:#?}");
+    let acquirer = children("POST");
+    assert_eq!(acquirer.len(), 1, "one call to the acquirer: {spans:#?}");
+    let acquirer = acquirer[0];
+    assert_eq!(acquirer.attr("refund_id"), refund_id.as_str());
+    assert_eq!(acquirer.attr("url.template"), "/v1/refunds");
+    assert_eq!(acquirer.attr("http.response.status_code"), 201);
+
+    // The acquirer saw the trace, as the child of the call's span.
+    let ledger = sim.ledger().await;
+    assert_eq!(ledger.refunds.len(), 1, "{ledger:?}");
+    assert_eq!(
+        ledger.refunds[0].traceparent.as_deref(),
+        Some(format!("00-{TRACE}-{}-01", acquirer.span_id).as_str())
+    );
+    // The refund's event carries it on RabbitMQ.
+    let event = amqp.take(&events, 1, Duration::from_secs(10)).await;
+    let carried = event[0]
+        .header_str("traceparent")
+        .expect("a traceparent header");
+    assert_eq!(trace_of(&carried), TRACE, "{carried}");
+}
+
 #[tokio::test]
 async fn a_charge_the_reconciler_settles_after_a_503_links_back_to_the_request() {
     let t = Traced::start(

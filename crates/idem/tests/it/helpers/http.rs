@@ -103,15 +103,28 @@ impl Client {
 
     /// `POST /v1/charges/{charge_id}/refunds` with a JSON body given as text.
     pub async fn refund(&self, charge_id: &str, key: &str, body: &str) -> Answer {
-        self.send(
-            self.http
-                .post(format!("{}/v1/charges/{charge_id}/refunds", self.base))
-                .bearer_auth(&self.secret)
-                .header("Idempotency-Key", key)
-                .header("Content-Type", "application/json")
-                .body(body.to_owned()),
-        )
-        .await
+        self.refund_with(charge_id, key, body, &[]).await
+    }
+
+    /// [`Client::refund`] with extra headers.
+    pub async fn refund_with(
+        &self,
+        charge_id: &str,
+        key: &str,
+        body: &str,
+        headers: &[(&str, &str)],
+    ) -> Answer {
+        let mut request = self
+            .http
+            .post(format!("{}/v1/charges/{charge_id}/refunds", self.base))
+            .bearer_auth(&self.secret)
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(body.to_owned());
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        self.send(request).await
     }
 
     /// Retries a refund on `409` and `503` until it is final.
