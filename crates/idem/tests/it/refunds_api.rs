@@ -89,6 +89,63 @@ async fn forty_refunds_of_ten_over_three_instances_give_back_exactly_the_capture
     assert_eq!(db.count("refunds").await, 10, "a refusal stores nothing");
 }
 
+/// The article's timeout, for a refund: the client gives up on instance A
+/// while A's call is still at the acquirer (3 s), and retries the same key
+/// on instance B: B answers `409` while A works, then the refund A stored;
+/// A replays the same bytes; the acquirer paid one refund, once.
+#[tokio::test]
+async fn a_refund_retried_on_another_instance_while_the_first_is_at_the_acquirer_is_one_refund() {
+    let db = TestDb::new().await;
+    let sim = TestSim::start(Faults::default()).await;
+    let secret = db.merchant("loja").await;
+    let a = ServeProcess::start(&db, &sim, &[]).await;
+    let b = ServeProcess::start(&db, &sim, &[]).await;
+    let (on_a, on_b) = (Client::new(&a.url, &secret), Client::new(&b.url, &secret));
+    let charge_id = captured(&on_a, 1, 5_000).await;
+    sim.set_faults(Faults {
+        latency_ms: 3_000,
+        ..Faults::default()
+    })
+    .await;
+    let key = new_key();
+    let body = amount(2_000);
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(800),
+        on_a.refund(&charge_id, &key, &body),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the client gave up on A: {gave_up:?}");
+    // A claimed the refund (committed before its call) and is at the acquirer.
+    let started = std::time::Instant::now();
+    while db.count("refunds").await == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "A never claimed the refund"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let on_b_first = on_b.refund(&charge_id, &key, &body).await;
+    assert!(
+        on_b_first.status == 409 || (on_b_first.status == 201 && on_b_first.replayed()),
+        "A holds it (or, on a very slow machine, has stored it): {on_b_first:?}"
+    );
+    let from_b = on_b.refund_until_final(&charge_id, &key, &body).await;
+    assert_eq!(from_b.status, 201, "{from_b:?}");
+    let from_a = on_a.refund(&charge_id, &key, &body).await;
+    assert_eq!(from_a.status, 201);
+    assert!(from_a.replayed());
+    assert_eq!(
+        from_a.body, from_b.body,
+        "both answers agree, byte for byte"
+    );
+    let reference = on_a.get_charge(&charge_id).await.json()["acquirer_reference"]
+        .as_str()
+        .expect("reference")
+        .to_owned();
+    assert_eq!(ledger_refunded(&sim, &reference).await, (1, 2_000));
+    assert_eq!(db.count("refunds").await, 1);
+}
+
 #[tokio::test]
 async fn a_refund_is_answered_once_and_replayed_byte_for_byte() {
     let env = Env::start(Faults::default()).await;
