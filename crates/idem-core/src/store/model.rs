@@ -509,6 +509,10 @@ pub struct ChargeFilter {
     /// Made at or after.
     pub since: Option<DateTime<Utc>>,
     pub order_id: Option<i64>,
+    /// Only this merchant's (by name).
+    pub merchant: Option<String>,
+    /// Only the charge made under this key (with `merchant`, the one).
+    pub idempotency_key: Option<String>,
     /// Oldest first instead.
     pub oldest_first: bool,
     pub limit: i64,

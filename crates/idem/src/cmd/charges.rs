@@ -31,6 +31,12 @@ pub(crate) enum Command {
         /// Only charges for this order.
         #[arg(long)]
         order_id: Option<i64>,
+        /// Only this merchant's charges (by name).
+        #[arg(long)]
+        merchant: Option<String>,
+        /// Only the charge made under this idempotency key.
+        #[arg(long)]
+        key: Option<String>,
         /// At most this many.
         #[arg(long, default_value_t = 100)]
         limit: i64,
@@ -105,6 +111,8 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<()> {
             status,
             since,
             order_id,
+            merchant,
+            key,
             limit,
             db,
         } => {
@@ -119,6 +127,8 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<()> {
                 awaiting_review: matches!(status, Some(StatusFilter::Review)),
                 since,
                 order_id,
+                merchant,
+                idempotency_key: key,
                 oldest_first: false,
                 limit: limit.max(0),
             };

@@ -343,9 +343,11 @@ async fn sign_in(browser: &fantoccini::Client, console: &str) {
 /// A refund the acquirer contradicted awaits review; a person resolves it as
 /// failed in the console: its amount is the charge's again, the API replays
 /// the refusal to the client's late retry, and the decision is audited under
-/// the token's name.
+/// the token's name. Then the console finds the charge by its order id and
+/// its merchant (and by the refund's id) and shows its story: the charge, its
+/// key record, its refunds, and the history with the resolution.
 #[tokio::test]
-async fn a_person_resolves_a_refund_in_the_console_and_its_amount_is_the_charges_again() {
+async fn a_person_resolves_a_refund_in_the_console_and_finds_its_charges_story() {
     let db = TestDb::new().await;
     let sim = TestSim::start(Faults::default()).await;
     let secret = db.merchant("loja").await;
@@ -425,6 +427,105 @@ async fn a_person_resolves_a_refund_in_the_console_and_its_amount_is_the_charges
             .is_err(),
         "no longer awaiting review"
     );
+
+    // Found by its order and its merchant, then its whole story on one page.
+    let search = browser
+        .find(Locator::Css("form#search input[name=q]"))
+        .await
+        .expect("the search form");
+    search.send_keys("7").await.unwrap();
+    browser
+        .find(Locator::Css("form#search input[name=merchant]"))
+        .await
+        .unwrap()
+        .send_keys("loja")
+        .await
+        .unwrap();
+    browser
+        .find(Locator::Css("form#search button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    browser
+        .wait()
+        .for_element(Locator::Css(&format!(
+            "#results tr[data-charge='{charge_id}'] a"
+        )))
+        .await
+        .expect("the charge of order 7 found")
+        .click()
+        .await
+        .unwrap();
+    let status = browser
+        .wait()
+        .for_element(Locator::Css("#charge dd.status"))
+        .await
+        .expect("the charge's page");
+    assert_eq!(status.text().await.unwrap(), "captured");
+    let section = |css: &'static str| {
+        let browser = browser.clone();
+        async move {
+            browser
+                .find(Locator::Css(css))
+                .await
+                .unwrap_or_else(|_| panic!("{css}"))
+                .text()
+                .await
+                .unwrap()
+        }
+    };
+    assert!(section("#charge").await.contains(&charge_id));
+    assert!(
+        section("#key").await.contains("completed"),
+        "the key record"
+    );
+    let refunds = section("#refunds").await;
+    assert!(
+        refunds.contains(&id) && refunds.contains("failed"),
+        "{refunds}"
+    );
+    let history = section("#history").await;
+    assert!(
+        history.contains("refund.resolve")
+            && history.contains("the acquirer's report has no such refund"),
+        "{history}"
+    );
+    // docs/operations.md's picture of the page, when asked for.
+    if let Ok(path) = std::env::var("IDEM_CONSOLE_SCREENSHOT") {
+        browser
+            .set_window_size(1200, 1100)
+            .await
+            .expect("window size");
+        let png = browser.screenshot().await.expect("a screenshot");
+        std::fs::write(&path, png).expect("write the screenshot");
+    }
+    // A refund id finds its charge too; an unknown charge is a 404 page.
+    browser
+        .goto(&format!("{console}/charges?q={id}"))
+        .await
+        .unwrap();
+    browser
+        .wait()
+        .for_element(Locator::Css("#charge"))
+        .await
+        .expect("the refund's charge");
+    assert!(browser
+        .current_url()
+        .await
+        .unwrap()
+        .path()
+        .ends_with(&charge_id));
+    browser
+        .goto(&format!("{console}/charges/ch_000000000000000000000000"))
+        .await
+        .unwrap();
+    assert!(browser
+        .source()
+        .await
+        .unwrap()
+        .contains("No charge has the id"));
     browser.close().await.unwrap();
 
     let late = client

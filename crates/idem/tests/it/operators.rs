@@ -70,6 +70,15 @@ async fn a_person_resolves_a_charge_awaiting_review_and_a_late_retry_replays_the
     assert_eq!(by_order.lines().count(), 2, "{by_order}");
     let (_, not_since, _) = charges(&env, &["list", "--since", "2999-01-01T00:00:00Z"]).await;
     assert_eq!(not_since.lines().count(), 1, "{not_since}");
+    let (_, by_key, _) = charges(&env, &["list", "--merchant", "loja", "--key", &key]).await;
+    assert_eq!(by_key.lines().count(), 2, "{by_key}");
+    let (_, elsewhere, _) =
+        charges(&env, &["list", "--merchant", "outra", "--order-id", "1"]).await;
+    assert_eq!(
+        elsewhere.lines().count(),
+        1,
+        "another merchant's: none: {elsewhere}"
+    );
 
     // Shown whole: the charge, its key record, the reconciler's history.
     let (ok, shown, err) = charges(&env, &["show", &id]).await;

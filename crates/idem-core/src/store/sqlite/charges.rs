@@ -60,7 +60,8 @@ const PROCESSING_STATS_SQL: &str = concatcp!(
 );
 
 /// As on PostgreSQL: `$1` status, `$2` awaiting review only, `$3` since (ms),
-/// `$4` order id, `$5` limit. Times as the RFC 3339 text they decode from.
+/// `$4` order id, `$5` limit, `$6` oldest first, `$7` merchant, `$8` key.
+/// Times as the RFC 3339 text they decode from.
 const LIST_SQL: &str = "
     select c.id, m.name as merchant, c.order_id, c.amount_cents, c.currency, c.status,
            strftime('%Y-%m-%dT%H:%M:%fZ', c.created_at / 1000.0, 'unixepoch') as created_at,
@@ -71,6 +72,8 @@ const LIST_SQL: &str = "
        and (not $2 or (c.status = 'processing' and c.review_since is not null))
        and ($3 is null or c.created_at >= $3)
        and ($4 is null or c.order_id = $4)
+       and ($7 is null or m.name = $7)
+       and ($8 is null or c.idempotency_key = $8)
      order by case when $6 then c.created_at end,
               case when not $6 then c.created_at end desc, c.id
      limit $5";
@@ -108,6 +111,8 @@ impl Charges for SqliteStore {
             .bind(filter.order_id)
             .bind(filter.limit)
             .bind(filter.oldest_first)
+            .bind(filter.merchant.as_deref())
+            .bind(filter.idempotency_key.as_deref())
             .fetch_all(&self.pool)
             .await?)
     }

@@ -1,5 +1,6 @@
-//! The operator console (`idem serve --admin-listen ADDR`): one server-rendered
-//! page, no JavaScript, no asset from anywhere but itself. It shows the charges
+//! The operator console (`idem serve --admin-listen ADDR`): server-rendered
+//! pages, no JavaScript, no asset from anywhere but itself. It finds any
+//! charge and shows its story ([`charge`]), and its front page shows the charges
 //! awaiting review (with "retry" and "resolve", the very operations of `idem
 //! charges`, audited under the token's name), the oldest `processing` charges,
 //! the outbox backlog, the merchants and their secrets' expiry, the webhook
@@ -13,6 +14,8 @@
 //! pages from posting the console's forms with it (cross-site request
 //! forgery). Actions are `POST`s answered `303 See Other` back to the page,
 //! with what came of them in the address.
+
+mod charge;
 
 use std::time::Duration;
 
@@ -76,6 +79,8 @@ pub async fn serve_console(
         .route("/", get(page))
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
+        .route("/charges", get(charge::search))
+        .route("/charges/{id}", get(charge::charge_page))
         .route("/{kind}/{id}/retry", post(retry))
         .route("/{kind}/{id}/resolve", post(resolve))
         .route("/webhooks/{event_id}/redeliver", post(redeliver))
@@ -362,6 +367,7 @@ async fn page(
             Ok(l) => l,
             Err(e) => return unavailable(&e),
         };
+    let merchant_names: Vec<String> = listing.iter().map(|m| m.merchant.name.clone()).collect();
     let body = html! {
         header {
             h1 { "idem console" }
@@ -372,6 +378,7 @@ async fn page(
         }
         @if let Some(done) = &notice.done { p.notice.good role="status" { (done) } }
         @if let Some(failed) = &notice.failed { p.notice.bad role="alert" { (failed) } }
+        (charge::search_form(&merchant_names, "", ""))
         (review_section(&review))
         (refund_review_section(&refunds))
         (processing_section(&processing))
@@ -403,11 +410,15 @@ fn layout(title: &str, body: Markup) -> Markup {
 }
 
 fn money(c: &ChargeSummary) -> String {
+    cents(c.amount_cents, &c.currency)
+}
+
+/// An amount in cents as money: `250.00 BRL`.
+fn cents(amount_cents: i64, currency: &str) -> String {
     format!(
-        "{}.{:02} {}",
-        c.amount_cents / 100,
-        c.amount_cents % 100,
-        c.currency
+        "{}.{:02} {currency}",
+        amount_cents / 100,
+        amount_cents % 100
     )
 }
 
@@ -476,7 +487,7 @@ fn refund_review_section(refunds: &[StuckRefund]) -> Markup {
                                 td { code { (r.id) } }
                                 td { code { (r.charge_id) } }
                                 td { (r.merchant) }
-                                td.num { (format!("{}.{:02} {}", r.amount_cents / 100, r.amount_cents % 100, r.currency)) }
+                                td.num { (cents(r.amount_cents, &r.currency)) }
                                 td { (r.review_since.format("%Y-%m-%d %H:%M UTC")) }
                                 td { (r.review_reason.as_deref().unwrap_or("")) }
                                 (actions(&format!("/refunds/{}", r.id), "succeeded"))

@@ -1,0 +1,329 @@
+//! The console finds any charge: a search by charge id, refund id, order id
+//! or idempotency key (the merchant chosen or typed), and a charge's page with
+//! its story in time order: the charge, its key record (how many attempts
+//! held it, its stored answer), its refunds, and what the reconciler and the
+//! operators did to it and to its refunds (the audit trail), with retry and
+//! resolve where it, or one of its refunds, awaits a person. The same reads
+//! as `idem charges list` and `idem charges show`.
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{Html, IntoResponse, Response};
+use maud::{html, Markup};
+
+use idem_core::domain::{ChargeId, Refund};
+use idem_core::store::{AuditRecord, ChargeFilter, ChargeRecord, ChargeSummary, StoreError};
+
+use super::{actions, cents, layout, see_other, unavailable, Console, Operator, LIST_LIMIT};
+
+/// Audit records a page shows per subject, newest first.
+const HISTORY_LIMIT: i64 = 100;
+
+#[derive(serde::Deserialize)]
+pub(super) struct SearchQuery {
+    /// The merchant's name; empty for any.
+    merchant: Option<String>,
+    q: Option<String>,
+}
+
+/// What a search's text names.
+enum Sought {
+    Charge(String),
+    Refund(String),
+    Order(i64),
+    Key(String),
+}
+
+impl Sought {
+    fn of(q: &str) -> Self {
+        if q.starts_with("ch_") {
+            Self::Charge(q.to_owned())
+        } else if q.starts_with("re_") {
+            Self::Refund(q.to_owned())
+        } else if let Ok(order) = q.parse::<i64>() {
+            Self::Order(order)
+        } else {
+            Self::Key(q.to_owned())
+        }
+    }
+}
+
+/// The search form, for the console's pages.
+pub(super) fn search_form(merchants: &[String], merchant: &str, q: &str) -> Markup {
+    html! {
+        form #search method="get" action="/charges" {
+            label for="q" { "Find a charge" }
+            input #q type="search" name="q" value=(q)
+                placeholder="charge id, refund id, order id or idempotency key" required;
+            input type="text" name="merchant" list="merchant-names" value=(merchant)
+                placeholder="merchant (any)" aria-label="merchant";
+            datalist #merchant-names { @for m in merchants { option value=(m) {} } }
+            button type="submit" { "Search" }
+        }
+    }
+}
+
+pub(super) async fn search(
+    State(console): State<Console>,
+    Operator(_): Operator,
+    Query(query): Query<SearchQuery>,
+) -> Response {
+    let q = query.q.as_deref().unwrap_or("").trim().to_owned();
+    let merchant = query
+        .merchant
+        .as_deref()
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .map(str::to_owned);
+    let store = &console.store;
+    let filter = match Sought::of(&q) {
+        _ if q.is_empty() => return see_other("/"),
+        Sought::Charge(id) => return see_other(&format!("/charges/{}", urlencode(&id))),
+        Sought::Refund(id) => {
+            return match store.refund_detail(&id).await {
+                Ok(Some(refund)) => see_other(&format!("/charges/{}", refund.charge_id)),
+                Ok(None) => results(&console, &q, merchant.as_deref(), &[]).await,
+                Err(e) => unavailable(&e),
+            }
+        }
+        Sought::Order(order) => ChargeFilter {
+            order_id: Some(order),
+            merchant: merchant.clone(),
+            limit: LIST_LIMIT,
+            ..ChargeFilter::default()
+        },
+        Sought::Key(key) => ChargeFilter {
+            idempotency_key: Some(key),
+            merchant: merchant.clone(),
+            limit: LIST_LIMIT,
+            ..ChargeFilter::default()
+        },
+    };
+    match store.charges(&filter).await {
+        Ok(found) => results(&console, &q, merchant.as_deref(), &found).await,
+        Err(e) => unavailable(&e),
+    }
+}
+
+fn urlencode(s: &str) -> String {
+    let encoded = serde_urlencoded::to_string([("", s)]).unwrap_or_default();
+    encoded.trim_start_matches('=').to_owned()
+}
+
+async fn merchant_names(console: &Console) -> Result<Vec<String>, StoreError> {
+    Ok(console
+        .store
+        .merchant_listing()
+        .await?
+        .into_iter()
+        .map(|m| m.merchant.name)
+        .collect())
+}
+
+async fn results(
+    console: &Console,
+    q: &str,
+    merchant: Option<&str>,
+    found: &[ChargeSummary],
+) -> Response {
+    let merchants = match merchant_names(console).await {
+        Ok(m) => m,
+        Err(e) => return unavailable(&e),
+    };
+    let body = html! {
+        p { a href="/" { "← console" } }
+        (search_form(&merchants, merchant.unwrap_or(""), q))
+        section #results {
+            h2 { "Charges for " code { (q) } @if let Some(m) = merchant { " at " (m) } }
+            @if found.is_empty() {
+                p.empty { "No charge found." }
+            } @else {
+                table {
+                    thead { tr { th { "charge" } th { "merchant" } th { "order" } th { "amount" } th { "status" } th { "made" } } }
+                    tbody {
+                        @for c in found {
+                            tr data-charge=(c.id) {
+                                td { a href=(format!("/charges/{}", c.id)) { code { (c.id) } } }
+                                td { (c.merchant) }
+                                td { (c.order_id) }
+                                td.num { (cents(c.amount_cents, &c.currency)) }
+                                td { (c.status) }
+                                td { (c.created_at.format("%Y-%m-%d %H:%M:%S UTC")) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    Html(layout("Search · idem console", body).into_string()).into_response()
+}
+
+pub(super) async fn charge_page(
+    State(console): State<Console>,
+    Operator(_): Operator,
+    Path(id): Path<String>,
+) -> Response {
+    let loaded = async {
+        let store = &console.store;
+        let Some(record) = store.charge_record(&id).await? else {
+            return Ok::<_, StoreError>(None);
+        };
+        let refunds = match ChargeId::parse(&id) {
+            Some(charge_id) => {
+                store
+                    .refunds_of(record.charge.merchant_id, &charge_id)
+                    .await?
+            }
+            None => Vec::new(),
+        };
+        let mut history = store.audit_trail(Some(&id), HISTORY_LIMIT).await?;
+        for refund in &refunds {
+            let of_refund = store
+                .audit_trail(Some(refund.id.as_str()), HISTORY_LIMIT)
+                .await?;
+            history.extend(of_refund);
+        }
+        history.sort_by_key(|a| (a.at, a.id));
+        let mut awaiting = Vec::new();
+        for refund in &refunds {
+            if let Some(detail) = store.refund_detail(refund.id.as_str()).await? {
+                if detail.awaiting_review() {
+                    awaiting.push(detail.id);
+                }
+            }
+        }
+        Ok(Some((record, refunds, history, awaiting)))
+    }
+    .await;
+    let (record, refunds, history, awaiting) = match loaded {
+        Ok(Some(loaded)) => loaded,
+        Ok(None) => {
+            let body = html! {
+                p { a href="/" { "← console" } }
+                p.notice.bad { "No charge has the id " code { (id) } "." }
+            };
+            return (
+                StatusCode::NOT_FOUND,
+                Html(layout("Not found · idem console", body).into_string()),
+            )
+                .into_response();
+        }
+        Err(e) => return unavailable(&e),
+    };
+    let title = format!("{} · idem console", record.charge.id);
+    let body = html! {
+        p { a href="/" { "← console" } }
+        (charge_section(&record))
+        (key_section(&record))
+        (refunds_section(&refunds, &awaiting))
+        (history_section(&history))
+    };
+    Html(layout(&title, body).into_string()).into_response()
+}
+
+fn when(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+}
+
+fn charge_section(record: &ChargeRecord) -> Markup {
+    let c = &record.charge;
+    html! {
+        section #charge {
+            h1 { "Charge " code { (c.id) } }
+            dl {
+                dt { "status" } dd.status { (c.status) @if c.awaiting_review() { " — awaiting review" } }
+                dt { "merchant" } dd { (c.merchant) }
+                dt { "order" } dd { (c.order_id) }
+                dt { "amount" } dd { (cents(c.amount_cents, &c.currency)) }
+                @if let Some(d) = &c.description { dt { "description" } dd { (d) } }
+                dt { "made" } dd { (when(c.created_at)) }
+                dt { "last change" } dd { (when(c.updated_at)) }
+                dt { "acquirer reference" } dd { code { (c.acquirer_reference) } }
+                @if let Some(capture) = &c.acquirer_capture_id { dt { "capture" } dd { code { (capture) } } }
+                @if let Some(reason) = &c.decline_reason { dt { "declined" } dd { (reason) } }
+                @if c.reconcile_attempts > 0 { dt { "reconciler" } dd { (c.reconcile_attempts) " unknown answer(s)" @if let Some(next) = c.next_reconcile_at { "; looks again at " (when(next)) } } }
+                @if let Some(since) = c.review_since { dt { "awaiting review since" } dd { (when(since)) ": " (c.review_reason.as_deref().unwrap_or("")) } }
+            }
+            @if c.awaiting_review() {
+                table.act { tbody { tr data-charge=(c.id) { (actions(&format!("/charges/{}", c.id), "captured")) } } }
+            }
+        }
+    }
+}
+
+fn key_section(record: &ChargeRecord) -> Markup {
+    html! {
+        section #key {
+            h2 { "Idempotency key" }
+            @match &record.key {
+                None => p.empty { "Its key record is gone: swept after its time to live (the charge keeps its key: "
+                    code { (record.charge.idempotency_key.as_deref().unwrap_or("unknown")) } ")." },
+                Some(k) => dl {
+                    dt { "key" } dd { code { (k.idempotency_key) } }
+                    dt { "state" } dd { (k.state) }
+                    dt { "attempts" } dd { (k.attempt) " (each take-over by a retry, a server or the reconciler is one more)" }
+                    @if let Some(until) = k.locked_until { dt { "leased until" } dd { (when(until)) } }
+                    @if let Some(status) = k.response_status { dt { "stored answer" } dd { (status) ", replayed to every retry" } }
+                    dt { "honoured until" } dd { (when(k.expires_at)) }
+                },
+            }
+        }
+    }
+}
+
+fn refunds_section(refunds: &[Refund], awaiting: &[String]) -> Markup {
+    html! {
+        section #refunds {
+            h2 { "Refunds (" (refunds.len()) ")" }
+            @if refunds.is_empty() {
+                p.empty { "None." }
+            } @else {
+                table {
+                    thead { tr { th { "refund" } th { "amount" } th { "status" } th { "reason" } th { "made" } th { "act" } } }
+                    tbody {
+                        @for r in refunds {
+                            tr data-refund=(r.id.as_str()) {
+                                td { code { (r.id.as_str()) } }
+                                td.num { (cents(r.amount_cents.get(), r.currency.as_str())) }
+                                td { (r.status.as_str()) @if let Some(why) = &r.failure_reason { ": " (why) } }
+                                td { (r.reason.map(|x| x.as_str()).unwrap_or("")) }
+                                td { (when(r.created_at)) }
+                                @if awaiting.iter().any(|a| a == r.id.as_str()) {
+                                    (actions(&format!("/refunds/{}", r.id.as_str()), "succeeded"))
+                                } @else { td {} }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn history_section(history: &[AuditRecord]) -> Markup {
+    html! {
+        section #history {
+            h2 { "History" }
+            @if history.is_empty() {
+                p.empty { "No reconciler look and no operator action yet." }
+            } @else {
+                table {
+                    thead { tr { th { "when" } th { "who" } th { "what" } th { "of" } th { "detail" } th { "why" } } }
+                    tbody {
+                        @for a in history {
+                            tr {
+                                td { (when(a.at)) }
+                                td { (a.actor) }
+                                td { code { (a.action) } }
+                                td { code { (a.subject) } }
+                                td { (a.detail.as_deref().unwrap_or("")) }
+                                td { (a.reason.as_deref().unwrap_or("")) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
