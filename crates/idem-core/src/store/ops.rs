@@ -310,6 +310,13 @@ store_ops! {
         ) -> Result<u64, StoreError>;
         /// The latest `limit` deliveries, newest first.
         fn webhook_deliveries(&self, limit: i64) -> Result<Vec<DeliveryInfo>, StoreError>;
+        /// The deliveries of the events about a charge and its refunds, oldest
+        /// first (those written by this release: the delivery names its charge).
+        fn charge_deliveries(
+            &self,
+            charge_id: &str,
+            limit: i64,
+        ) -> Result<Vec<DeliveryInfo>, StoreError>;
         /// Deliveries not yet delivered nor given up, and the oldest's age in seconds.
         fn webhook_backlog(&self) -> Result<(i64, f64), StoreError>;
     }

@@ -296,6 +296,14 @@ async fn a_person_resolves_a_charge_in_the_console_and_the_api_replays_it_resolv
         ],
         "the resolution's webhook, written with it"
     );
+    let (unnamed,): (i64,) = sqlx::query_as(
+        "select count(*) from webhook_deliveries where charge_id is null or charge_id <> $1",
+    )
+    .bind(&id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(unnamed, 0, "each delivery names its charge");
     let trail = db.store.audit_trail(Some(&review_event), 10).await.unwrap();
     assert!(
         trail
@@ -365,6 +373,20 @@ async fn a_person_resolves_a_refund_in_the_console_and_finds_its_charges_story()
     )
     .await;
     let client = Client::new(&server.url, &secret);
+    let (status, _, stderr) = run_idem(
+        &db,
+        &[
+            "webhooks",
+            "add",
+            "loja",
+            "http://127.0.0.1:9/hook",
+            "--webhook-allow-private",
+            "--actor",
+            "ana",
+        ],
+    )
+    .await;
+    assert!(status.success(), "{stderr}");
     let charge = client.charge(&new_key(), &body(7, 1_000)).await;
     assert_eq!(charge.status, 201);
     let charge_id = charge.json()["id"].as_str().unwrap().to_owned();
@@ -486,6 +508,14 @@ async fn a_person_resolves_a_refund_in_the_console_and_finds_its_charges_story()
         refunds.contains(&id) && refunds.contains("failed"),
         "{refunds}"
     );
+    let deliveries = section("#deliveries").await;
+    for event in [
+        "charge.captured",
+        "refund.review_required",
+        "refund.resolved",
+    ] {
+        assert!(deliveries.contains(event), "{event}: {deliveries}");
+    }
     let history = section("#history").await;
     assert!(
         history.contains("refund.resolve")

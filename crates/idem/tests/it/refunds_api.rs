@@ -795,4 +795,15 @@ async fn a_person_settles_a_refund_awaiting_review_and_a_late_retry_replays_it()
             ("refund.review_required".to_owned(), 2)
         ]
     );
+    let (unnamed,): (i64,) = sqlx::query_as(
+        "select count(*) from webhook_deliveries where charge_id is null or charge_id <> $1",
+    )
+    .bind(&charge_id)
+    .fetch_one(&env.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        unnamed, 0,
+        "each delivery names the charge its event is about"
+    );
 }

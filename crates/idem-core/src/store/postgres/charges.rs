@@ -152,10 +152,10 @@ impl Charges for PgStore {
                 "with m as (
                      update charges set review_since = now(), review_reason = $2
                       where id = $1 and status = 'processing' and review_since is null
-                     returning merchant_id
+                     returning id, merchant_id
                  )
-                 insert into webhook_deliveries (event_id, endpoint_id, event_type, body)
-                 select $3, we.id, $4, $5 from m
+                 insert into webhook_deliveries (event_id, endpoint_id, event_type, body, charge_id)
+                 select $3, we.id, $4, $5, m.id from m
                    join webhook_endpoints we on we.merchant_id = m.merchant_id
                   where we.disabled_at is null and (we.events is null or $4 = any(we.events))",
             )

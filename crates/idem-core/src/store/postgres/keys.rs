@@ -124,8 +124,8 @@ pub(super) const FINALIZE_SETTLED_WRITES: &str = "), e as (
           from s
          where s.settled and s.event_id is not null and (select events_enabled from settings)
     ), w as (
-        insert into webhook_deliveries (event_id, endpoint_id, event_type, body)
-        select s.webhook_event_id, we.id, s.webhook_event_type, s.webhook_body
+        insert into webhook_deliveries (event_id, endpoint_id, event_type, body, charge_id)
+        select s.webhook_event_id, we.id, s.webhook_event_type, s.webhook_body, s.charge_id
           from s join webhook_endpoints we on we.merchant_id = s.merchant_id
          where s.settled and s.webhook_event_id is not null and we.disabled_at is null
            and (we.events is null or s.webhook_event_type = any(we.events))

@@ -85,10 +85,12 @@ const FINALIZE_SQL: &str = "select idem_finalize_refund($1, $2, $3, $4, $5, $6, 
             $11, $12, $13, $14, $15, $16, $17, $18)";
 
 /// The webhook event's deliveries for each of the merchant's enabled
-/// endpoints that hears it. `$1` event id, `$2` type, `$3` body, `$4` merchant.
+/// endpoints that hears it. `$1` event id, `$2` type, `$3` body, `$4`
+/// merchant, `$5` the refund (the deliveries name its charge).
 pub(super) const WEBHOOK_DELIVERIES_SQL: &str = "insert into webhook_deliveries
-        (event_id, endpoint_id, event_type, body)
-     select $1, we.id, $2, $3 from webhook_endpoints we
+        (event_id, endpoint_id, event_type, body, charge_id)
+     select $1, we.id, $2, $3, (select r.charge_id from refunds r where r.id = $5)
+       from webhook_endpoints we
       where we.merchant_id = $4 and we.disabled_at is null
         and (we.events is null or $2 = any(we.events))";
 
@@ -243,7 +245,7 @@ impl Refunds for PgStore {
                 .execute(&mut *tx)
                 .await?;
             if marked.rows_affected() == 1 {
-                deliver(&mut *tx, merchant_id, webhook).await?;
+                deliver(&mut *tx, merchant_id, id, webhook).await?;
             }
             Ok(())
         })
@@ -686,6 +688,7 @@ async fn refund_record(
 async fn deliver(
     tx: &mut PgConnection,
     merchant_id: i64,
+    refund: &RefundId,
     webhook: &NewWebhook,
 ) -> Result<(), StoreError> {
     sqlx::query(WEBHOOK_DELIVERIES_SQL)
@@ -693,6 +696,7 @@ async fn deliver(
         .bind(webhook.event_type)
         .bind(webhook.body.as_ref())
         .bind(merchant_id)
+        .bind(refund.as_str())
         .execute(tx)
         .await?;
     Ok(())

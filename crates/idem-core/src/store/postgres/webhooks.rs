@@ -81,6 +81,11 @@ const DELIVERIES_SQL: &str = "select event_id, endpoint_id, event_type, state, a
            last_status, last_error, created_at, next_attempt_at
       from webhook_deliveries order by id desc limit $1";
 
+/// `$1` charge, `$2` limit.
+const CHARGE_DELIVERIES_SQL: &str = "select event_id, endpoint_id, event_type, state, attempts,
+           last_status, last_error, created_at, next_attempt_at
+      from webhook_deliveries where charge_id = $1 order by id limit $2";
+
 type DueRow = (
     i64,
     i32,
@@ -264,6 +269,21 @@ impl Webhooks for PgStore {
     async fn webhook_deliveries(&self, limit: i64) -> Result<Vec<DeliveryInfo>, StoreError> {
         self.on_conn(async |db| {
             sqlx::query_as(DELIVERIES_SQL)
+                .bind(limit)
+                .fetch_all(db)
+                .await
+        })
+        .await
+    }
+
+    async fn charge_deliveries(
+        &self,
+        charge_id: &str,
+        limit: i64,
+    ) -> Result<Vec<DeliveryInfo>, StoreError> {
+        self.on_conn(async |db| {
+            sqlx::query_as(CHARGE_DELIVERIES_SQL)
+                .bind(charge_id)
                 .bind(limit)
                 .fetch_all(db)
                 .await

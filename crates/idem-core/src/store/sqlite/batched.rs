@@ -172,8 +172,9 @@ static FINALIZE_WEBHOOKS_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "with {i}
          insert into webhook_deliveries
-             (event_id, endpoint_id, event_type, body, next_attempt_at, created_at)
-         select i.webhook_event_id, we.id, i.webhook_event_type, i.webhook_body, {NOW}, {NOW}
+             (event_id, endpoint_id, event_type, body, charge_id, next_attempt_at, created_at)
+         select i.webhook_event_id, we.id, i.webhook_event_type, i.webhook_body, i.charge_id,
+                {NOW}, {NOW}
            from i join webhook_endpoints we on we.merchant_id = i.merchant_id
           where i.webhook_event_id is not null
             and i.charge_id in (select value from json_each($2))

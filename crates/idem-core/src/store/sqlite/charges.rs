@@ -38,8 +38,8 @@ const MARK_FOR_REVIEW_SQL: &str = concatcp!(
 const REVIEW_WEBHOOK_SQL: &str = concatcp!(
     "with i as (select $3 as webhook_event_type)
      insert into webhook_deliveries
-         (event_id, endpoint_id, event_type, body, next_attempt_at, created_at)
-     select $2, we.id, i.webhook_event_type, $4, ",
+         (event_id, endpoint_id, event_type, body, charge_id, next_attempt_at, created_at)
+     select $2, we.id, i.webhook_event_type, $4, c.id, ",
     NOW,
     ", ",
     NOW,

@@ -163,8 +163,8 @@ const FINALIZE_EVENT_SQL: &str = concatcp!(
 const FINALIZE_WEBHOOK_SQL: &str = concatcp!(
     "with i as (select $16 as webhook_event_id, $17 as webhook_event_type, $18 as webhook_body)
      insert into webhook_deliveries
-         (event_id, endpoint_id, event_type, body, next_attempt_at, created_at)
-     select i.webhook_event_id, we.id, i.webhook_event_type, i.webhook_body, ",
+         (event_id, endpoint_id, event_type, body, charge_id, next_attempt_at, created_at)
+     select i.webhook_event_id, we.id, i.webhook_event_type, i.webhook_body, $3, ",
     NOW,
     ", ",
     NOW,

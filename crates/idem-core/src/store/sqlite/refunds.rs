@@ -93,12 +93,14 @@ const REFUND_EVENT_SQL: &str = concatcp!(
     " where (select events_enabled from settings)"
 );
 
-/// `$1` event id, `$2` type, `$3` body, `$4` merchant.
+/// `$1` event id, `$2` type, `$3` body, `$4` merchant, `$5` the refund (the
+/// deliveries name its charge).
 const WEBHOOK_DELIVERIES_SQL: &str = concatcp!(
     "with i as (select $1 as webhook_event_id, $2 as webhook_event_type, $3 as webhook_body)
      insert into webhook_deliveries
-         (event_id, endpoint_id, event_type, body, next_attempt_at, created_at)
-     select i.webhook_event_id, we.id, i.webhook_event_type, i.webhook_body, ",
+         (event_id, endpoint_id, event_type, body, charge_id, next_attempt_at, created_at)
+     select i.webhook_event_id, we.id, i.webhook_event_type, i.webhook_body,
+            (select r.charge_id from refunds r where r.id = $5), ",
     NOW,
     ", ",
     NOW,
@@ -401,7 +403,7 @@ impl Refunds for SqliteStore {
                     .await?;
             }
             if let Some(webhook) = settlement.webhook {
-                deliver(tx, merchant_id, webhook).await?;
+                deliver(tx, merchant_id, &record.subject.id, webhook).await?;
             }
             Ok(true)
         })
@@ -459,7 +461,7 @@ impl Refunds for SqliteStore {
                 .execute(&mut *tx)
                 .await?;
             if marked.rows_affected() == 1 {
-                deliver(tx, merchant_id, webhook).await?;
+                deliver(tx, merchant_id, id, webhook).await?;
             }
             Ok(())
         })
@@ -527,6 +529,7 @@ async fn refund_record(
 async fn deliver(
     tx: &mut SqliteConnection,
     merchant_id: i64,
+    refund: &RefundId,
     webhook: &NewWebhook,
 ) -> Result<(), StoreError> {
     sqlx::query(WEBHOOK_DELIVERIES_SQL)
@@ -534,6 +537,7 @@ async fn deliver(
         .bind(webhook.event_type)
         .bind(webhook.body.as_ref())
         .bind(merchant_id)
+        .bind(refund.as_str())
         .execute(tx)
         .await?;
     Ok(())

@@ -138,6 +138,14 @@ const DELIVERIES_SQL: &str = "select event_id, endpoint_id, event_type, state, a
              as next_attempt_at
       from webhook_deliveries order by id desc limit $1";
 
+/// `$1` charge, `$2` limit.
+const CHARGE_DELIVERIES_SQL: &str = "select event_id, endpoint_id, event_type, state, attempts,
+           last_status, last_error,
+           strftime('%Y-%m-%dT%H:%M:%fZ', created_at / 1000.0, 'unixepoch') as created_at,
+           strftime('%Y-%m-%dT%H:%M:%fZ', next_attempt_at / 1000.0, 'unixepoch')
+             as next_attempt_at
+      from webhook_deliveries where charge_id = $1 order by id limit $2";
+
 const BACKLOG_SQL: &str = concatcp!(
     "select count(*), coalesce((",
     NOW,
@@ -344,6 +352,18 @@ impl Webhooks for SqliteStore {
             Ok(n)
         })
         .await
+    }
+
+    async fn charge_deliveries(
+        &self,
+        charge_id: &str,
+        limit: i64,
+    ) -> Result<Vec<DeliveryInfo>, StoreError> {
+        Ok(sqlx::query_as(CHARGE_DELIVERIES_SQL)
+            .bind(charge_id)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?)
     }
 
     async fn webhook_deliveries(&self, limit: i64) -> Result<Vec<DeliveryInfo>, StoreError> {

@@ -1,8 +1,9 @@
 //! The console finds any charge: a search by charge id, refund id, order id
 //! or idempotency key (the merchant chosen or typed), and a charge's page with
-//! its story in time order: the charge, its key record (how many attempts
-//! held it, its stored answer), its refunds, and what the reconciler and the
-//! operators did to it and to its refunds (the audit trail), with retry and
+//! its story: the charge, its key record (how many attempts held it, its
+//! stored answer), its refunds, the webhook deliveries of the events about it
+//! and its refunds, and what the reconciler and the operators did to it and
+//! to its refunds (the audit trail, in time order), with retry and
 //! resolve where it, or one of its refunds, awaits a person. The same reads
 //! as `idem charges list` and `idem charges show`.
 
@@ -12,7 +13,9 @@ use axum::response::{Html, IntoResponse, Response};
 use maud::{html, Markup};
 
 use idem_core::domain::{ChargeId, Refund};
-use idem_core::store::{AuditRecord, ChargeFilter, ChargeRecord, ChargeSummary, StoreError};
+use idem_core::store::{
+    AuditRecord, ChargeFilter, ChargeRecord, ChargeSummary, DeliveryInfo, StoreError,
+};
 
 use super::{actions, cents, layout, see_other, unavailable, Console, Operator, LIST_LIMIT};
 
@@ -185,6 +188,7 @@ pub(super) async fn charge_page(
             history.extend(of_refund);
         }
         history.sort_by_key(|a| (a.at, a.id));
+        let deliveries = store.charge_deliveries(&id, HISTORY_LIMIT).await?;
         let mut awaiting = Vec::new();
         for refund in &refunds {
             if let Some(detail) = store.refund_detail(refund.id.as_str()).await? {
@@ -193,10 +197,10 @@ pub(super) async fn charge_page(
                 }
             }
         }
-        Ok(Some((record, refunds, history, awaiting)))
+        Ok(Some((record, refunds, history, awaiting, deliveries)))
     }
     .await;
-    let (record, refunds, history, awaiting) = match loaded {
+    let (record, refunds, history, awaiting, deliveries) = match loaded {
         Ok(Some(loaded)) => loaded,
         Ok(None) => {
             let body = html! {
@@ -217,6 +221,7 @@ pub(super) async fn charge_page(
         (charge_section(&record))
         (key_section(&record))
         (refunds_section(&refunds, &awaiting))
+        (deliveries_section(&deliveries))
         (history_section(&history))
     };
     Html(layout(&title, body).into_string()).into_response()
@@ -292,6 +297,34 @@ fn refunds_section(refunds: &[Refund], awaiting: &[String]) -> Markup {
                                 @if awaiting.iter().any(|a| a == r.id.as_str()) {
                                     (actions(&format!("/refunds/{}", r.id.as_str()), "succeeded"))
                                 } @else { td {} }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn deliveries_section(deliveries: &[DeliveryInfo]) -> Markup {
+    html! {
+        section #deliveries {
+            h2 { "Webhook deliveries (" (deliveries.len()) ")" }
+            @if deliveries.is_empty() {
+                p.empty { "None: no endpoint of the merchant heard an event about it." }
+            } @else {
+                table {
+                    thead { tr { th { "event" } th { "type" } th { "endpoint" } th { "state" } th { "attempts" } th { "last answer" } th { "written" } } }
+                    tbody {
+                        @for d in deliveries {
+                            tr data-event=(d.event_id) data-state=(d.state) {
+                                td { code { (d.event_id) } }
+                                td { (d.event_type) }
+                                td { code { (d.endpoint_id) } }
+                                td { (d.state) @if d.state == "pending" { " (next " (when(d.next_attempt_at)) ")" } }
+                                td.num { (d.attempts) }
+                                td { @if let Some(s) = d.last_status { (s) " " } (d.last_error.as_deref().unwrap_or("")) }
+                                td { (when(d.created_at)) }
                             }
                         }
                     }
