@@ -51,7 +51,7 @@ impl TestDb {
                 let admin = admin_url();
                 let mut conn = sqlx::PgConnection::connect(&admin)
                     .await
-                    .expect("PostgreSQL must be reachable at IDEM_TEST_ADMIN_URL (see README)");
+                    .expect("PostgreSQL must be reachable at IDEM_TEST_ADMIN_URL (see docs/testing.md)");
                 sqlx::query(&format!("create database {name}"))
                     .execute(&mut conn)
                     .await
