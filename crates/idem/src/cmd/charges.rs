@@ -9,7 +9,7 @@ use clap::{Subcommand, ValueEnum};
 use super::args::{ActorArgs, DbArgs, EngineArgs};
 use crate::app;
 use idem_core::domain::{ChargeId, ChargeRequest, ChargeStatus};
-use idem_core::idempotency::{Outcome, Resolution};
+use idem_core::idempotency::{Operation, Outcome, Resolution};
 use idem_core::store::{Audit, ChargeFilter, Store};
 
 /// Audit records `show` prints with a charge, newest first.
@@ -135,15 +135,7 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<()> {
             list(&filter, &db).await
         }
         Command::Show { id, db } => show(&id, &db).await,
-        Command::Retry { id, actor, engine } => {
-            let actor = actor.actor()?;
-            let (engine, _) = app::engine(&engine.settings()?).await?;
-            let audit = Audit {
-                actor: &actor,
-                reason: None,
-            };
-            report(engine.retry::<ChargeRequest>(&id, audit).await?)
-        }
+        Command::Retry { id, actor, engine } => retry::<ChargeRequest>(&id, &actor, &engine).await,
         Command::Resolve {
             id,
             resolution,
@@ -151,24 +143,47 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<()> {
             actor,
             engine,
         } => {
-            anyhow::ensure!(!reason.trim().is_empty(), "--reason: say why");
-            let actor = actor.actor()?;
-            let (engine, _) = app::engine(&engine.settings()?).await?;
             let resolution = match resolution {
                 ResolutionArg::Captured => Resolution::Succeeded,
                 ResolutionArg::Failed => Resolution::Failed,
             };
-            let audit = Audit {
-                actor: &actor,
-                reason: Some(&reason),
-            };
-            report(
-                engine
-                    .resolve::<ChargeRequest>(&id, resolution, audit)
-                    .await?,
-            )
+            resolve::<ChargeRequest>(&id, resolution, &reason, &actor, &engine).await
         }
     }
+}
+
+/// `retry` of a charge or a refund, through the engine, audited as the actor.
+pub(super) async fn retry<O: Operation>(
+    id: &str,
+    actor: &ActorArgs,
+    engine: &EngineArgs,
+) -> anyhow::Result<()> {
+    let actor = actor.actor()?;
+    let (engine, _) = app::engine(&engine.settings()?).await?;
+    let audit = Audit {
+        actor: &actor,
+        reason: None,
+    };
+    report(engine.retry::<O>(id, audit).await?)
+}
+
+/// `resolve` of a charge or a refund, through the engine, audited as the
+/// actor with the reason.
+pub(super) async fn resolve<O: Operation>(
+    id: &str,
+    resolution: Resolution,
+    reason: &str,
+    actor: &ActorArgs,
+    engine: &EngineArgs,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(!reason.trim().is_empty(), "--reason: say why");
+    let actor = actor.actor()?;
+    let (engine, _) = app::engine(&engine.settings()?).await?;
+    let audit = Audit {
+        actor: &actor,
+        reason: Some(reason),
+    };
+    report(engine.resolve::<O>(id, resolution, audit).await?)
 }
 
 async fn connect(db: &DbArgs) -> anyhow::Result<Store> {
@@ -179,7 +194,7 @@ async fn connect(db: &DbArgs) -> anyhow::Result<Store> {
 
 /// What a retry or resolve of a charge or a refund came to: the stored
 /// answer on stdout (as a replay would send it), a line on stderr.
-pub(super) fn report(outcome: Outcome) -> anyhow::Result<()> {
+fn report(outcome: Outcome) -> anyhow::Result<()> {
     match outcome {
         Outcome::Completed {
             subject, response, ..

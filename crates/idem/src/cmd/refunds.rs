@@ -7,11 +7,10 @@ use anyhow::Context;
 use clap::{Subcommand, ValueEnum};
 
 use super::args::{ActorArgs, DbArgs, EngineArgs};
-use super::charges::report;
-use crate::app;
+use super::charges::{resolve, retry};
 use idem_core::domain::RefundIntent;
 use idem_core::idempotency::Resolution;
-use idem_core::store::{Audit, Store};
+use idem_core::store::Store;
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum Command {
@@ -59,15 +58,7 @@ pub(crate) enum ResolutionArg {
 pub(crate) async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Stuck(db) => stuck(&db).await,
-        Command::Retry { id, actor, engine } => {
-            let actor = actor.actor()?;
-            let (engine, _) = app::engine(&engine.settings()?).await?;
-            let audit = Audit {
-                actor: &actor,
-                reason: None,
-            };
-            report(engine.retry::<RefundIntent>(&id, audit).await?)
-        }
+        Command::Retry { id, actor, engine } => retry::<RefundIntent>(&id, &actor, &engine).await,
         Command::Resolve {
             id,
             resolution,
@@ -75,22 +66,11 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<()> {
             actor,
             engine,
         } => {
-            anyhow::ensure!(!reason.trim().is_empty(), "--reason: say why");
-            let actor = actor.actor()?;
-            let (engine, _) = app::engine(&engine.settings()?).await?;
             let resolution = match resolution {
                 ResolutionArg::Succeeded => Resolution::Succeeded,
                 ResolutionArg::Failed => Resolution::Failed,
             };
-            let audit = Audit {
-                actor: &actor,
-                reason: Some(&reason),
-            };
-            report(
-                engine
-                    .resolve::<RefundIntent>(&id, resolution, audit)
-                    .await?,
-            )
+            resolve::<RefundIntent>(&id, resolution, &reason, &actor, &engine).await
         }
     }
 }

@@ -87,41 +87,71 @@ impl Drop for Driver {
     }
 }
 
+/// A real `idem serve` with the console on its own address (the flag's
+/// token) and no workers, a merchant `loja` and its client, and one webhook
+/// endpoint nothing delivers to (`--no-workers`): its deliveries wait, and
+/// the console shows them.
+struct Setup {
+    db: TestDb,
+    sim: TestSim,
+    /// The console's `host:port`.
+    admin: String,
+    server: ServeProcess,
+    client: Client,
+}
+
+impl Setup {
+    async fn start() -> Self {
+        let db = TestDb::new().await;
+        let sim = TestSim::start(Faults::default()).await;
+        let secret = db.merchant("loja").await;
+        let admin = format!("127.0.0.1:{}", free_port());
+        let server = ServeProcess::start(
+            &db,
+            &sim,
+            &[
+                "--no-workers",
+                "--admin-listen",
+                &admin,
+                "--admin-token",
+                TOKEN,
+            ],
+        )
+        .await;
+        let client = Client::new(&server.url, &secret);
+        let (status, _, stderr) = run_idem(
+            &db,
+            &[
+                "webhooks",
+                "add",
+                "loja",
+                "http://127.0.0.1:9/hook",
+                "--webhook-allow-private",
+                "--actor",
+                "ana",
+            ],
+        )
+        .await;
+        assert!(status.success(), "{stderr}");
+        Self {
+            db,
+            sim,
+            admin,
+            server,
+            client,
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_person_resolves_a_charge_in_the_console_and_the_api_replays_it_resolved() {
-    let db = TestDb::new().await;
-    let sim = TestSim::start(Faults::default()).await;
-    let secret = db.merchant("loja").await;
-    let admin = format!("127.0.0.1:{}", free_port());
-    let server = ServeProcess::start(
-        &db,
-        &sim,
-        &[
-            "--no-workers",
-            "--admin-listen",
-            &admin,
-            "--admin-token",
-            TOKEN,
-        ],
-    )
-    .await;
-    let client = Client::new(&server.url, &secret);
-    // An endpoint nothing delivers to here (--no-workers): its deliveries
-    // wait, and the console shows them.
-    let (status, _, stderr) = run_idem(
-        &db,
-        &[
-            "webhooks",
-            "add",
-            "loja",
-            "http://127.0.0.1:9/hook",
-            "--webhook-allow-private",
-            "--actor",
-            "ana",
-        ],
-    )
-    .await;
-    assert!(status.success(), "{stderr}");
+    let Setup {
+        db,
+        sim,
+        admin,
+        server: _server,
+        client,
+    } = Setup::start().await;
 
     // A charge awaiting review: the capture failed before the acquirer saw
     // it, and the reconciler's last look found nothing.
@@ -356,37 +386,13 @@ async fn sign_in(browser: &fantoccini::Client, console: &str) {
 /// key record, its refunds, and the history with the resolution.
 #[tokio::test]
 async fn a_person_resolves_a_refund_in_the_console_and_finds_its_charges_story() {
-    let db = TestDb::new().await;
-    let sim = TestSim::start(Faults::default()).await;
-    let secret = db.merchant("loja").await;
-    let admin = format!("127.0.0.1:{}", free_port());
-    let server = ServeProcess::start(
-        &db,
-        &sim,
-        &[
-            "--no-workers",
-            "--admin-listen",
-            &admin,
-            "--admin-token",
-            TOKEN,
-        ],
-    )
-    .await;
-    let client = Client::new(&server.url, &secret);
-    let (status, _, stderr) = run_idem(
-        &db,
-        &[
-            "webhooks",
-            "add",
-            "loja",
-            "http://127.0.0.1:9/hook",
-            "--webhook-allow-private",
-            "--actor",
-            "ana",
-        ],
-    )
-    .await;
-    assert!(status.success(), "{stderr}");
+    let Setup {
+        db,
+        sim,
+        admin,
+        server: _server,
+        client,
+    } = Setup::start().await;
     let charge = client.charge(&new_key(), &body(7, 1_000)).await;
     assert_eq!(charge.status, 201);
     let charge_id = charge.json()["id"].as_str().unwrap().to_owned();

@@ -49,9 +49,9 @@ impl TestDb {
             Backend::Postgres => {
                 let name = format!("idem_test_{id}");
                 let admin = admin_url();
-                let mut conn = sqlx::PgConnection::connect(&admin)
-                    .await
-                    .expect("PostgreSQL must be reachable at IDEM_TEST_ADMIN_URL (see docs/testing.md)");
+                let mut conn = sqlx::PgConnection::connect(&admin).await.expect(
+                    "PostgreSQL must be reachable at IDEM_TEST_ADMIN_URL (see docs/testing.md)",
+                );
                 sqlx::query(&format!("create database {name}"))
                     .execute(&mut conn)
                     .await
