@@ -146,7 +146,7 @@ pub struct EngineConfig {
 #[derive(Clone)]
 pub struct Engine {
     pub(super) store: Store,
-    acquirer: AcquirerClient,
+    pub(super) acquirer: AcquirerClient,
     pub(super) config: EngineConfig,
     /// Keys this instance saw held by another attempt, answered from memory.
     pub(super) charges_in_flight: InFlightMemo<ChargeRequest>,

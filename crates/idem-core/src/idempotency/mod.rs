@@ -32,6 +32,6 @@ use crate::domain::{Fingerprint, IdempotencyKey, StoredResponse};
 pub use engine::{Engine, EngineConfig, EngineError, Outcome, Reconciled};
 pub use memo::InFlightMemo;
 pub use operation::{Final, Operation};
-pub use operator::{Operable, OperatorError, Resolution};
+pub use operator::{AcquirerWord, Operable, OperatorError, Resolution};
 pub use refund::{refusal_kind, refusal_response};
 pub use replays::ReplayCache;

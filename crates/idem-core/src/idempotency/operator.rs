@@ -76,6 +76,40 @@ impl From<crate::store::StoreError> for OperatorError {
     }
 }
 
+/// What the acquirer says now of a subject's reference, asked by its lookup
+/// (a read: nothing moves), for an operator's page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcquirerWord {
+    /// It did it: its id for it (a capture's, a refund's).
+    Done(String),
+    /// It declined or refused it: its reason.
+    Refused(String),
+    /// It did something else than asked under the reference.
+    Contradicted(String),
+    /// It has no record of the reference.
+    Nothing,
+    /// It did not say (timed out, an error): why.
+    Unknown(String),
+}
+
+impl AcquirerWord {
+    fn of(answer: Result<Option<super::operation::Said>, crate::acquirer::AcquirerError>) -> Self {
+        use crate::acquirer::AcquirerError as E;
+        match answer {
+            Ok(None) => Self::Nothing,
+            Ok(Some(Ok(id))) => Self::Done(id),
+            Ok(Some(Err(E::Declined(d)))) => Self::Refused(d.reason),
+            Ok(Some(Err(E::Rejected { status, reason }))) => {
+                Self::Refused(reason.unwrap_or_else(|| format!("status {status}")))
+            }
+            Ok(Some(Err(E::Contradicted(c)))) => {
+                Self::Contradicted(format!("{}: {}", c.capture_id, c.differences.join(", ")))
+            }
+            Ok(Some(Err(e))) | Err(e) => Self::Unknown(e.to_string()),
+        }
+    }
+}
+
 /// A subject an operator may act on, taken over: its merchant, key and record.
 struct Taken<S> {
     merchant: Merchant,
@@ -173,6 +207,17 @@ impl Engine {
             )
             .await?;
         Ok(outcome)
+    }
+
+    /// Asks the acquirer what it did under `subject`'s reference, by its
+    /// lookup, as the reconciler does; no record is taken and nothing is
+    /// stored: what an operator's page shows beside idem's own record.
+    pub async fn ask_acquirer<O: Operation>(
+        &self,
+        merchant: &Merchant,
+        subject: &O::Subject,
+    ) -> AcquirerWord {
+        AcquirerWord::of(O::look_up(&self.acquirer, merchant, subject).await)
     }
 
     /// The subject `id` while it is still pending.

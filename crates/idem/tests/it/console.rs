@@ -383,7 +383,8 @@ async fn sign_in(browser: &fantoccini::Client, console: &str) {
 /// the refusal to the client's late retry, and the decision is audited under
 /// the token's name. Then the console finds the charge by its order id and
 /// its merchant (and by the refund's id) and shows its story: the charge, its
-/// key record, its refunds, and the history with the resolution.
+/// key record, its refunds, what the acquirer says of each, the deliveries,
+/// and the history with the resolution.
 #[tokio::test]
 async fn a_person_resolves_a_refund_in_the_console_and_finds_its_charges_story() {
     let Setup {
@@ -514,6 +515,13 @@ async fn a_person_resolves_a_refund_in_the_console_and_finds_its_charges_story()
         refunds.contains(&id) && refunds.contains("failed"),
         "{refunds}"
     );
+    // The acquirer's own word, looked up as the page loaded: the capture, and
+    // the refund it paid with another amount than asked.
+    let acquirer = section("#acquirer").await;
+    assert!(
+        acquirer.contains("done: cap_") && acquirer.contains("contradicts it"),
+        "{acquirer}"
+    );
     let deliveries = section("#deliveries").await;
     for event in [
         "charge.captured",
@@ -531,7 +539,7 @@ async fn a_person_resolves_a_refund_in_the_console_and_finds_its_charges_story()
     // docs/operations.md's picture of the page, when asked for.
     if let Ok(path) = std::env::var("IDEM_CONSOLE_SCREENSHOT") {
         browser
-            .set_window_size(1200, 1100)
+            .set_window_size(1200, 1700)
             .await
             .expect("window size");
         let png = browser.screenshot().await.expect("a screenshot");

@@ -12,7 +12,8 @@ use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
 use maud::{html, Markup};
 
-use idem_core::domain::{ChargeId, Refund};
+use idem_core::domain::{Charge, ChargeId, ChargeRequest, Merchant, Refund, RefundIntent};
+use idem_core::idempotency::AcquirerWord;
 use idem_core::store::{
     AuditRecord, ChargeFilter, ChargeRecord, ChargeSummary, DeliveryInfo, StoreError,
 };
@@ -189,6 +190,15 @@ pub(super) async fn charge_page(
         }
         history.sort_by_key(|a| (a.at, a.id));
         let deliveries = store.charge_deliveries(&id, HISTORY_LIMIT).await?;
+        let merchant = Merchant {
+            id: record.charge.merchant_id,
+            name: record.charge.merchant.clone(),
+        };
+        let charge = match ChargeId::parse(&id) {
+            Some(charge_id) => store.charge(merchant.id, &charge_id).await?,
+            None => None,
+        };
+        let at_acquirer = at_the_acquirer(&console, &merchant, charge.as_ref(), &refunds).await;
         let mut awaiting = Vec::new();
         for refund in &refunds {
             if let Some(detail) = store.refund_detail(refund.id.as_str()).await? {
@@ -197,10 +207,17 @@ pub(super) async fn charge_page(
                 }
             }
         }
-        Ok(Some((record, refunds, history, awaiting, deliveries)))
+        Ok(Some((
+            record,
+            refunds,
+            history,
+            awaiting,
+            deliveries,
+            at_acquirer,
+        )))
     }
     .await;
-    let (record, refunds, history, awaiting, deliveries) = match loaded {
+    let (record, refunds, history, awaiting, deliveries, at_acquirer) = match loaded {
         Ok(Some(loaded)) => loaded,
         Ok(None) => {
             let body = html! {
@@ -221,6 +238,7 @@ pub(super) async fn charge_page(
         (charge_section(&record))
         (key_section(&record))
         (refunds_section(&refunds, &awaiting))
+        (acquirer_section(&at_acquirer))
         (deliveries_section(&deliveries))
         (history_section(&history))
     };
@@ -297,6 +315,79 @@ fn refunds_section(refunds: &[Refund], awaiting: &[String]) -> Markup {
                                 @if awaiting.iter().any(|a| a == r.id.as_str()) {
                                     (actions(&format!("/refunds/{}", r.id.as_str()), "succeeded"))
                                 } @else { td {} }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How long the page waits for each of the acquirer's answers.
+const ACQUIRER_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// One line of what the acquirer says: what it is about (`charge` or a
+/// refund's id), its reference, the acquirer's word.
+type AcquirerLine = (String, String, AcquirerWord);
+
+/// `answer` within [`ACQUIRER_WAIT`].
+async fn ask(answer: impl std::future::Future<Output = AcquirerWord>) -> AcquirerWord {
+    tokio::time::timeout(ACQUIRER_WAIT, answer)
+        .await
+        .unwrap_or_else(|_| AcquirerWord::Unknown("no answer within 3 s".to_owned()))
+}
+
+/// What the acquirer says now of the charge's reference and each of its
+/// refunds', asked by lookup (a read; nothing moves), each within
+/// [`ACQUIRER_WAIT`]: the ground truth beside idem's own record.
+async fn at_the_acquirer(
+    console: &Console,
+    merchant: &Merchant,
+    charge: Option<&Charge>,
+    refunds: &[Refund],
+) -> Vec<AcquirerLine> {
+    let engine = &console.engine;
+    let mut lines = Vec::new();
+    if let Some(charge) = charge {
+        let word = ask(engine.ask_acquirer::<ChargeRequest>(merchant, charge)).await;
+        lines.push((
+            "the charge".to_owned(),
+            charge.acquirer_reference.as_str().to_owned(),
+            word,
+        ));
+    }
+    for refund in refunds {
+        let word = ask(engine.ask_acquirer::<RefundIntent>(merchant, refund)).await;
+        lines.push((
+            refund.id.as_str().to_owned(),
+            refund.acquirer_reference.as_str().to_owned(),
+            word,
+        ));
+    }
+    lines
+}
+
+fn acquirer_section(lines: &[AcquirerLine]) -> Markup {
+    html! {
+        section #acquirer {
+            h2 { "At the acquirer, now" }
+            p.hint { "Each reference looked up at the acquirer as this page loaded (a read: nothing moves). idem keeps no row per attempt or per call: the key record counts the attempts, and traces show each one." }
+            table {
+                thead { tr { th { "of" } th { "reference" } th { "the acquirer says" } } }
+                tbody {
+                    @for (of, reference, word) in lines {
+                        tr {
+                            td { code { (of) } }
+                            td { code { (reference) } }
+                            td.word {
+                                @match word {
+                                    AcquirerWord::Done(id) => { "done: " code { (id) } }
+                                    AcquirerWord::Refused(why) => { "refused: " (why) }
+                                    AcquirerWord::Contradicted(what) => { "contradicts it: " (what) }
+                                    AcquirerWord::Nothing => { "no record of this reference" }
+                                    AcquirerWord::Unknown(why) => { "did not say: " (why) }
+                                }
                             }
                         }
                     }
