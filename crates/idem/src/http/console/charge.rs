@@ -79,9 +79,11 @@ pub(super) async fn search(
         .map(str::trim)
         .filter(|m| !m.is_empty())
         .map(str::to_owned);
+    if q.is_empty() {
+        return see_other("/");
+    }
     let store = &console.store;
     let filter = match Sought::of(&q) {
-        _ if q.is_empty() => return see_other("/"),
         Sought::Charge(id) => return see_other(&format!("/charges/{}", urlencode(&id))),
         Sought::Refund(id) => {
             return match store.refund_detail(&id).await {
