@@ -11,6 +11,10 @@
 //! `404`, a redirect), a timeout, a reset, a body that does not parse or names
 //! another reference — is [`AcquirerError::Unknown`]: money may have moved,
 //! and only another call with the same reference can settle it.
+//!
+//! Authorizations answer as captures do. Refunds, captures of an
+//! authorization and voids are made (`201`) or refused (`422`, looked up
+//! before it is believed); their echo is checked the same way.
 
 use std::path::Path;
 use std::time::Duration;
@@ -19,7 +23,11 @@ use anyhow::Context;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 use reqwest::StatusCode;
 
-use super::protocol::{CaptureOutcome, CaptureRequest, Echo, RefundOutcome, RefundRequest};
+use super::protocol::{
+    AuthorizationCaptureOutcome, AuthorizationCaptureRequest, AuthorizationOutcome,
+    AuthorizationRequest, CaptureOutcome, CaptureRequest, Echo, RefundOutcome, RefundRequest,
+    VoidOutcome, VoidRequest,
+};
 
 /// The longest `Retry-After` idem takes from the acquirer. A hint beyond it
 /// (a misconfigured proxy's "come back tomorrow") would park a charge the
@@ -36,6 +44,29 @@ pub struct Captured {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refunded {
     pub refund_id: String,
+}
+
+/// The acquirer holds the amount on the card, to be captured or voided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authorized {
+    pub authorization_id: String,
+}
+
+/// The acquirer captured part or all of an authorization.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthorizationCaptured {
+    pub capture_id: String,
+    /// What a final capture released of the authorization, when the
+    /// acquirer says.
+    pub released_cents: Option<i64>,
+}
+
+/// The acquirer released what an authorization still held, and closed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Voided {
+    pub void_id: String,
+    /// What it released, when the acquirer says.
+    pub released_cents: Option<i64>,
 }
 
 /// The acquirer refused; no money moved.
@@ -58,9 +89,11 @@ pub struct Unknown {
     pub retry_after: Option<Duration>,
 }
 
-/// A capture of this reference that moved something else than was asked.
+/// A call of this reference that did something else than was asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Contradiction {
+    /// The acquirer's id for what it did: a capture's, or a refund's,
+    /// authorization's or void's.
     pub capture_id: String,
     /// Each field that differs, as `amount_cents 4500 (asked 4400)`.
     pub differences: Vec<String>,
@@ -72,10 +105,12 @@ pub enum AcquirerError {
     /// A definite decline.
     #[error("declined: {}", .0.reason)]
     Declined(Declined),
-    /// `422`: the acquirer refuses this request for good (a capture's
-    /// reference known with other parameters; a refund beyond what its
-    /// capture has left, or of a capture it does not know). Final, and no
-    /// money moved for this request; `reason` is the acquirer's, when given.
+    /// `422`: the acquirer refuses this request for good (a capture's or an
+    /// authorization's reference known with other parameters; a refund beyond
+    /// what its capture has left, or of a capture it does not know; a capture
+    /// beyond what its authorization has left, or of one voided or closed; a
+    /// void of an authorization closed). Final, and no money moved for this
+    /// request; `reason` is the acquirer's, when given.
     #[error("rejected by the acquirer with status {status}")]
     Rejected { status: u16, reason: Option<String> },
     /// No answer that settles it: money may or may not have moved.
@@ -125,6 +160,8 @@ pub struct AcquirerClient {
     http: reqwest::Client,
     captures_url: String,
     refunds_url: String,
+    authorizations_url: String,
+    voids_url: String,
 }
 
 /// A definite outcome the acquirer reported.
@@ -132,6 +169,15 @@ pub type Settled = Result<Captured, AcquirerError>;
 
 /// A definite outcome of a refund the acquirer reported.
 pub type RefundSettled = Result<Refunded, AcquirerError>;
+
+/// A definite outcome of an authorization the acquirer reported.
+pub type AuthorizationSettled = Result<Authorized, AcquirerError>;
+
+/// A definite outcome of a capture of an authorization the acquirer reported.
+pub type AuthorizationCaptureSettled = Result<AuthorizationCaptured, AcquirerError>;
+
+/// A definite outcome of a void the acquirer reported.
+pub type VoidSettled = Result<Voided, AcquirerError>;
 
 /// An answer read in full: its status, headers and body.
 struct Answer {
@@ -177,6 +223,8 @@ impl AcquirerClient {
             http,
             captures_url: format!("{base}/v1/captures"),
             refunds_url: format!("{base}/v1/refunds"),
+            authorizations_url: format!("{base}/v1/authorizations"),
+            voids_url: format!("{base}/v1/voids"),
         })
     }
 
@@ -309,28 +357,164 @@ impl AcquirerClient {
     /// and a lookup that finds the refund paid wins. A lookup that fails
     /// leaves the outcome unknown.
     pub async fn refund(&self, request: &RefundRequest) -> RefundSettled {
+        self.post_refusable(&self.refunds_url, request).await
+    }
+
+    /// `GET /v1/refunds/{reference}`: the acquirer's outcome for the refund,
+    /// if it has one (`404`: none yet; only a POST with the same reference
+    /// settles it).
+    pub async fn lookup_refund(
+        &self,
+        request: &RefundRequest,
+    ) -> Result<Option<RefundSettled>, AcquirerError> {
+        self.lookup_refusable(&self.refunds_url, request).await
+    }
+
+    /// `POST /v1/authorizations` with the authorization's reference as the
+    /// idempotency key: the acquirer's word is as a one-step capture's
+    /// (`201` authorized, `402` declined, `422` refused for good, the echo
+    /// checked), everything else unknown.
+    pub async fn authorize(&self, request: &AuthorizationRequest) -> AuthorizationSettled {
         let Answer {
             status,
             headers,
             body,
         } = self
-            .post(&self.refunds_url, &request.reference, request)
+            .post(&self.authorizations_url, &request.reference, request)
             .await?;
         match status {
-            // Paid as asked, or paid otherwise (a contradiction); a refusal
-            // under a 201 is not the acquirer's word.
-            StatusCode::CREATED => match refund_outcome(request, &body) {
-                Some(settled) if !matches!(settled, Err(AcquirerError::Rejected { .. })) => {
-                    settled
+            StatusCode::CREATED | StatusCode::PAYMENT_REQUIRED => {
+                match authorization_outcome(request, &body) {
+                    Some(settled @ (Ok(_) | Err(AcquirerError::Contradicted(_))))
+                        if status == StatusCode::CREATED =>
+                    {
+                        settled
+                    }
+                    Some(settled @ Err(AcquirerError::Declined(_)))
+                        if status == StatusCode::PAYMENT_REQUIRED =>
+                    {
+                        settled
+                    }
+                    _ => Err(AcquirerError::unknown(
+                        "body",
+                        format!("the acquirer answered {status} with a body that is not this authorization's outcome"),
+                    )),
                 }
+            }
+            // Refused for good, as a one-step capture's 422: a retry of an
+            // authorization uses nothing up, so no retry of it can be
+            // refused for something its first attempt did.
+            StatusCode::UNPROCESSABLE_ENTITY => Err(match authorization_outcome(request, &body) {
+                Some(Err(refused @ AcquirerError::Rejected { .. })) => refused,
+                _ => AcquirerError::Rejected {
+                    status: status.as_u16(),
+                    reason: None,
+                },
+            }),
+            s => Err(AcquirerError::unexpected_status(s, &headers)),
+        }
+    }
+
+    /// `GET /v1/authorizations/{reference}`: the acquirer's outcome for the
+    /// authorization, if it has one, its echo checked as the POST's would be.
+    /// `Ok(None)` (404) is not proof that nothing will be held: only a POST
+    /// with the same reference settles it.
+    pub async fn lookup_authorization(
+        &self,
+        request: &AuthorizationRequest,
+    ) -> Result<Option<AuthorizationSettled>, AcquirerError> {
+        let Some(Answer {
+            status,
+            headers,
+            body,
+        }) = self
+            .get(&self.authorizations_url, &request.reference)
+            .await?
+        else {
+            return Ok(None);
+        };
+        if status != StatusCode::OK {
+            return Err(AcquirerError::unexpected_status(status, &headers));
+        }
+        match authorization_outcome(request, &body) {
+            Some(settled) => Ok(Some(settled)),
+            None => Err(AcquirerError::unknown(
+                "body",
+                "the authorization lookup answered a body that is not this reference's outcome",
+            )),
+        }
+    }
+
+    /// `POST /v1/captures` of part or all of an authorization, with the
+    /// capture's own reference as the idempotency key. A `422` is looked up
+    /// before it is believed, as a refund's: a retry of a capture that took
+    /// what remained finds nothing left, and the lookup says it was made.
+    pub async fn capture_authorization(
+        &self,
+        request: &AuthorizationCaptureRequest,
+    ) -> AuthorizationCaptureSettled {
+        self.post_refusable(&self.captures_url, request).await
+    }
+
+    /// `GET /v1/captures/{reference}` of a capture of an authorization (the
+    /// same path as a one-step capture's): its outcome if the acquirer has
+    /// one (`404`: none yet; only a POST with the same reference settles it).
+    pub async fn lookup_authorization_capture(
+        &self,
+        request: &AuthorizationCaptureRequest,
+    ) -> Result<Option<AuthorizationCaptureSettled>, AcquirerError> {
+        self.lookup_refusable(&self.captures_url, request).await
+    }
+
+    /// `POST /v1/voids` with the void's reference as the idempotency key. A
+    /// `422` is looked up before it is believed, as a refund's: a retry of a
+    /// void that was made finds the authorization voided, and the lookup
+    /// says it was this void.
+    pub async fn void(&self, request: &VoidRequest) -> VoidSettled {
+        self.post_refusable(&self.voids_url, request).await
+    }
+
+    /// `GET /v1/voids/{reference}`: the acquirer's outcome for the void, if it
+    /// has one (`404`: none yet; only a POST with the same reference settles
+    /// it).
+    pub async fn lookup_void(
+        &self,
+        request: &VoidRequest,
+    ) -> Result<Option<VoidSettled>, AcquirerError> {
+        self.lookup_refusable(&self.voids_url, request).await
+    }
+
+    /// POSTs a call whose outcome is made or refused (a refund, a capture of
+    /// an authorization, a void): `201` made as asked (or a contradiction),
+    /// `422` refused, but only once a lookup of the reference agrees (a `404`
+    /// or the refusal itself there; a lookup that finds it made wins, and
+    /// one that fails leaves the outcome unknown); everything else unknown.
+    async fn post_refusable<R: Refusable>(
+        &self,
+        url: &str,
+        request: &R,
+    ) -> Result<R::Made, AcquirerError> {
+        let Answer {
+            status,
+            headers,
+            body,
+        } = self.post(url, request.reference(), request).await?;
+        match status {
+            // Made as asked, or made otherwise (a contradiction); a refusal
+            // under a 201 is not the acquirer's word.
+            StatusCode::CREATED => match request.settle(&body) {
+                Some(settled) if !matches!(settled, Err(AcquirerError::Rejected { .. })) => settled,
                 _ => Err(AcquirerError::unknown(
                     "body",
-                    format!("the acquirer answered {status} with a body that is not this refund's outcome"),
+                    format!(
+                        "the acquirer answered {status} with a body that is not this {}'s outcome",
+                        R::WHAT
+                    ),
                 )),
             },
             StatusCode::UNPROCESSABLE_ENTITY => {
-                let said = refund_outcome(request, &body).and_then(Result::err);
-                match self.lookup_refund(request).await? {
+                let said = request.settle(&body).and_then(Result::err);
+                match self.lookup_refusable(url, request).await? {
                     Some(settled) => settled,
                     None => Err(said.unwrap_or(AcquirerError::Rejected {
                         status: status.as_u16(),
@@ -342,60 +526,178 @@ impl AcquirerClient {
         }
     }
 
-    /// `GET /v1/refunds/{reference}`: the acquirer's outcome for the refund,
-    /// if it has one (`404`: none yet; only a POST with the same reference
-    /// settles it).
-    pub async fn lookup_refund(
+    /// GETs `url/{reference}` of a call [`Self::post_refusable`] makes: its
+    /// outcome, checked as the POST's would be, or `None` (404).
+    async fn lookup_refusable<R: Refusable>(
         &self,
-        request: &RefundRequest,
-    ) -> Result<Option<RefundSettled>, AcquirerError> {
+        url: &str,
+        request: &R,
+    ) -> Result<Option<Result<R::Made, AcquirerError>>, AcquirerError> {
         let Some(Answer {
             status,
             headers,
             body,
-        }) = self.get(&self.refunds_url, &request.reference).await?
+        }) = self.get(url, request.reference()).await?
         else {
             return Ok(None);
         };
         if status != StatusCode::OK {
             return Err(AcquirerError::unexpected_status(status, &headers));
         }
-        match refund_outcome(request, &body) {
+        match request.settle(&body) {
             Some(settled) => Ok(Some(settled)),
             None => Err(AcquirerError::unknown(
                 "body",
-                "the refund lookup answered a body that is not this reference's outcome",
+                format!(
+                    "the {} lookup answered a body that is not this reference's outcome",
+                    R::WHAT
+                ),
             )),
         }
     }
 }
 
-/// A refund outcome body for `request`'s reference, its echo checked: `None`
-/// when the body is not one.
-fn refund_outcome(request: &RefundRequest, body: &[u8]) -> Option<RefundSettled> {
-    match serde_json::from_slice::<RefundOutcome>(body).ok()? {
-        RefundOutcome::Refunded {
-            refund_id,
+/// A request whose outcome is made or refused, both remembered by reference
+/// (a refund, a capture of an authorization, a void): see
+/// [`AcquirerClient::post_refusable`].
+trait Refusable: serde::Serialize {
+    /// What the acquirer made of it.
+    type Made;
+    /// Its name in the log: `refund`, `capture`, `void`.
+    const WHAT: &'static str;
+    fn reference(&self) -> &str;
+    /// The outcome `body` says for this request's reference, its echo
+    /// checked (a refusal is [`AcquirerError::Rejected`] with its reason):
+    /// `None` when the body is not one.
+    fn settle(&self, body: &[u8]) -> Option<Result<Self::Made, AcquirerError>>;
+}
+
+impl Refusable for RefundRequest {
+    type Made = Refunded;
+    const WHAT: &'static str = "refund";
+    fn reference(&self) -> &str {
+        &self.reference
+    }
+    fn settle(&self, body: &[u8]) -> Option<RefundSettled> {
+        match serde_json::from_slice::<RefundOutcome>(body).ok()? {
+            RefundOutcome::Refunded {
+                refund_id,
+                reference,
+                echo,
+            } if reference == self.reference => Some(
+                checked(&echo, &Echo::of_refund(self), refund_id)
+                    .map(|refund_id| Refunded { refund_id }),
+            ),
+            RefundOutcome::Refused { reference, reason } if reference == self.reference => {
+                Some(Err(refused(reason)))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl Refusable for AuthorizationCaptureRequest {
+    type Made = AuthorizationCaptured;
+    const WHAT: &'static str = "capture";
+    fn reference(&self) -> &str {
+        &self.reference
+    }
+    fn settle(&self, body: &[u8]) -> Option<AuthorizationCaptureSettled> {
+        match serde_json::from_slice::<AuthorizationCaptureOutcome>(body).ok()? {
+            AuthorizationCaptureOutcome::Captured {
+                capture_id,
+                reference,
+                released_cents,
+                echo,
+            } if reference == self.reference => Some(
+                checked(&echo, &Echo::of_authorization_capture(self), capture_id).map(
+                    |capture_id| AuthorizationCaptured {
+                        capture_id,
+                        released_cents,
+                    },
+                ),
+            ),
+            AuthorizationCaptureOutcome::Refused { reference, reason }
+                if reference == self.reference =>
+            {
+                Some(Err(refused(reason)))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl Refusable for VoidRequest {
+    type Made = Voided;
+    const WHAT: &'static str = "void";
+    fn reference(&self) -> &str {
+        &self.reference
+    }
+    fn settle(&self, body: &[u8]) -> Option<VoidSettled> {
+        match serde_json::from_slice::<VoidOutcome>(body).ok()? {
+            VoidOutcome::Voided {
+                void_id,
+                reference,
+                released_cents,
+                echo,
+            } if reference == self.reference => Some(
+                checked(&echo, &Echo::of_void(self), void_id).map(|void_id| Voided {
+                    void_id,
+                    released_cents,
+                }),
+            ),
+            VoidOutcome::Refused { reference, reason } if reference == self.reference => {
+                Some(Err(refused(reason)))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// An authorization outcome body for `request`'s reference, its echo
+/// checked: `None` when the body is not one.
+fn authorization_outcome(
+    request: &AuthorizationRequest,
+    body: &[u8],
+) -> Option<AuthorizationSettled> {
+    match serde_json::from_slice::<AuthorizationOutcome>(body).ok()? {
+        AuthorizationOutcome::Authorized {
+            authorization_id,
             reference,
             echo,
-        } if reference == request.reference => {
-            let differences = echo.contradictions(&Echo::of_refund(request));
-            Some(if differences.is_empty() {
-                Ok(Refunded { refund_id })
-            } else {
-                Err(AcquirerError::Contradicted(Contradiction {
-                    capture_id: refund_id,
-                    differences,
-                }))
-            })
+        } if reference == request.reference => Some(
+            checked(&echo, &Echo::of_authorization(request), authorization_id)
+                .map(|authorization_id| Authorized { authorization_id }),
+        ),
+        AuthorizationOutcome::Declined { reference, reason } if reference == request.reference => {
+            Some(Err(AcquirerError::Declined(Declined { reason })))
         }
-        RefundOutcome::Refused { reference, reason } if reference == request.reference => {
-            Some(Err(AcquirerError::Rejected {
-                status: StatusCode::UNPROCESSABLE_ENTITY.as_u16(),
-                reason: Some(reason),
-            }))
+        AuthorizationOutcome::Refused { reference, reason } if reference == request.reference => {
+            Some(Err(refused(reason)))
         }
         _ => None,
+    }
+}
+
+/// The acquirer's `id` for what it did, if `echo` contradicts nothing that
+/// was `asked`; else a contradiction naming each field that differs.
+fn checked(echo: &Echo, asked: &Echo, id: String) -> Result<String, AcquirerError> {
+    let differences = echo.contradictions(asked);
+    if differences.is_empty() {
+        Ok(id)
+    } else {
+        Err(AcquirerError::Contradicted(Contradiction {
+            capture_id: id,
+            differences,
+        }))
+    }
+}
+
+/// A refusal body's `reason`, as the error it is.
+fn refused(reason: String) -> AcquirerError {
+    AcquirerError::Rejected {
+        status: StatusCode::UNPROCESSABLE_ENTITY.as_u16(),
+        reason: Some(reason),
     }
 }
 
@@ -420,15 +722,7 @@ fn record_status(status: StatusCode) {
 /// A capture of `request`'s reference, as its echo says: this charge's
 /// capture, or a contradiction.
 fn captured(request: &CaptureRequest, capture_id: String, echo: &Echo) -> Settled {
-    let differences = echo.contradictions(&Echo::of(request));
-    if differences.is_empty() {
-        Ok(Captured { capture_id })
-    } else {
-        Err(AcquirerError::Contradicted(Contradiction {
-            capture_id,
-            differences,
-        }))
-    }
+    checked(echo, &Echo::of(request), capture_id).map(|capture_id| Captured { capture_id })
 }
 
 /// The `Retry-After` of an answer (RFC 9110: delay-seconds or an HTTP-date),

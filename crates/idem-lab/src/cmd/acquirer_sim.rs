@@ -20,13 +20,14 @@ pub(crate) struct Args {
     /// Delay before each capture is processed.
     #[arg(long, env = "IDEM_SIM_LATENCY", value_parser = parse_duration, default_value = "0ms")]
     pub(crate) latency: Duration,
-    /// Chance, 0.0 to 1.0, that a new capture is declined.
+    /// Chance, 0.0 to 1.0, that a new one-step capture or authorization is declined.
     #[arg(long, env = "IDEM_SIM_DECLINE_RATE", default_value_t = 0.0, value_parser = parse_rate)]
     pub(crate) decline_rate: f64,
-    /// Fault to inject into capture and refund calls: none, error-before,
-    /// error-after, hang, drop-after, status:N (answer status N without
-    /// capturing), a lie: wrong-amount, wrong-currency, wrong-order (capture
-    /// that, and say so), refuse-paid (a refund already paid answers 422), or
+    /// Fault to inject into capture, refund, authorization and void calls:
+    /// none, error-before, error-after, hang, drop-after, status:N (answer
+    /// status N without capturing), a lie: wrong-amount, wrong-currency,
+    /// wrong-order (capture that, and say so), refuse-paid (a refund, a
+    /// capture of an authorization or a void already made answers 422), or
     /// lenient-refunds (refunds paid past what the capture has left).
     #[arg(long, env = "IDEM_SIM_FAULT", default_value_t = Fault::None)]
     pub(crate) fault: Fault,

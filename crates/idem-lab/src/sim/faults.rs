@@ -1,13 +1,17 @@
-//! Fault injection: what the next captures will suffer, set at start
+//! Fault injection: what the next calls (captures of both kinds, refunds,
+//! authorizations, voids) will suffer, set at start
 //! (`idem-lab acquirer-sim --fault ...`) and changed at run time (`PUT /_sim/faults`).
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use idem_core::acquirer::protocol::{CaptureRequest, RefundRequest};
+use idem_core::acquirer::protocol::{
+    AuthorizationCaptureRequest, AuthorizationRequest, CaptureRequest, RefundRequest,
+};
 
-/// One kind of misbehaviour, applied to a capture or refund call. Written the same way
+/// One kind of misbehaviour, applied to a call that POSTs (a capture of
+/// either kind, a refund, an authorization, a void). Written the same way
 /// on the command line and in `/_sim/faults`: `none`, `error-before`,
 /// `error-after`, `hang`, `drop-after`, `wrong-amount`, `wrong-currency`,
 /// `wrong-order`, `refuse-paid`, `lenient-refunds`, or `status:N`
@@ -40,7 +44,9 @@ pub enum Fault {
     WrongOrder,
     /// A refund's POST of a reference already paid answers `422` ("nothing
     /// left to refund") instead of its first outcome, as some acquirers do to
-    /// a retry; its GET still says paid. Captures behave.
+    /// a retry; its GET still says paid. So do a capture of an authorization
+    /// already made ("nothing left to capture") and a void already made
+    /// ("already voided"). One-step captures and authorizations behave.
     RefusePaid,
     /// Pay a refund of a capture even past what the capture has left, as an
     /// acquirer that leaves the sum to its caller would: the caller's own sum
@@ -67,6 +73,36 @@ impl Fault {
     /// unless the fault is a lie about the amount or the currency (a refund
     /// names no order, so `wrong-order` moves it as asked).
     pub fn refunds(self, asked: &RefundRequest) -> RefundRequest {
+        let mut moved = asked.clone();
+        match self {
+            Self::WrongAmount => moved.amount_cents = asked.amount_cents.saturating_add(1),
+            Self::WrongCurrency => moved.currency = other_currency(&asked.currency),
+            _ => {}
+        }
+        moved
+    }
+
+    /// What an authorization of `asked` holds under this fault: as a
+    /// capture, `asked` itself unless the fault is a lie about it.
+    pub fn authorizes(self, asked: &AuthorizationRequest) -> AuthorizationRequest {
+        let mut held = asked.clone();
+        match self {
+            Self::WrongAmount => held.amount_cents = asked.amount_cents.saturating_add(1),
+            Self::WrongCurrency => held.currency = other_currency(&asked.currency),
+            Self::WrongOrder => held.order_id = asked.order_id.saturating_add(1),
+            _ => {}
+        }
+        held
+    }
+
+    /// What a capture of an authorization moves under this fault: as a
+    /// refund, `asked` itself unless the fault is a lie about the amount or
+    /// the currency (it names no order, so `wrong-order` moves it as asked).
+    /// A void names no amount, currency or order: the lies move it as asked.
+    pub fn captures_of_authorization(
+        self,
+        asked: &AuthorizationCaptureRequest,
+    ) -> AuthorizationCaptureRequest {
         let mut moved = asked.clone();
         match self {
             Self::WrongAmount => moved.amount_cents = asked.amount_cents.saturating_add(1),
@@ -151,9 +187,11 @@ impl From<Fault> for String {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Faults {
-    /// Delay before each capture is processed.
+    /// Delay before each call that POSTs is processed.
     pub latency_ms: u64,
-    /// Chance, 0.0 to 1.0, that a new reference is declined (`insufficient_funds`).
+    /// Chance, 0.0 to 1.0, that a new one-step capture or authorization is
+    /// declined (`insufficient_funds`); a capture of an authorization, a
+    /// refund and a void are never declined.
     pub decline_rate: f64,
     pub fault: Fault,
     /// How many calls the fault applies to before it switches itself off;

@@ -5,7 +5,10 @@
 //! The ledger is the ground truth for "charged exactly once": it lists every
 //! capture the simulator made and counts them per `(merchant, order_id)`, and
 //! every refund with the capture it paid back from ("refunded exactly once",
-//! "never more than captured"). State lives in memory; a restart forgets it.
+//! "never more than captured"). For two-step payments it lists every
+//! authorization, every capture of one (with its authorization) and every
+//! void ("never captured more than authorized", "nothing captured after a
+//! void"). State lives in memory; a restart forgets it.
 //!
 //! Like a real acquirer, it finishes a capture even when the caller hangs up:
 //! the work runs on its own task, so a client timeout never undoes a capture.
@@ -28,13 +31,20 @@ use axum::{Json, Router};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub use book::{refusal, Ledger, LedgerCapture, LedgerRefund};
+pub use book::{
+    refusal, Ledger, LedgerAuthorization, LedgerAuthorizationCapture, LedgerCapture, LedgerRefund,
+    LedgerVoid,
+};
 pub use faults::{Fault, Faults};
 
 use book::{Book, Recorded};
 use faults::Plan;
 use idem::http::{Tls, HEADER_READ_TIMEOUT};
-use idem_core::acquirer::protocol::{CaptureOutcome, CaptureRequest, RefundOutcome, RefundRequest};
+use idem_core::acquirer::protocol::{
+    AuthorizationCaptureOutcome, AuthorizationCaptureRequest, AuthorizationOutcome,
+    AuthorizationRequest, CaptureOutcome, CaptureRequest, RefundOutcome, RefundRequest,
+    VoidOutcome, VoidRequest,
+};
 
 #[derive(Clone)]
 struct Sim {
@@ -54,10 +64,20 @@ pub fn router(faults: Faults) -> Router {
         in_flight: Arc::default(),
     };
     Router::new()
-        .route("/v1/captures", post(book_call::<CaptureRequest>))
-        .route("/v1/captures/{reference}", get(lookup::<CaptureRequest>))
+        .route("/v1/captures", post(book_call::<CaptureCall>))
+        .route("/v1/captures/{reference}", get(lookup::<CaptureCall>))
         .route("/v1/refunds", post(book_call::<RefundRequest>))
         .route("/v1/refunds/{reference}", get(lookup::<RefundRequest>))
+        .route(
+            "/v1/authorizations",
+            post(book_call::<AuthorizationRequest>),
+        )
+        .route(
+            "/v1/authorizations/{reference}",
+            get(lookup::<AuthorizationRequest>),
+        )
+        .route("/v1/voids", post(book_call::<VoidRequest>))
+        .route("/v1/voids/{reference}", get(lookup::<VoidRequest>))
         .route("/_sim/faults", get(get_faults).put(put_faults))
         .route("/_sim/ledger", get(ledger))
         .with_state(sim)
@@ -76,10 +96,10 @@ pub async fn serve(
     Ok(())
 }
 
-/// A POST the simulator books: a capture or a refund. Both keep the same
-/// rules: the reference is the `Idempotency-Key`, a second POST while the
-/// first is in flight is `409`, a known reference repeats its first outcome,
-/// and the faults apply alike.
+/// A POST the simulator books: a capture of either kind, a refund, an
+/// authorization or a void. All keep the same rules: the reference is the
+/// `Idempotency-Key`, a second POST while the first is in flight is `409`, a
+/// known reference repeats its first outcome, and the faults apply alike.
 trait Booking: serde::de::DeserializeOwned + Send + 'static {
     type Outcome: serde::Serialize + Send + 'static;
     fn reference(&self) -> &str;
@@ -96,8 +116,102 @@ trait Booking: serde::de::DeserializeOwned + Send + 'static {
     fn post_status(outcome: &Self::Outcome) -> StatusCode;
 }
 
-impl Booking for CaptureRequest {
-    type Outcome = CaptureOutcome;
+/// A `POST /v1/captures` body: a one-step capture, or a capture of an
+/// authorization (the body names one). Both kinds share the path and the
+/// references, so a lookup or a refund need not know which kind it was.
+enum CaptureCall {
+    OneStep(CaptureRequest),
+    OfAuthorization(AuthorizationCaptureRequest),
+}
+
+impl<'de> serde::Deserialize<'de> for CaptureCall {
+    /// By `authorization_reference`: each kind then parses strictly, with its
+    /// own error for a body that is not one.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let body = serde_json::Value::deserialize(d)?;
+        let of_authorization = body.get("authorization_reference").is_some();
+        let parsed = if of_authorization {
+            serde_json::from_value(body).map(Self::OfAuthorization)
+        } else {
+            serde_json::from_value(body).map(Self::OneStep)
+        };
+        parsed.map_err(serde::de::Error::custom)
+    }
+}
+
+/// The outcome of a capture of either kind, as its kind writes it.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum CaptureCallOutcome {
+    OneStep(CaptureOutcome),
+    OfAuthorization(AuthorizationCaptureOutcome),
+}
+
+impl Booking for CaptureCall {
+    type Outcome = CaptureCallOutcome;
+    fn reference(&self) -> &str {
+        match self {
+            Self::OneStep(r) => &r.reference,
+            Self::OfAuthorization(r) => &r.reference,
+        }
+    }
+    fn book(
+        self,
+        book: &mut Book,
+        plan: &Plan,
+        traceparent: Option<String>,
+    ) -> Recorded<CaptureCallOutcome> {
+        match self {
+            Self::OneStep(request) => {
+                let moved = plan.fault.captures(&request);
+                book.capture(request, plan.decline, moved, traceparent)
+                    .map(CaptureCallOutcome::OneStep)
+            }
+            Self::OfAuthorization(request) => {
+                if plan.fault == Fault::RefusePaid {
+                    if let Some(AuthorizationCaptureOutcome::Captured { reference, .. }) =
+                        book.authorization_capture_outcome(&request.reference)
+                    {
+                        return Recorded::Outcome(CaptureCallOutcome::OfAuthorization(
+                            AuthorizationCaptureOutcome::Refused {
+                                reference,
+                                reason: refusal::EXCEEDS_AUTHORIZATION.to_owned(),
+                            },
+                        ));
+                    }
+                }
+                let moved = plan.fault.captures_of_authorization(&request);
+                book.capture_authorization(request, moved, traceparent)
+                    .map(CaptureCallOutcome::OfAuthorization)
+            }
+        }
+    }
+    fn find(book: &Book, reference: &str) -> Option<CaptureCallOutcome> {
+        book.outcome(reference)
+            .map(CaptureCallOutcome::OneStep)
+            .or_else(|| {
+                book.authorization_capture_outcome(reference)
+                    .map(CaptureCallOutcome::OfAuthorization)
+            })
+    }
+    fn post_status(outcome: &CaptureCallOutcome) -> StatusCode {
+        match outcome {
+            CaptureCallOutcome::OneStep(CaptureOutcome::Captured { .. })
+            | CaptureCallOutcome::OfAuthorization(AuthorizationCaptureOutcome::Captured {
+                ..
+            }) => StatusCode::CREATED,
+            CaptureCallOutcome::OneStep(CaptureOutcome::Declined { .. }) => {
+                StatusCode::PAYMENT_REQUIRED
+            }
+            CaptureCallOutcome::OfAuthorization(AuthorizationCaptureOutcome::Refused {
+                ..
+            }) => StatusCode::UNPROCESSABLE_ENTITY,
+        }
+    }
+}
+
+impl Booking for AuthorizationRequest {
+    type Outcome = AuthorizationOutcome;
     fn reference(&self) -> &str {
         &self.reference
     }
@@ -106,17 +220,53 @@ impl Booking for CaptureRequest {
         book: &mut Book,
         plan: &Plan,
         traceparent: Option<String>,
-    ) -> Recorded<CaptureOutcome> {
-        let moved = plan.fault.captures(&self);
-        book.capture(self, plan.decline, moved, traceparent)
+    ) -> Recorded<AuthorizationOutcome> {
+        let held = plan.fault.authorizes(&self);
+        book.authorize(self, plan.decline, held, traceparent)
     }
-    fn find(book: &Book, reference: &str) -> Option<CaptureOutcome> {
-        book.outcome(reference)
+    fn find(book: &Book, reference: &str) -> Option<AuthorizationOutcome> {
+        book.authorization_outcome(reference)
     }
-    fn post_status(outcome: &CaptureOutcome) -> StatusCode {
+    fn post_status(outcome: &AuthorizationOutcome) -> StatusCode {
         match outcome {
-            CaptureOutcome::Captured { .. } => StatusCode::CREATED,
-            CaptureOutcome::Declined { .. } => StatusCode::PAYMENT_REQUIRED,
+            AuthorizationOutcome::Authorized { .. } => StatusCode::CREATED,
+            AuthorizationOutcome::Declined { .. } => StatusCode::PAYMENT_REQUIRED,
+            AuthorizationOutcome::Refused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        }
+    }
+}
+
+impl Booking for VoidRequest {
+    type Outcome = VoidOutcome;
+    fn reference(&self) -> &str {
+        &self.reference
+    }
+    /// A void names no amount, currency or order: the lies leave it as
+    /// asked, and it is never declined.
+    fn book(
+        self,
+        book: &mut Book,
+        plan: &Plan,
+        traceparent: Option<String>,
+    ) -> Recorded<VoidOutcome> {
+        if plan.fault == Fault::RefusePaid {
+            if let Some(VoidOutcome::Voided { reference, .. }) = book.void_outcome(&self.reference)
+            {
+                return Recorded::Outcome(VoidOutcome::Refused {
+                    reference,
+                    reason: refusal::AUTHORIZATION_VOIDED.to_owned(),
+                });
+            }
+        }
+        book.void(self, traceparent)
+    }
+    fn find(book: &Book, reference: &str) -> Option<VoidOutcome> {
+        book.void_outcome(reference)
+    }
+    fn post_status(outcome: &VoidOutcome) -> StatusCode {
+        match outcome {
+            VoidOutcome::Voided { .. } => StatusCode::CREATED,
+            VoidOutcome::Refused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         }
     }
 }
@@ -225,7 +375,7 @@ async fn book_call<B: Booking>(
     }
 }
 
-/// What a capture or refund call comes to, decided on the call's own task.
+/// What a call that POSTs comes to, decided on the call's own task.
 enum Answer {
     ErrorBefore,
     /// A scripted status, with its `Retry-After` seconds.

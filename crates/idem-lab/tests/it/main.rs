@@ -7,4 +7,5 @@ mod bench;
 mod conformance;
 mod demo;
 mod refunds;
+mod two_step;
 mod verify;
