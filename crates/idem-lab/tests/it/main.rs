@@ -7,5 +7,6 @@ mod bench;
 mod conformance;
 mod demo;
 mod refunds;
+mod sim_on_loopback;
 mod two_step;
 mod verify;

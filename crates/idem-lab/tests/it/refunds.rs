@@ -8,61 +8,11 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use idem_core::acquirer::protocol::{CaptureRequest, RefundRequest};
 use idem_core::acquirer::{AcquirerClient, AcquirerError, Refunded};
-use idem_lab::sim::{self, Fault, Faults};
+use idem_lab::sim::Fault;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// A simulator on loopback, stopped when dropped.
-struct Sim {
-    url: String,
-    stop: CancellationToken,
-    http: reqwest::Client,
-}
-
-impl Sim {
-    async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        let stop = CancellationToken::new();
-        tokio::spawn(sim::serve(listener, Faults::default(), None, stop.clone()));
-        Self {
-            url,
-            stop,
-            http: reqwest::Client::new(),
-        }
-    }
-
-    async fn once(&self, fault: Fault) {
-        let faults = Faults {
-            fault,
-            fault_count: Some(1),
-            ..Faults::default()
-        };
-        let r = self
-            .http
-            .put(format!("{}/_sim/faults", self.url))
-            .json(&faults)
-            .send()
-            .await
-            .expect("faults");
-        assert!(r.status().is_success());
-    }
-
-    async fn ledger(&self) -> sim::Ledger {
-        let r = self
-            .http
-            .get(format!("{}/_sim/ledger", self.url))
-            .send()
-            .await;
-        r.expect("ledger").json().await.expect("ledger json")
-    }
-}
-
-impl Drop for Sim {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
+use crate::sim_on_loopback::Sim;
 
 fn client(url: &str) -> AcquirerClient {
     AcquirerClient::new(url, Duration::from_secs(2), None).expect("client")
@@ -239,16 +189,8 @@ async fn the_simulator_can_refuse_a_refund_it_has_paid_and_the_client_is_not_foo
     let request = refund("rf-1", "cap-1", 100);
     let paid = acquirer.refund(&request).await.expect("paid");
     sim.once(Fault::RefusePaid).await;
-    let raw = sim
-        .http
-        .post(format!("{}/v1/refunds", sim.url))
-        .header("Idempotency-Key", "rf-1")
-        .json(&request)
-        .send()
-        .await
-        .expect("post");
     assert_eq!(
-        raw.status(),
+        sim.raw_post("/v1/refunds", "rf-1", &request).await,
         StatusCode::UNPROCESSABLE_ENTITY,
         "the lie itself"
     );

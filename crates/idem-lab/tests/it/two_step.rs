@@ -5,103 +5,27 @@
 
 use std::time::Duration;
 
+use crate::sim_on_loopback::Sim;
 use axum::http::StatusCode;
 use idem_core::acquirer::protocol::{
     AuthorizationCaptureRequest, AuthorizationRequest, VoidRequest,
 };
 use idem_core::acquirer::{AcquirerClient, AcquirerError, AuthorizationCaptured, Authorized};
-use idem_lab::sim::{self, Fault, Faults};
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
+use idem_lab::sim::{Fault, Faults};
 
-/// A simulator on loopback, stopped when dropped.
-struct Sim {
-    url: String,
-    stop: CancellationToken,
-    http: reqwest::Client,
-}
-
-impl Sim {
-    async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        let stop = CancellationToken::new();
-        tokio::spawn(sim::serve(listener, Faults::default(), None, stop.clone()));
-        Self {
-            url,
-            stop,
-            http: reqwest::Client::new(),
-        }
-    }
-
-    async fn set(&self, faults: &Faults) {
-        let r = self
-            .http
-            .put(format!("{}/_sim/faults", self.url))
-            .json(faults)
-            .send()
-            .await
-            .expect("faults");
-        assert!(r.status().is_success());
-    }
-
-    /// The next call that POSTs suffers `fault`, the ones after it none.
-    async fn once(&self, fault: Fault) {
-        self.set(&Faults {
-            fault,
-            fault_count: Some(1),
-            ..Faults::default()
-        })
-        .await;
-    }
-
-    async fn ledger(&self) -> sim::Ledger {
-        let r = self
-            .http
-            .get(format!("{}/_sim/ledger", self.url))
-            .send()
-            .await;
-        r.expect("ledger").json().await.expect("ledger json")
-    }
-
-    /// What the ledger's captures of the authorization under `reference` add
-    /// up to, and how many they are.
-    async fn captured_of(&self, reference: &str) -> (i64, usize) {
-        let ledger = self.ledger().await;
-        let captures: Vec<_> = ledger
-            .authorization_captures
-            .iter()
-            .filter(|c| c.authorization_reference == reference)
-            .collect();
-        (
-            captures.iter().map(|c| c.amount_cents).sum(),
-            captures.len(),
-        )
-    }
-
-    /// The status of a POST of `body` to `path`, sent raw, with its
-    /// reference as the key.
-    async fn raw_post(
-        &self,
-        path: &str,
-        reference: &str,
-        body: &impl serde::Serialize,
-    ) -> StatusCode {
-        self.http
-            .post(format!("{}{path}", self.url))
-            .header("Idempotency-Key", reference)
-            .json(body)
-            .send()
-            .await
-            .expect("post")
-            .status()
-    }
-}
-
-impl Drop for Sim {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
+/// What the ledger's captures of the authorization under `reference` add
+/// up to, and how many they are.
+async fn captured_of(sim: &Sim, reference: &str) -> (i64, usize) {
+    let ledger = sim.ledger().await;
+    let captures: Vec<_> = ledger
+        .authorization_captures
+        .iter()
+        .filter(|c| c.authorization_reference == reference)
+        .collect();
+    (
+        captures.iter().map(|c| c.amount_cents).sum(),
+        captures.len(),
+    )
 }
 
 /// A client whose timeout no call here should reach, however busy the
@@ -224,7 +148,7 @@ async fn an_authorization_is_captured_in_parts_and_a_final_capture_releases_the_
         "the refusal is that reference's outcome: {looked_up:?}"
     );
 
-    assert_eq!(sim.captured_of("auth-1").await, (60, 3));
+    assert_eq!(captured_of(&sim, "auth-1").await, (60, 3));
     let ledger = sim.ledger().await;
     assert_eq!(ledger.authorizations.len(), 1);
     assert_eq!(
@@ -310,7 +234,7 @@ async fn a_capture_above_what_remains_is_refused_and_moves_nothing() {
         .capture_authorization(&capture("cap-5", "nowhere", 1, false))
         .await;
     assert_eq!(refused_for(&unknown), Some("unknown_authorization"));
-    assert_eq!(sim.captured_of("auth-1").await, (100, 2));
+    assert_eq!(captured_of(&sim, "auth-1").await, (100, 2));
 }
 
 #[tokio::test]
@@ -357,7 +281,7 @@ async fn a_void_releases_what_remains_and_no_capture_follows_it() {
     );
     assert_eq!(ledger.voids[0].reference, "void-1");
     assert_eq!(ledger.voids[0].released_cents, 60);
-    assert_eq!(sim.captured_of("auth-1").await, (40, 1));
+    assert_eq!(captured_of(&sim, "auth-1").await, (40, 1));
     let after = &ledger.voids[0].at_micros;
     assert!(
         ledger
@@ -593,7 +517,7 @@ async fn a_capture_whose_answer_never_comes_is_settled_by_its_lookup() {
         ),
         "{looked_up:?}"
     );
-    assert_eq!(sim.captured_of("auth-1").await, (100, 1));
+    assert_eq!(captured_of(&sim, "auth-1").await, (100, 1));
 }
 
 #[tokio::test]
@@ -735,5 +659,5 @@ async fn thirty_concurrent_captures_of_ten_on_an_authorization_of_a_hundred() {
         }
     }
     assert_eq!((made, refused), (10, 20));
-    assert_eq!(sim.captured_of("auth-1").await, (100, 10));
+    assert_eq!(captured_of(&sim, "auth-1").await, (100, 10));
 }
