@@ -341,8 +341,8 @@ async fn ask(answer: impl std::future::Future<Output = AcquirerWord>) -> Acquire
 }
 
 /// What the acquirer says now of the charge's reference and each of its
-/// refunds', asked by lookup (a read; nothing moves), each within
-/// [`ACQUIRER_WAIT`]: the ground truth beside idem's own record.
+/// refunds', asked by lookup (a read; nothing moves), all at once, each
+/// within [`ACQUIRER_WAIT`]: the ground truth beside idem's own record.
 async fn at_the_acquirer(
     console: &Console,
     merchant: &Merchant,
@@ -350,24 +350,27 @@ async fn at_the_acquirer(
     refunds: &[Refund],
 ) -> Vec<AcquirerLine> {
     let engine = &console.engine;
-    let mut lines = Vec::new();
-    if let Some(charge) = charge {
-        let word = ask(engine.ask_acquirer::<ChargeRequest>(merchant, charge)).await;
-        lines.push((
-            "the charge".to_owned(),
-            charge.acquirer_reference.as_str().to_owned(),
-            word,
-        ));
-    }
-    for refund in refunds {
-        let word = ask(engine.ask_acquirer::<RefundIntent>(merchant, refund)).await;
-        lines.push((
+    // All at once: a page waits at most one `ACQUIRER_WAIT`, however many
+    // refunds the charge has.
+    let of_charge = async {
+        match charge {
+            Some(charge) => Some((
+                "the charge".to_owned(),
+                charge.acquirer_reference.as_str().to_owned(),
+                ask(engine.ask_acquirer::<ChargeRequest>(merchant, charge)).await,
+            )),
+            None => None,
+        }
+    };
+    let of_refunds = futures_util::future::join_all(refunds.iter().map(|refund| async move {
+        (
             refund.id.as_str().to_owned(),
             refund.acquirer_reference.as_str().to_owned(),
-            word,
-        ));
-    }
-    lines
+            ask(engine.ask_acquirer::<RefundIntent>(merchant, refund)).await,
+        )
+    }));
+    let (of_charge, of_refunds) = futures_util::future::join(of_charge, of_refunds).await;
+    of_charge.into_iter().chain(of_refunds).collect()
 }
 
 fn acquirer_section(lines: &[AcquirerLine]) -> Markup {
