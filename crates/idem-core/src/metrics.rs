@@ -27,10 +27,15 @@ pub const CHARGE_OUTCOMES: &str = "idem_charge_outcomes_total";
 /// not captured, or more than it has left), `replayed`, `in_flight`,
 /// `key_reused`, `key_expired`, `unknown`, `under_review`.
 pub const REFUND_OUTCOMES: &str = "idem_refund_outcomes_total";
+/// Answers to `POST /v1/charges/{id}/captures` by outcome, as refunds'
+/// (`refused`: the authorization cannot give it).
+pub const CAPTURE_OUTCOMES: &str = "idem_capture_outcomes_total";
+/// Answers to `POST /v1/charges/{id}/void` by outcome, as refunds'.
+pub const VOID_OUTCOMES: &str = "idem_void_outcomes_total";
 /// Problem answers by their `type`'s last part (`overloaded`: shed at once;
 /// `service-unavailable`, `store-unwritable`, `internal`, ...), whatever the route.
 pub const HTTP_PROBLEMS: &str = "idem_http_problems_total";
-/// Calls to the acquirer by outcome: `captured`, `refunded`, `declined`,
+/// Calls to the acquirer by outcome: `captured`, `refunded`, `voided`, `declined`,
 /// `rejected`, `unknown`, `contradicted`.
 pub const ACQUIRER_CALLS: &str = "idem_acquirer_calls_total";
 /// Unknown acquirer outcomes by cause: the acquirer's status code (`409`,
@@ -108,6 +113,19 @@ pub fn handle() -> Option<&'static PrometheusHandle> {
         .as_ref()
 }
 
+/// The outcomes of an operation on a charge (a refund, a capture, a void).
+const OPERATION_OUTCOMES: &[&str] = &[
+    "succeeded",
+    "failed",
+    "refused",
+    "replayed",
+    "in_flight",
+    "key_reused",
+    "key_expired",
+    "unknown",
+    "under_review",
+];
+
 /// The label values each counter and histogram can take, where they are
 /// known (name, label, values; an empty label for a metric without one).
 /// Registered at 0 when the recorder is installed. The HTTP layer adds its
@@ -115,27 +133,16 @@ pub fn handle() -> Option<&'static PrometheusHandle> {
 /// acquirer's status code are born at their first event.
 pub const KNOWN_SERIES: &[(&str, &str, &[&str])] = &[
     (CHARGE_OUTCOMES, "outcome", ENGINE_OUTCOMES),
-    (
-        REFUND_OUTCOMES,
-        "outcome",
-        &[
-            "succeeded",
-            "failed",
-            "refused",
-            "replayed",
-            "in_flight",
-            "key_reused",
-            "key_expired",
-            "unknown",
-            "under_review",
-        ],
-    ),
+    (REFUND_OUTCOMES, "outcome", OPERATION_OUTCOMES),
+    (CAPTURE_OUTCOMES, "outcome", OPERATION_OUTCOMES),
+    (VOID_OUTCOMES, "outcome", OPERATION_OUTCOMES),
     (
         ACQUIRER_CALLS,
         "outcome",
         &[
             "captured",
             "refunded",
+            "voided",
             "declined",
             "rejected",
             "unknown",
@@ -234,6 +241,14 @@ fn describe() {
     metrics::describe_counter!(
         REFUND_OUTCOMES,
         "POST /v1/charges/{id}/refunds answers by outcome"
+    );
+    metrics::describe_counter!(
+        CAPTURE_OUTCOMES,
+        "POST /v1/charges/{id}/captures answers by outcome"
+    );
+    metrics::describe_counter!(
+        VOID_OUTCOMES,
+        "POST /v1/charges/{id}/void answers by outcome"
     );
     metrics::describe_counter!(ACQUIRER_CALLS, "acquirer calls by outcome");
     metrics::describe_counter!(

@@ -9,7 +9,7 @@ use serde::Serialize;
 use utoipa::openapi::{ObjectBuilder, RefOr, Schema, Type};
 use utoipa::ToSchema;
 
-use crate::domain::{Charge, Refund, SubjectId};
+use crate::domain::{Charge, Refund, Step, StepKind, SubjectId};
 
 /// Every kind of problem idem reports. The URI of each is part of the contract:
 /// clients branch on it, so it never changes once published (docs/errors.md).
@@ -32,6 +32,13 @@ pub enum ProblemKind {
     RefundExceedsCaptured,
     RefundFailed,
     RefundUnderReview,
+    ChargeNotAuthorized,
+    AuthorizationClosed,
+    CapturePending,
+    CaptureExceedsAuthorization,
+    CaptureFailed,
+    VoidFailed,
+    StepUnderReview,
     NotFound,
     MethodNotAllowed,
     ServiceUnavailable,
@@ -43,7 +50,7 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every kind, for docs and tests.
-    pub const ALL: [ProblemKind; 24] = [
+    pub const ALL: [ProblemKind; 31] = [
         Self::Unauthorized,
         Self::MissingIdempotencyKey,
         Self::MalformedIdempotencyKey,
@@ -61,6 +68,13 @@ impl ProblemKind {
         Self::RefundExceedsCaptured,
         Self::RefundFailed,
         Self::RefundUnderReview,
+        Self::ChargeNotAuthorized,
+        Self::AuthorizationClosed,
+        Self::CapturePending,
+        Self::CaptureExceedsAuthorization,
+        Self::CaptureFailed,
+        Self::VoidFailed,
+        Self::StepUnderReview,
         Self::NotFound,
         Self::MethodNotAllowed,
         Self::ServiceUnavailable,
@@ -89,6 +103,13 @@ impl ProblemKind {
             Self::RefundExceedsCaptured => "refund-exceeds-captured",
             Self::RefundFailed => "refund-failed",
             Self::RefundUnderReview => "refund-under-review",
+            Self::ChargeNotAuthorized => "charge-not-authorized",
+            Self::AuthorizationClosed => "authorization-closed",
+            Self::CapturePending => "capture-pending",
+            Self::CaptureExceedsAuthorization => "capture-exceeds-authorization",
+            Self::CaptureFailed => "capture-failed",
+            Self::VoidFailed => "void-failed",
+            Self::StepUnderReview => "step-under-review",
             Self::NotFound => "not-found",
             Self::MethodNotAllowed => "method-not-allowed",
             Self::ServiceUnavailable => "service-unavailable",
@@ -118,6 +139,13 @@ impl ProblemKind {
             Self::RefundExceedsCaptured => "Refund exceeds what the charge has left",
             Self::RefundFailed => "Refund refused by the acquirer",
             Self::RefundUnderReview => "Refund awaiting review",
+            Self::ChargeNotAuthorized => "Charge is not an open authorization",
+            Self::AuthorizationClosed => "Authorization closed by a final capture or a void",
+            Self::CapturePending => "A capture of this authorization is pending",
+            Self::CaptureExceedsAuthorization => "Capture exceeds what the authorization has left",
+            Self::CaptureFailed => "Capture refused by the acquirer",
+            Self::VoidFailed => "Void refused by the acquirer",
+            Self::StepUnderReview => "Capture or void awaiting review",
             Self::NotFound => "Not found",
             Self::MethodNotAllowed => "Method not allowed",
             Self::ServiceUnavailable => "Service unavailable",
@@ -137,12 +165,18 @@ impl ProblemKind {
             Self::KeyReused
             | Self::ChargeNotRefundable
             | Self::RefundExceedsCaptured
-            | Self::RefundFailed => 422,
+            | Self::RefundFailed
+            | Self::ChargeNotAuthorized
+            | Self::CaptureExceedsAuthorization
+            | Self::CaptureFailed
+            | Self::VoidFailed => 422,
+            Self::AuthorizationClosed | Self::CapturePending => 409,
             Self::KeyExpired => 410,
             Self::RequestInFlight => 409,
             Self::OutcomeUnknown
             | Self::UnderReview
             | Self::RefundUnderReview
+            | Self::StepUnderReview
             | Self::ServiceUnavailable
             | Self::StoreUnwritable
             | Self::Overloaded => 503,
@@ -220,7 +254,24 @@ pub struct Problem<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = String)]
     pub refund_id: Option<&'a str>,
-    /// What the charge has left to refund (`refund-exceeds-captured`).
+    /// The capture this problem is about (a capture the acquirer refused).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Step)]
+    pub capture: Option<&'a Step>,
+    /// The void this problem is about (a void the acquirer refused).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Step)]
+    pub void: Option<&'a Step>,
+    /// The capture the key made: as `charge_id` for a key that made a capture.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String)]
+    pub capture_id: Option<&'a str>,
+    /// The void the key made: as `charge_id` for a key that made a void.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String)]
+    pub void_id: Option<&'a str>,
+    /// What the charge has left to refund (`refund-exceeds-captured`), or
+    /// the authorization to capture (`capture-exceeds-authorization`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remaining_cents: Option<i64>,
 }
@@ -246,6 +297,10 @@ impl<'a> Problem<'a> {
             charge_id: None,
             refund: None,
             refund_id: None,
+            capture: None,
+            void: None,
+            capture_id: None,
+            void_id: None,
             remaining_cents: None,
         }
     }
@@ -261,6 +316,10 @@ impl<'a> Problem<'a> {
         match subject {
             SubjectId::Charge(id) => self.charge_id = Some(id.as_str()),
             SubjectId::Refund(id) => self.refund_id = Some(id.as_str()),
+            SubjectId::Step(id) => match id.kind() {
+                StepKind::Capture => self.capture_id = Some(id.as_str()),
+                StepKind::Void => self.void_id = Some(id.as_str()),
+            },
         }
         self
     }
@@ -287,6 +346,10 @@ pub fn key_expired_detail(subject: &SubjectId) -> String {
     let done = match subject {
         SubjectId::Charge(_) => "charged",
         SubjectId::Refund(_) => "refunded",
+        SubjectId::Step(id) => match id.kind() {
+            StepKind::Capture => "captured",
+            StepKind::Void => "voided",
+        },
     };
     format!(
         "the Idempotency-Key expired after storing the outcome of this same request, \

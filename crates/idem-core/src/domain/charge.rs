@@ -150,6 +150,12 @@ struct RawChargeRequest {
     currency: Option<String>,
     #[schema(value_type = Option<Description>)]
     description: Option<String>,
+    /// `true` (the default): the charge is captured at once. `false`: it is
+    /// only authorized (the amount held on the card), to be captured later
+    /// (`POST /v1/charges/{id}/captures`) or released
+    /// (`POST /v1/charges/{id}/void`).
+    #[schema(default = true)]
+    capture: Option<bool>,
 }
 
 /// One intent to charge, fully validated.
@@ -162,6 +168,15 @@ pub struct ChargeRequest {
     pub amount_cents: AmountCents,
     pub currency: Currency,
     pub description: Option<Description>,
+    /// Captured at once (the default) or only authorized. Left out of the
+    /// canonical form when `true`, so a one-step charge's fingerprint is what
+    /// it always was.
+    #[serde(skip_serializing_if = "is_true")]
+    pub capture: bool,
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 impl ChargeRequest {
@@ -177,6 +192,7 @@ impl ChargeRequest {
                 None => Currency::BRL,
             },
             description: raw.description.map(Description::parse).transpose()?,
+            capture: raw.capture.unwrap_or(true),
         })
     }
 
@@ -194,6 +210,9 @@ impl ChargeRequest {
         }
         if self.description != other.description {
             fields.push("description");
+        }
+        if self.capture != other.capture {
+            fields.push("capture");
         }
         fields
     }
@@ -236,7 +255,8 @@ fn json_message(e: &serde_json::Error) -> String {
     }
 }
 
-/// Where a charge is in its life. Only `processing` ever changes.
+/// Where a charge is in its life. Only `processing` and `authorized` ever
+/// change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ChargeStatus {
@@ -248,6 +268,11 @@ pub enum ChargeStatus {
     Declined,
     /// The acquirer rejected the request itself (not a decline); no money moved.
     Failed,
+    /// Authorized only (`"capture": false`): the amount is held on the card,
+    /// to be captured or voided.
+    Authorized,
+    /// The authorization was voided with nothing captured; no money moved.
+    Voided,
 }
 
 impl ChargeStatus {
@@ -257,6 +282,8 @@ impl ChargeStatus {
             Self::Captured => "captured",
             Self::Declined => "declined",
             Self::Failed => "failed",
+            Self::Authorized => "authorized",
+            Self::Voided => "voided",
         }
     }
 
@@ -266,6 +293,8 @@ impl ChargeStatus {
             "captured" => Self::Captured,
             "declined" => Self::Declined,
             "failed" => Self::Failed,
+            "authorized" => Self::Authorized,
+            "voided" => Self::Voided,
             _ => return None,
         })
     }
@@ -294,6 +323,34 @@ pub struct Charge {
     pub created_at: DateTime<Utc>,
     #[serde(skip)]
     pub description: Option<Description>,
+    /// A two-step charge's captures (absent on a one-step charge).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    #[schema(inline, value_type = Authorization)]
+    pub authorization: Option<Authorization>,
+}
+
+/// What a two-step charge (`"capture": false`) has captured, and what it can
+/// still capture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+pub struct Authorization {
+    /// The sum of its captures made (a two-step charge only).
+    #[schema(required = false)]
+    pub amount_captured_cents: i64,
+    /// What a capture may still take: the authorized amount less the
+    /// captures made or pending; 0 once the authorization is closed (a final
+    /// capture, a void, expiry). A two-step charge only.
+    #[schema(required = false)]
+    pub amount_capturable_cents: i64,
+}
+
+impl Authorization {
+    /// A new authorization of `amount`: nothing captured yet.
+    pub fn new(amount: AmountCents) -> Self {
+        Self {
+            amount_captured_cents: 0,
+            amount_capturable_cents: amount.get(),
+        }
+    }
 }
 
 impl Charge {
@@ -304,6 +361,7 @@ impl Charge {
             amount_cents: self.amount_cents,
             currency: self.currency,
             description: self.description.clone(),
+            capture: self.authorization.is_none(),
         }
     }
 }

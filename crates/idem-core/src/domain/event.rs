@@ -5,7 +5,7 @@
 use chrono::{SecondsFormat, Utc};
 use serde::Serialize;
 
-use super::{Charge, ChargeStatus, MessageId, Refund};
+use super::{Charge, ChargeStatus, MessageId, Refund, Step, StepKind};
 
 /// The topic exchange every charge event is published on, with its type as the
 /// routing key (docs/contract/queue.md). The outbox writes it with each event,
@@ -19,6 +19,12 @@ pub enum EventType {
     Declined,
     /// A refund the acquirer paid back.
     Refunded,
+    /// A charge only authorized (`"capture": false`): its amount is held.
+    Authorized,
+    /// A capture of an authorized charge, made.
+    CaptureSucceeded,
+    /// A void of an authorized charge, made.
+    VoidSucceeded,
 }
 
 impl EventType {
@@ -29,7 +35,16 @@ impl EventType {
         match status {
             ChargeStatus::Captured => Some(Self::Captured),
             ChargeStatus::Declined => Some(Self::Declined),
-            ChargeStatus::Processing | ChargeStatus::Failed => None,
+            ChargeStatus::Authorized => Some(Self::Authorized),
+            ChargeStatus::Processing | ChargeStatus::Failed | ChargeStatus::Voided => None,
+        }
+    }
+
+    /// The event a step made produces.
+    pub fn of_step(kind: StepKind) -> Self {
+        match kind {
+            StepKind::Capture => Self::CaptureSucceeded,
+            StepKind::Void => Self::VoidSucceeded,
         }
     }
 
@@ -38,6 +53,9 @@ impl EventType {
             Self::Captured => "charge.captured",
             Self::Declined => "charge.declined",
             Self::Refunded => "refund.succeeded",
+            Self::Authorized => "charge.authorized",
+            Self::CaptureSucceeded => "capture.succeeded",
+            Self::VoidSucceeded => "void.succeeded",
         }
     }
 }
@@ -59,6 +77,12 @@ pub struct ChargeEvent<'a> {
     /// The refund (`refund.*` events).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refund: Option<&'a Refund>,
+    /// The capture (`capture.*` events).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capture: Option<&'a Step>,
+    /// The void (`void.*` events).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub void: Option<&'a Step>,
 }
 
 impl<'a> ChargeEvent<'a> {
@@ -75,6 +99,8 @@ impl<'a> ChargeEvent<'a> {
             occurred_at: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
             charge: Some(charge),
             refund: None,
+            capture: None,
+            void: None,
         }
     }
 
@@ -87,6 +113,23 @@ impl<'a> ChargeEvent<'a> {
             occurred_at: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
             charge: None,
             refund: Some(refund),
+            capture: None,
+            void: None,
+        }
+    }
+
+    /// A step's event (`capture.succeeded`, `void.succeeded`).
+    pub fn of_step(id: &'a MessageId, merchant: &'a str, step: &'a Step) -> Self {
+        let kind = step.kind();
+        Self {
+            id: id.as_str(),
+            event_type: EventType::of_step(kind).as_str(),
+            merchant,
+            occurred_at: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
+            charge: None,
+            refund: None,
+            capture: (kind == StepKind::Capture).then_some(step),
+            void: (kind == StepKind::Void).then_some(step),
         }
     }
 

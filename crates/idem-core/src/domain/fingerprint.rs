@@ -7,7 +7,8 @@
 use sha2::{Digest, Sha256};
 
 use super::refund::RefundOfCharge;
-use super::{ChargeId, ChargeRequest, RefundRequest};
+use super::step::StepOfCharge;
+use super::{CaptureRequest, ChargeId, ChargeRequest, RefundRequest};
 
 /// SHA-256 of the operation and its canonical parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,6 +20,9 @@ impl Fingerprint {
     const CHARGE: &'static [u8] = b"POST /v1/charges\n";
     /// A refund's: its charge is in the canonical body ([`RefundOfCharge`]).
     const REFUND: &'static [u8] = b"POST /v1/charges/{id}/refunds\n";
+    /// A capture's and a void's, as a refund's.
+    const CAPTURE: &'static [u8] = b"POST /v1/charges/{id}/captures\n";
+    const VOID: &'static [u8] = b"POST /v1/charges/{id}/void\n";
 
     pub fn of_charge(request: &ChargeRequest) -> Self {
         Self::of(Self::CHARGE, &crate::domain::to_json(request))
@@ -30,6 +34,24 @@ impl Fingerprint {
             Self::REFUND,
             &crate::domain::to_json(&RefundOfCharge::new(charge_id, request)),
         )
+    }
+
+    /// A capture of `charge_id`.
+    pub fn of_capture(charge_id: &ChargeId, request: &CaptureRequest) -> Self {
+        let body = StepOfCharge {
+            charge_id: charge_id.as_str(),
+            capture: Some(request),
+        };
+        Self::of(Self::CAPTURE, &crate::domain::to_json(&body))
+    }
+
+    /// A void of `charge_id`'s authorization.
+    pub fn of_void(charge_id: &ChargeId) -> Self {
+        let body = StepOfCharge {
+            charge_id: charge_id.as_str(),
+            capture: None,
+        };
+        Self::of(Self::VOID, &crate::domain::to_json(&body))
     }
 
     fn of(operation: &[u8], canonical: &[u8]) -> Self {

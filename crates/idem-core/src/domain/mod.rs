@@ -16,11 +16,13 @@ mod key;
 mod merchant;
 mod refund;
 mod response;
+mod step;
 mod subject;
 mod webhook;
 
 pub use charge::{
-    AmountCents, Charge, ChargeRequest, ChargeStatus, Currency, Description, FieldError, OrderId,
+    AmountCents, Authorization, Charge, ChargeRequest, ChargeStatus, Currency, Description,
+    FieldError, OrderId,
 };
 pub use event::{ChargeEvent, EventType, EVENTS_EXCHANGE};
 pub use fingerprint::Fingerprint;
@@ -29,6 +31,9 @@ pub use key::{IdempotencyKey, KeyError};
 pub use merchant::{parse_merchant_name, Merchant, MerchantSecret, SecretHash};
 pub use refund::{Refund, RefundId, RefundIntent, RefundReason, RefundRequest, RefundStatus};
 pub use response::StoredResponse;
+pub use step::{
+    parse_void_body, CaptureIntent, CaptureRequest, Step, StepId, StepKind, StepStatus, VoidIntent,
+};
 pub use subject::SubjectId;
 pub use webhook::{signature_header, WebhookBody, WebhookEvent, WebhookSecret};
 

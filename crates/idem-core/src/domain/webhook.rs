@@ -16,7 +16,7 @@ use rand::RngCore;
 use serde::Serialize;
 use sha2::Sha256;
 
-use super::{Charge, ChargeStatus, MessageId, Refund};
+use super::{Charge, ChargeStatus, MessageId, Refund, Step, StepKind};
 
 /// What a merchant's endpoint can be told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -40,10 +40,28 @@ pub enum WebhookEvent {
     RefundReviewRequired,
     /// A person settled a refund that awaited review.
     RefundResolved,
+    /// A charge only authorized: its amount is held on the card.
+    Authorized,
+    /// A capture of an authorized charge, made.
+    CaptureSucceeded,
+    /// A capture refused for good; its amount is the authorization's again.
+    CaptureFailed,
+    /// A capture awaits a person.
+    CaptureReviewRequired,
+    /// A person settled a capture that awaited review.
+    CaptureResolved,
+    /// A void made: what the authorization held is released.
+    VoidSucceeded,
+    /// A void refused for good; the authorization is open again.
+    VoidFailed,
+    /// A void awaits a person.
+    VoidReviewRequired,
+    /// A person settled a void that awaited review.
+    VoidResolved,
 }
 
 impl WebhookEvent {
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 18] = [
         Self::Captured,
         Self::Declined,
         Self::Failed,
@@ -53,6 +71,15 @@ impl WebhookEvent {
         Self::RefundFailed,
         Self::RefundReviewRequired,
         Self::RefundResolved,
+        Self::Authorized,
+        Self::CaptureSucceeded,
+        Self::CaptureFailed,
+        Self::CaptureReviewRequired,
+        Self::CaptureResolved,
+        Self::VoidSucceeded,
+        Self::VoidFailed,
+        Self::VoidReviewRequired,
+        Self::VoidResolved,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -66,6 +93,15 @@ impl WebhookEvent {
             Self::RefundFailed => "refund.failed",
             Self::RefundReviewRequired => "refund.review_required",
             Self::RefundResolved => "refund.resolved",
+            Self::Authorized => "charge.authorized",
+            Self::CaptureSucceeded => "capture.succeeded",
+            Self::CaptureFailed => "capture.failed",
+            Self::CaptureReviewRequired => "capture.review_required",
+            Self::CaptureResolved => "capture.resolved",
+            Self::VoidSucceeded => "void.succeeded",
+            Self::VoidFailed => "void.failed",
+            Self::VoidReviewRequired => "void.review_required",
+            Self::VoidResolved => "void.resolved",
         }
     }
 
@@ -89,7 +125,27 @@ impl WebhookEvent {
             ChargeStatus::Captured => Some(Self::Captured),
             ChargeStatus::Declined => Some(Self::Declined),
             ChargeStatus::Failed => Some(Self::Failed),
-            ChargeStatus::Processing => None,
+            ChargeStatus::Authorized => Some(Self::Authorized),
+            ChargeStatus::Processing | ChargeStatus::Voided => None,
+        }
+    }
+
+    /// The events of a step of `kind`: made, refused, awaiting review,
+    /// settled by a person.
+    pub fn of_step(kind: StepKind) -> [Self; 4] {
+        match kind {
+            StepKind::Capture => [
+                Self::CaptureSucceeded,
+                Self::CaptureFailed,
+                Self::CaptureReviewRequired,
+                Self::CaptureResolved,
+            ],
+            StepKind::Void => [
+                Self::VoidSucceeded,
+                Self::VoidFailed,
+                Self::VoidReviewRequired,
+                Self::VoidResolved,
+            ],
         }
     }
 
@@ -99,14 +155,24 @@ impl WebhookEvent {
     /// the highest version it has seen for it drops an older state arriving late.
     pub fn version(self) -> u8 {
         match self {
-            Self::ReviewRequired | Self::RefundReviewRequired => 1,
+            Self::ReviewRequired
+            | Self::RefundReviewRequired
+            | Self::CaptureReviewRequired
+            | Self::VoidReviewRequired => 1,
             Self::Captured
             | Self::Declined
             | Self::Failed
             | Self::Resolved
             | Self::RefundSucceeded
             | Self::RefundFailed
-            | Self::RefundResolved => 2,
+            | Self::RefundResolved
+            | Self::Authorized
+            | Self::CaptureSucceeded
+            | Self::CaptureFailed
+            | Self::CaptureResolved
+            | Self::VoidSucceeded
+            | Self::VoidFailed
+            | Self::VoidResolved => 2,
         }
     }
 }
@@ -132,6 +198,12 @@ pub struct WebhookBody<'a> {
     /// (`refund.*` events).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refund: Option<&'a Refund>,
+    /// The capture as `GET /v1/captures/{id}` shows it (`capture.*` events).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capture: Option<&'a Step>,
+    /// The void as `GET /v1/voids/{id}` shows it (`void.*` events).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub void: Option<&'a Step>,
 }
 
 impl<'a> WebhookBody<'a> {
@@ -149,6 +221,8 @@ impl<'a> WebhookBody<'a> {
             version: event.version(),
             charge: Some(charge),
             refund: None,
+            capture: None,
+            void: None,
         }
     }
 
@@ -167,6 +241,29 @@ impl<'a> WebhookBody<'a> {
             version: event.version(),
             charge: None,
             refund: Some(refund),
+            capture: None,
+            void: None,
+        }
+    }
+
+    /// A `capture.*` or `void.*` event's body.
+    pub fn of_step(
+        id: &'a MessageId,
+        event: WebhookEvent,
+        merchant: &'a str,
+        step: &'a Step,
+    ) -> Self {
+        let kind = step.kind();
+        Self {
+            id: id.as_str(),
+            event_type: event.as_str(),
+            occurred_at: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
+            merchant,
+            version: event.version(),
+            charge: None,
+            refund: None,
+            capture: (kind == StepKind::Capture).then_some(step),
+            void: (kind == StepKind::Void).then_some(step),
         }
     }
 

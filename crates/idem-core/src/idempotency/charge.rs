@@ -1,15 +1,18 @@
-//! The charge as an [`Operation`]: one capture per key.
+//! The charge as an [`Operation`]: one capture per key, or, for a charge
+//! made with `"capture": false`, one authorization (its captures and void
+//! are operations of their own: [`super::step`]).
 
 use super::memo::InFlightMemo;
 use super::operation::{ClaimArgs, Claimed, Final, Finalize, Operation, Said};
 use super::operator::Operable;
 use super::Engine;
-use crate::acquirer::protocol::CaptureRequest;
+use crate::acquirer::protocol::{AuthorizationRequest, CaptureRequest};
 use crate::acquirer::{AcquirerClient, AcquirerError};
 use crate::crash;
 use crate::domain::{
-    AcquirerReference, Charge, ChargeEvent, ChargeRequest, ChargeStatus, EventType, Fingerprint,
-    IdempotencyKey, Merchant, MessageId, StoredResponse, SubjectId, WebhookBody, WebhookEvent,
+    AcquirerReference, Authorization, Charge, ChargeEvent, ChargeRequest, ChargeStatus, EventType,
+    Fingerprint, IdempotencyKey, Merchant, MessageId, StoredResponse, SubjectId, WebhookBody,
+    WebhookEvent,
 };
 use crate::problem::{Problem, ProblemKind};
 use crate::store::{
@@ -148,6 +151,12 @@ impl Operation for ChargeRequest {
     }
 
     async fn call(acquirer: &AcquirerClient, merchant: &Merchant, charge: &Charge) -> Said {
+        if charge.authorization.is_some() {
+            return acquirer
+                .authorize(&authorization_request(merchant, charge))
+                .await
+                .map(|authorized| authorized.authorization_id);
+        }
         acquirer
             .capture(&capture_request(merchant, charge))
             .await
@@ -159,6 +168,12 @@ impl Operation for ChargeRequest {
         merchant: &Merchant,
         charge: &Charge,
     ) -> Result<Option<Said>, AcquirerError> {
+        if charge.authorization.is_some() {
+            let found = acquirer
+                .lookup_authorization(&authorization_request(merchant, charge))
+                .await?;
+            return Ok(found.map(|settled| settled.map(|a| a.authorization_id)));
+        }
         let found = acquirer.lookup(&capture_request(merchant, charge)).await?;
         Ok(found.map(|settled| settled.map(|captured| captured.capture_id)))
     }
@@ -181,7 +196,9 @@ impl Operation for ChargeRequest {
     }
 
     fn settled(charge: &Charge, outcome: &Final) -> Charge {
+        let two_step = charge.authorization.is_some();
         let (status, decline_reason) = match outcome {
+            Final::Done { .. } if two_step => (ChargeStatus::Authorized, None),
             Final::Done { .. } => (ChargeStatus::Captured, None),
             Final::Declined { reason } => (ChargeStatus::Declined, Some(reason.clone())),
             Final::Refused { .. } => (ChargeStatus::Failed, None),
@@ -189,6 +206,11 @@ impl Operation for ChargeRequest {
         Charge {
             status,
             decline_reason,
+            // A new authorization holds all of its amount, capturable.
+            authorization: match status {
+                ChargeStatus::Authorized => Some(Authorization::new(charge.amount_cents)),
+                _ => charge.authorization,
+            },
             ..charge.clone()
         }
     }
@@ -222,11 +244,25 @@ fn capture_request(merchant: &Merchant, charge: &Charge) -> CaptureRequest {
     }
 }
 
+/// What the acquirer is asked for a charge only authorized: its reference,
+/// and what the echo is checked against, as a capture's.
+fn authorization_request(merchant: &Merchant, charge: &Charge) -> AuthorizationRequest {
+    AuthorizationRequest {
+        reference: charge.acquirer_reference.as_str().to_owned(),
+        merchant: merchant.name.clone(),
+        order_id: charge.order_id.get(),
+        amount_cents: charge.amount_cents.get(),
+        currency: charge.currency.as_str().to_owned(),
+    }
+}
+
 /// The answer stored for a charge's final outcome: what the API says, and
 /// what every replay repeats byte for byte.
 fn final_response(charge: &Charge) -> StoredResponse {
     let (status, body) = match charge.status {
-        ChargeStatus::Captured => (201, crate::domain::to_json(charge)),
+        ChargeStatus::Captured | ChargeStatus::Authorized | ChargeStatus::Voided => {
+            (201, crate::domain::to_json(charge))
+        }
         ChargeStatus::Declined => {
             let reason = charge.decline_reason.as_deref().unwrap_or("unspecified");
             let mut p = Problem::new(

@@ -23,7 +23,8 @@ use super::{InFlightMemo, ReplayCache};
 use crate::acquirer::{AcquirerClient, AcquirerError, Contradiction, Unknown};
 use crate::crash::{self, CrashPoint};
 use crate::domain::{
-    ChargeRequest, IdempotencyKey, Merchant, RefundIntent, StoredResponse, SubjectId,
+    CaptureIntent, ChargeRequest, IdempotencyKey, Merchant, RefundIntent, StepKind, StoredResponse,
+    SubjectId, VoidIntent,
 };
 use crate::store::{
     AuditEntry, KeyState, KeyStatus, Orphan, Record, Refusal, Reschedule, Store, StoreError,
@@ -151,6 +152,8 @@ pub struct Engine {
     /// Keys this instance saw held by another attempt, answered from memory.
     pub(super) charges_in_flight: InFlightMemo<ChargeRequest>,
     pub(super) refunds_in_flight: InFlightMemo<RefundIntent>,
+    pub(super) captures_in_flight: InFlightMemo<CaptureIntent>,
+    pub(super) voids_in_flight: InFlightMemo<VoidIntent>,
     /// Completed outcomes this instance read or stored, answered from memory.
     replays: ReplayCache,
 }
@@ -175,6 +178,8 @@ impl Engine {
             config,
             charges_in_flight: InFlightMemo::default(),
             refunds_in_flight: InFlightMemo::default(),
+            captures_in_flight: InFlightMemo::default(),
+            voids_in_flight: InFlightMemo::default(),
             replays: ReplayCache::new(config.replay_cache_bytes),
         }
     }
@@ -348,9 +353,13 @@ impl Engine {
         orphan: &Orphan,
         backoff: Duration,
     ) -> Result<Option<Reconciled>, EngineError> {
-        match orphan.subject {
+        match &orphan.subject {
             SubjectId::Charge(_) => self.settle::<ChargeRequest>(orphan, backoff).await,
             SubjectId::Refund(_) => self.settle::<RefundIntent>(orphan, backoff).await,
+            SubjectId::Step(id) => match id.kind() {
+                StepKind::Capture => self.settle::<CaptureIntent>(orphan, backoff).await,
+                StepKind::Void => self.settle::<VoidIntent>(orphan, backoff).await,
+            },
         }
     }
 
@@ -474,6 +483,10 @@ impl Engine {
         let label = match (&result, O::id(&record.subject)) {
             (Ok(_), SubjectId::Charge(_)) => "captured",
             (Ok(_), SubjectId::Refund(_)) => "refunded",
+            (Ok(_), SubjectId::Step(id)) => match id.kind() {
+                StepKind::Capture => "captured",
+                StepKind::Void => "voided",
+            },
             (Err(AcquirerError::Declined(_)), _) => "declined",
             (Err(AcquirerError::Rejected { .. }), _) => "rejected",
             (Err(AcquirerError::Unknown(_)), _) => "unknown",
@@ -613,9 +626,10 @@ impl Engine {
         metrics::counter!(crate::metrics::ACQUIRER_CONTRADICTED).increment(1);
         let reason = format!(
             "the acquirer's {} {} contradicts the {}: {differs}",
-            match subject {
+            match &subject {
                 SubjectId::Charge(_) => "capture",
                 SubjectId::Refund(_) => "refund",
+                SubjectId::Step(id) => id.kind().as_str(),
             },
             contradiction.capture_id,
             subject.kind(),
@@ -744,9 +758,10 @@ impl Outcome {
 /// reference, never the request's body.
 fn acquirer_span<O: Operation>(method: &'static str, subject: &O::Subject) -> tracing::Span {
     let id = O::id(subject);
-    let (charge_id, refund_id) = match &id {
-        SubjectId::Charge(c) => (Some(c.as_str()), None),
-        SubjectId::Refund(r) => (None, Some(r.as_str())),
+    let (charge_id, refund_id, step_id) = match &id {
+        SubjectId::Charge(c) => (Some(c.as_str()), None, None),
+        SubjectId::Refund(r) => (None, Some(r.as_str()), None),
+        SubjectId::Step(s) => (None, None, Some(s.as_str())),
     };
     crate::span!(
         "acquirer",
@@ -756,6 +771,7 @@ fn acquirer_span<O: Operation>(method: &'static str, subject: &O::Subject) -> tr
         url.template = O::ACQUIRER_PATH,
         charge_id = charge_id,
         refund_id = refund_id,
+        step_id = step_id,
         acquirer.reference = O::reference(subject).as_str(),
         http.response.status_code = tracing::field::Empty,
         otel.status_code = tracing::field::Empty

@@ -13,7 +13,8 @@
 //! - [`ReplayCache`] answers replays of a completed key from memory, until the
 //!   key's expiry on the database's clock.
 //! - [`Operation`] (`operation.rs`): what differs between the operations the
-//!   engine runs, a charge (`charge.rs`) and a refund of one (`refund.rs`):
+//!   engine runs, a charge (`charge.rs`), a refund of one (`refund.rs`), and
+//!   a capture or a void of an authorized charge (`step.rs`):
 //!   their requests, their store calls, the acquirer's call, the answers.
 //! - `operator.rs`: an operator's retry and resolve of one charge, through the
 //!   same take-over and finalize.
@@ -26,6 +27,7 @@ mod operation;
 mod operator;
 mod refund;
 mod replays;
+mod step;
 
 #[cfg(doc)]
 use crate::domain::{Fingerprint, IdempotencyKey, StoredResponse};

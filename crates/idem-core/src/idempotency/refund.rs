@@ -73,6 +73,7 @@ impl Operation for RefundIntent {
             RefundClaim::Lost(taken) => match *taken {
                 Taken::Refund(record) => Claimed::Lost(record),
                 Taken::Charge(record) => Claimed::Other(SubjectId::Charge(record.subject.id)),
+                Taken::Step(record) => Claimed::Other(SubjectId::Step(record.subject.id)),
             },
             RefundClaim::Refused(refusal) => Claimed::Refused(refusal),
             RefundClaim::Expired(id) => Claimed::Expired(id.into()),
@@ -242,17 +243,22 @@ impl Operation for RefundIntent {
     }
 }
 
-/// The kind of problem a refund the charge cannot give is.
+/// The kind of problem an operation the charge cannot take (a refund, a
+/// capture, a void) is.
 pub fn refusal_kind(refusal: &Refusal) -> ProblemKind {
     match refusal {
         Refusal::NoSuchCharge => ProblemKind::NotFound,
         Refusal::NotRefundable { .. } => ProblemKind::ChargeNotRefundable,
         Refusal::Exceeds { .. } => ProblemKind::RefundExceedsCaptured,
+        Refusal::NotAuthorized { .. } => ProblemKind::ChargeNotAuthorized,
+        Refusal::AuthorizationClosed => ProblemKind::AuthorizationClosed,
+        Refusal::CapturePending => ProblemKind::CapturePending,
+        Refusal::ExceedsAuthorization { .. } => ProblemKind::CaptureExceedsAuthorization,
     }
 }
 
-/// The answer to a refund the charge cannot give (nothing stored, the key
-/// free), over HTTP and in a queue command's result alike.
+/// The answer to an operation the charge cannot take (nothing stored, the
+/// key free), over HTTP and in a queue command's result alike.
 pub fn refusal_response(refusal: &Refusal) -> StoredResponse {
     let detail = match refusal {
         Refusal::NoSuchCharge => "no such charge".to_owned(),
@@ -274,9 +280,35 @@ pub fn refusal_response(refusal: &Refusal) -> StoredResponse {
             "the refund is more than the charge has left to refund, {remaining} cents \
              (remaining_cents). Nothing was stored; the Idempotency-Key is still free"
         ),
+        Refusal::NotAuthorized {
+            under_review: true, ..
+        } => "the charge awaits a person's review; nothing can be captured or voided until it \
+              is resolved. Nothing was stored; the Idempotency-Key is still free"
+            .to_owned(),
+        Refusal::NotAuthorized { status, .. } => format!(
+            "the charge is {}, and only an authorized charge (made with \"capture\": false) \
+             can be captured or voided. Nothing was stored; the Idempotency-Key is still free",
+            status.as_str()
+        ),
+        Refusal::AuthorizationClosed => "a final capture or a void of this authorization is \
+            pending at the acquirer; once it settles, the charge says what remains. Nothing was \
+            stored; the Idempotency-Key is still free"
+            .to_owned(),
+        Refusal::CapturePending => "captures of this authorization are pending at the \
+            acquirer, and a void would release what they are taking; void once they settle. \
+            Nothing was stored; the Idempotency-Key is still free"
+            .to_owned(),
+        Refusal::ExceedsAuthorization { remaining: 0 } => "the authorization has nothing left \
+            to capture (captures made or pending take all of it). Nothing was stored; the \
+            Idempotency-Key is still free"
+            .to_owned(),
+        Refusal::ExceedsAuthorization { remaining } => format!(
+            "the capture is more than the authorization has left, {remaining} cents \
+             (remaining_cents). Nothing was stored; the Idempotency-Key is still free"
+        ),
     };
     let mut p = Problem::new(refusal_kind(refusal), detail);
-    if let Refusal::Exceeds { remaining } = refusal {
+    if let Refusal::Exceeds { remaining } | Refusal::ExceedsAuthorization { remaining } = refusal {
         p.remaining_cents = Some(*remaining);
     }
     StoredResponse {

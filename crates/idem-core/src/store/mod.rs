@@ -53,9 +53,10 @@ pub use model::{
     AttemptOutcome, Audit, AuditEntry, AuditRecord, ChargeDetail, ChargeFilter, ChargeRecord,
     ChargeSummary, Claim, DeliveryInfo, DueDelivery, EndpointChange, EndpointInfo, KeyDetail,
     KeyRecord, KeyState, KeyStatus, MerchantError, MerchantListing, NewClaim, NewEndpoint,
-    NewEvent, NewRefundClaim, NewResult, NewWebhook, Orphan, OutboxMessage, PoolStats,
-    ProcessingStats, Record, RefundClaim, RefundRecord, RefundSettlement, Refusal, Reschedule,
-    ResultAnswer, Rotation, SecretInfo, SecretMatch, Settlement, StuckCharge, StuckRefund, Taken,
+    NewEvent, NewRefundClaim, NewResult, NewStepClaim, NewWebhook, Orphan, OutboxMessage,
+    PoolStats, ProcessingStats, Record, RefundClaim, RefundRecord, RefundSettlement, Refusal,
+    Reschedule, ResultAnswer, Rotation, SecretInfo, SecretMatch, Settlement, StepClaim, StepDetail,
+    StepRecord, StepSettlement, StuckCharge, StuckRefund, Taken,
 };
 pub use params::{claim_param_names, finalize_param_names};
 pub use postgres::{CLAIM_SQL, FINALIZE_SQL};

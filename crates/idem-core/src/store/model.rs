@@ -7,9 +7,10 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 
 use super::StoreError;
+use crate::domain::{AmountCents, Refund, RefundRequest, RefundStatus, SubjectId};
 use crate::domain::{Charge, ChargeId, ChargeRequest, ChargeStatus, Merchant, MessageId};
 use crate::domain::{Fingerprint, IdempotencyKey, StoredResponse};
-use crate::domain::{Refund, RefundRequest, RefundStatus, SubjectId};
+use crate::domain::{Step, StepId, StepKind, StepStatus};
 
 /// What a new attempt asks to claim.
 pub struct NewClaim<'a> {
@@ -89,11 +90,54 @@ pub enum RefundClaim {
     Expired(crate::domain::RefundId),
 }
 
+/// A capture's or a void's key record.
+pub type StepRecord = Record<Step>;
+
+/// What a new capture or void attempt asks to claim: its key, and the
+/// reservation against `charge_id`'s authorization.
+pub struct NewStepClaim<'a> {
+    pub merchant_id: i64,
+    pub key: &'a IdempotencyKey,
+    pub fingerprint: Fingerprint,
+    pub charge_id: &'a ChargeId,
+    pub kind: StepKind,
+    /// A capture's amount (`None`: what remains); a void's is always `None`.
+    pub amount: Option<AmountCents>,
+    /// A capture that closes the authorization (a void always does).
+    pub final_capture: bool,
+    pub lease: Duration,
+    pub key_ttl: Duration,
+    pub traceparent: Option<&'a str>,
+}
+
+/// The answer to a step's claim, as a refund's ([`RefundClaim`]).
+#[derive(Debug)]
+pub enum StepClaim {
+    Won(Box<StepRecord>),
+    Lost(Box<Taken>),
+    Refused(Refusal),
+    Expired(StepId),
+}
+
+/// The final outcome to store for a step.
+pub struct StepSettlement<'a> {
+    /// `Succeeded` or `Failed`: a failed step gives its reservation back to
+    /// the authorization in the same transaction.
+    pub status: StepStatus,
+    pub acquirer_id: Option<&'a str>,
+    pub failure_reason: Option<&'a str>,
+    pub response: &'a StoredResponse,
+    pub event: Option<&'a NewEvent<'a>>,
+    pub webhook: Option<&'a NewWebhook>,
+    pub audit: Option<&'a AuditEntry<'a>>,
+}
+
 /// Whose a taken key is.
 #[derive(Debug)]
 pub enum Taken {
     Refund(RefundRecord),
     Charge(KeyRecord),
+    Step(StepRecord),
 }
 
 impl Taken {
@@ -101,6 +145,7 @@ impl Taken {
         match self {
             Self::Refund(r) => r.expired,
             Self::Charge(r) => r.expired,
+            Self::Step(r) => r.expired,
         }
     }
 
@@ -108,6 +153,15 @@ impl Taken {
         match self {
             Self::Refund(r) => &r.fingerprint,
             Self::Charge(r) => &r.fingerprint,
+            Self::Step(r) => &r.fingerprint,
+        }
+    }
+
+    /// A step's claim that found the key taken, as [`Self::into_claim`].
+    pub(super) fn into_step_claim(self) -> StepClaim {
+        match self {
+            Self::Step(r) if r.expired => StepClaim::Expired(r.subject.id),
+            taken => StepClaim::Lost(Box::new(taken)),
         }
     }
 
@@ -136,6 +190,21 @@ pub enum Refusal {
     /// More than the charge has left to refund: `remaining` (0 when all of
     /// it is refunded or reserved by refunds still pending).
     Exceeds { remaining: i64 },
+    /// A capture or a void of a charge that is not `authorized` (captured
+    /// in one step, captured or voided already, declined, still
+    /// processing), or that awaits a person's review.
+    NotAuthorized {
+        status: ChargeStatus,
+        under_review: bool,
+    },
+    /// The authorization is closed by a final capture or a void, still
+    /// pending at the acquirer.
+    AuthorizationClosed,
+    /// A void while captures of the authorization are pending at the
+    /// acquirer: it would release what they are taking.
+    CapturePending,
+    /// More than the authorization has left to capture: `remaining`.
+    ExceedsAuthorization { remaining: i64 },
 }
 
 impl Refusal {
@@ -147,7 +216,11 @@ impl Refusal {
             None => Self::NoSuchCharge,
             Some((status, under_review, remaining)) => {
                 let status = ChargeStatus::parse(&status).unwrap_or(ChargeStatus::Processing);
-                if status != ChargeStatus::Captured || under_review {
+                // A two-step charge gives back what it captured, while it is
+                // still authorized as well.
+                let refundable =
+                    matches!(status, ChargeStatus::Captured | ChargeStatus::Authorized);
+                if !refundable || under_review {
                     Self::NotRefundable {
                         status,
                         under_review,
@@ -157,6 +230,35 @@ impl Refusal {
                         remaining: remaining.max(0),
                     }
                 }
+            }
+        }
+    }
+}
+
+/// What a refused step's claim found of its charge: status, under review,
+/// what remains capturable, closed, captures pending.
+pub(super) type AuthorizationState = (String, bool, i64, bool, bool);
+
+impl Refusal {
+    /// The refusal a charge's state makes for a step of `kind`, as a refused
+    /// reservation reads it; `None`: no such charge.
+    pub(super) fn of_authorization(kind: StepKind, charge: Option<AuthorizationState>) -> Self {
+        let Some((status, under_review, remaining, closed, capturing)) = charge else {
+            return Self::NoSuchCharge;
+        };
+        let status = ChargeStatus::parse(&status).unwrap_or(ChargeStatus::Processing);
+        if status != ChargeStatus::Authorized || under_review {
+            Self::NotAuthorized {
+                status,
+                under_review,
+            }
+        } else if closed {
+            Self::AuthorizationClosed
+        } else if kind == StepKind::Void && capturing {
+            Self::CapturePending
+        } else {
+            Self::ExceedsAuthorization {
+                remaining: remaining.max(0),
             }
         }
     }
@@ -227,9 +329,10 @@ impl KeyOwner {
     pub(super) fn new(
         charge_id: Option<String>,
         refund_id: Option<String>,
+        step_id: Option<String>,
         expired: bool,
     ) -> Result<Self, StoreError> {
-        let subject = SubjectId::from_columns(charge_id, refund_id)
+        let subject = SubjectId::from_columns(charge_id, refund_id, step_id)
             .ok_or_else(|| StoreError::Corrupt("a key with no subject".to_owned()))?;
         Ok(Self { subject, expired })
     }
@@ -329,6 +432,36 @@ pub struct RefundDetail {
     pub idempotency_key: String,
     #[sqlx(skip)]
     pub key: Option<KeyDetail>,
+}
+
+/// One capture or void, any merchant's, as an operator finds it by id, with
+/// its key record while it exists.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
+pub struct StepDetail {
+    pub id: String,
+    /// `capture` or `void`.
+    pub kind: String,
+    pub charge_id: String,
+    pub merchant_id: i64,
+    pub merchant: String,
+    pub amount_cents: i64,
+    pub currency: String,
+    /// `pending`, `succeeded` or `failed`.
+    pub status: String,
+    pub acquirer_reference: String,
+    pub created_at: DateTime<Utc>,
+    pub review_since: Option<DateTime<Utc>>,
+    pub review_reason: Option<String>,
+    #[serde(skip)]
+    pub idempotency_key: String,
+    #[sqlx(skip)]
+    pub key: Option<KeyDetail>,
+}
+
+impl StepDetail {
+    pub fn awaiting_review(&self) -> bool {
+        self.status == "pending" && self.review_since.is_some()
+    }
 }
 
 impl RefundDetail {

@@ -19,6 +19,7 @@ use std::time::Duration;
 use super::model::*;
 use super::{Store, StoreError};
 use crate::domain::{Charge, ChargeId, IdempotencyKey, Merchant, Refund, RefundId, SecretHash};
+use crate::domain::{Step, StepId};
 
 /// Declares each concern's trait (crate-internal: the backends implement it)
 /// and, for every operation, a public method of [`Store`] with the same name,
@@ -127,6 +128,68 @@ store_ops! {
         ) -> Result<Vec<Refund>, StoreError>;
     }
 
+    /// The steps of a two-step charge (captures and voids), as refunds are:
+    /// the claim reserves against the authorization with a guarded update of
+    /// the charge's row, committed before the acquirer is called.
+    trait Steps {
+        /// Claims a step's key and, in the same committed transaction,
+        /// reserves it against the authorization (a capture's amount within
+        /// what remains, nothing closed; a void: no capture pending) and
+        /// makes the step. A refusal leaves nothing behind.
+        fn claim_step(&self, claim: &NewStepClaim<'_>) -> Result<StepClaim, StoreError>;
+        /// The record under a key, with its step; `None` when the key is
+        /// unknown or another operation's.
+        fn step_record(
+            &self,
+            merchant_id: i64,
+            key: &IdempotencyKey,
+        ) -> Result<Option<StepRecord>, StoreError>;
+        /// Stores a step's final outcome, fenced by `record.attempt`, and
+        /// settles the charge in the same transaction (a capture made adds to
+        /// what it captured; a void made closes it; a failed step gives its
+        /// reservation back). `false`: this attempt no longer holds the key.
+        fn finalize_step(
+            &self,
+            merchant_id: i64,
+            key: &IdempotencyKey,
+            record: &StepRecord,
+            settlement: &StepSettlement<'_>,
+            key_ttl: Duration,
+        ) -> Result<bool, StoreError>;
+        /// Takes over a step's in-flight record whose lease has run out.
+        fn take_over_step(
+            &self,
+            merchant_id: i64,
+            key: &IdempotencyKey,
+            attempt: i64,
+            lease: Duration,
+        ) -> Result<Option<StepRecord>, StoreError>;
+        /// Ends the lease of the attempt holding a step's record after an
+        /// unknown outcome, scheduling the reconciler on the step.
+        fn release_step(
+            &self,
+            merchant_id: i64,
+            key: &IdempotencyKey,
+            attempt: i64,
+            reschedule: &Reschedule,
+        ) -> Result<(), StoreError>;
+        /// Sets a step aside for a person; it stays `pending`, its
+        /// reservation held. With the mark, `webhook`'s deliveries (once).
+        fn mark_step_for_review(
+            &self,
+            merchant_id: i64,
+            id: &StepId,
+            reason: &str,
+            webhook: &NewWebhook,
+        ) -> Result<(), StoreError>;
+        /// One step, any merchant's, with its key record: for operators.
+        fn step_detail(&self, id: &str) -> Result<Option<StepDetail>, StoreError>;
+        /// A merchant's step by id.
+        fn step(&self, merchant_id: i64, id: &StepId) -> Result<Option<Step>, StoreError>;
+        /// A merchant's charge's captures and voids, oldest first.
+        fn steps_of(&self, merchant_id: i64, charge_id: &ChargeId) -> Result<Vec<Step>, StoreError>;
+    }
+
     /// The idempotency keys: records, leases, outcomes, orphans, expiry.
     trait Keys {
         /// The record under a key, with its charge.
@@ -198,6 +261,13 @@ store_ops! {
 
     /// Charges: what each is now, and the operators' views of them.
     trait Charges {
+        /// Authorizations older than `ttl` that nothing closed and no capture
+        /// is pending on, oldest first, at most `limit`: what expiry voids.
+        fn expired_authorizations(
+            &self,
+            ttl: Duration,
+            limit: i64,
+        ) -> Result<Vec<(Merchant, ChargeId)>, StoreError>;
         /// Charges as `filter` picks them, newest first.
         fn charges(&self, filter: &ChargeFilter) -> Result<Vec<ChargeSummary>, StoreError>;
         /// One charge, any merchant's, with its key record: for operators.

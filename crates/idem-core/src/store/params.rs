@@ -103,6 +103,8 @@ pub struct ClaimValues {
     description: Option<String>,
     reference: String,
     traceparent: Option<String>,
+    /// `manual` for a charge only authorized; `None`: captured in one step.
+    capture_method: Option<&'static str>,
 }
 
 impl ClaimValues {
@@ -127,6 +129,7 @@ impl ClaimValues {
                 .as_str()
                 .to_owned(),
             traceparent: new.traceparent.map(str::to_owned),
+            capture_method: (!new.request.capture).then_some("manual"),
         }
     }
 
@@ -142,9 +145,9 @@ impl ClaimValues {
         &self.fingerprint
     }
 
-    /// `$1..$12`: the key record's columns, then the new charge's. A statement
+    /// `$1..$13`: the key record's columns, then the new charge's. A statement
     /// that uses fewer of them ignores the rest (SQLite's).
-    pub fn params(&self) -> Params<'_, 12> {
+    pub fn params(&self) -> Params<'_, 13> {
         [
             ("merchant_id", Param::Int(self.merchant_id)),
             ("key", Param::Text(&self.key)),
@@ -158,6 +161,7 @@ impl ClaimValues {
             ("description", Param::OptText(self.description.as_deref())),
             ("reference", Param::Text(&self.reference)),
             ("traceparent", Param::OptText(self.traceparent.as_deref())),
+            ("capture_method", Param::OptText(self.capture_method)),
         ]
     }
 }
@@ -342,7 +346,7 @@ impl FinalizeValues<'_> {
 }
 
 /// The names of a claim's parameters, `$1` first.
-pub fn claim_param_names() -> [&'static str; 12] {
+pub fn claim_param_names() -> [&'static str; 13] {
     ClaimValues::default().params().map(|(name, _)| name)
 }
 

@@ -9,11 +9,13 @@ use chrono::{DateTime, Utc};
 
 use super::model::{
     KeyRecord, KeyState, KeyStatus, MerchantListing, Orphan, Record, RefundRecord, SecretInfo,
+    StepRecord,
 };
 use super::StoreError;
 use crate::domain::{
-    AcquirerReference, AmountCents, Charge, ChargeId, ChargeStatus, Currency, Description,
-    Merchant, OrderId, Refund, RefundId, RefundReason, RefundStatus,
+    AcquirerReference, AmountCents, Authorization, Charge, ChargeId, ChargeStatus, Currency,
+    Description, Merchant, OrderId, Refund, RefundId, RefundReason, RefundStatus, Step, StepId,
+    StepKind, StepStatus,
 };
 use crate::domain::{Fingerprint, IdempotencyKey, StoredResponse, SubjectId};
 
@@ -28,6 +30,10 @@ pub(super) struct ChargeRow {
     acquirer_reference: String,
     decline_reason: Option<String>,
     created_at: DateTime<Utc>,
+    /// A two-step charge's captures made, and made or pending (null: one step).
+    captured_cents: Option<i64>,
+    capture_reserved_cents: Option<i64>,
+    capture_closed: bool,
 }
 
 impl TryFrom<ChargeRow> for Charge {
@@ -35,6 +41,8 @@ impl TryFrom<ChargeRow> for Charge {
 
     fn try_from(r: ChargeRow) -> Result<Self, StoreError> {
         let corrupt = |what: String| StoreError::Corrupt(format!("charge {}: {what}", r.id));
+        let status = ChargeStatus::parse(&r.status)
+            .ok_or_else(|| corrupt(format!("status {:?}", r.status)))?;
         Ok(Charge {
             order_id: OrderId::parse(r.order_id).map_err(|e| corrupt(e.to_string()))?,
             amount_cents: AmountCents::parse(r.amount_cents).map_err(|e| corrupt(e.to_string()))?,
@@ -44,8 +52,16 @@ impl TryFrom<ChargeRow> for Charge {
                 .map(Description::parse)
                 .transpose()
                 .map_err(|e| corrupt(e.to_string()))?,
-            status: ChargeStatus::parse(&r.status)
-                .ok_or_else(|| corrupt(format!("status {:?}", r.status)))?,
+            status,
+            authorization: r.captured_cents.map(|captured| Authorization {
+                amount_captured_cents: captured,
+                amount_capturable_cents: match (status, r.capture_closed) {
+                    (ChargeStatus::Authorized, false) => {
+                        r.amount_cents - r.capture_reserved_cents.unwrap_or(r.amount_cents)
+                    }
+                    _ => 0,
+                },
+            }),
             acquirer_reference: AcquirerReference::from_trusted(r.acquirer_reference),
             decline_reason: r.decline_reason,
             created_at: r.created_at,
@@ -181,6 +197,61 @@ impl TryFrom<RefundRow> for Refund {
 }
 
 #[derive(sqlx::FromRow)]
+pub(super) struct StepRow {
+    id: String,
+    charge_id: String,
+    amount_cents: i64,
+    currency: String,
+    #[sqlx(rename = "final")]
+    final_capture: bool,
+    status: String,
+    acquirer_reference: String,
+    failure_reason: Option<String>,
+    created_at: DateTime<Utc>,
+    authorization_reference: String,
+}
+
+impl TryFrom<StepRow> for Step {
+    type Error = StoreError;
+
+    fn try_from(r: StepRow) -> Result<Self, StoreError> {
+        let corrupt = |what: String| StoreError::Corrupt(format!("step {}: {what}", r.id));
+        let id = StepId::from_trusted(r.id.clone());
+        Ok(Step {
+            charge_id: ChargeId::from_trusted(r.charge_id),
+            amount_cents: AmountCents::parse(r.amount_cents).map_err(|e| corrupt(e.to_string()))?,
+            currency: Currency::parse(&r.currency).map_err(|e| corrupt(e.to_string()))?,
+            final_capture: (id.kind() == StepKind::Capture).then_some(r.final_capture),
+            status: StepStatus::parse(&r.status)
+                .ok_or_else(|| corrupt(format!("status {:?}", r.status)))?,
+            acquirer_reference: AcquirerReference::from_trusted(r.acquirer_reference),
+            failure_reason: r.failure_reason,
+            created_at: r.created_at,
+            authorization_reference: AcquirerReference::from_trusted(r.authorization_reference),
+            id,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct StepRecordRow {
+    #[sqlx(flatten)]
+    step: StepRow,
+    #[sqlx(flatten)]
+    key: KeyColumns,
+}
+
+impl TryFrom<StepRecordRow> for StepRecord {
+    type Error = StoreError;
+
+    fn try_from(r: StepRecordRow) -> Result<Self, StoreError> {
+        let step = Step::try_from(r.step)?;
+        let what = format!("key of step {}", step.id);
+        r.key.record(step, &what)
+    }
+}
+
+#[derive(sqlx::FromRow)]
 pub(super) struct RefundRecordRow {
     #[sqlx(flatten)]
     refund: RefundRow,
@@ -215,6 +286,7 @@ pub(super) struct KeyStatusRow {
     state: String,
     charge_id: Option<String>,
     refund_id: Option<String>,
+    step_id: Option<String>,
     response_status: Option<i16>,
     expires_at: DateTime<Utc>,
     lease_remaining_ms: i64,
@@ -225,7 +297,7 @@ impl TryFrom<KeyStatusRow> for KeyStatus {
     type Error = StoreError;
 
     fn try_from(r: KeyStatusRow) -> Result<Self, StoreError> {
-        let subject = SubjectId::from_columns(r.charge_id, r.refund_id)
+        let subject = SubjectId::from_columns(r.charge_id, r.refund_id, r.step_id)
             .ok_or_else(|| StoreError::Corrupt("a key with no subject".to_owned()))?;
         Ok(match (r.state.as_str(), r.expired, r.response_status) {
             ("tombstone", _, _) => KeyStatus::Expired {
@@ -262,6 +334,7 @@ pub(super) struct OrphanRow {
     idempotency_key: String,
     charge_id: Option<String>,
     refund_id: Option<String>,
+    step_id: Option<String>,
     attempt: i64,
     reconcile_attempts: i32,
     traceparent: Option<String>,
@@ -279,7 +352,7 @@ impl TryFrom<OrphanRow> for Orphan {
                 id: r.merchant_id,
                 name: r.merchant_name,
             },
-            subject: SubjectId::from_columns(r.charge_id, r.refund_id)
+            subject: SubjectId::from_columns(r.charge_id, r.refund_id, r.step_id)
                 .ok_or_else(|| StoreError::Corrupt("an orphan with no subject".to_owned()))?,
             attempt: r.attempt,
             reconcile_attempts: r.reconcile_attempts,

@@ -91,12 +91,18 @@ impl Default for Book {
     }
 }
 
-/// A capture as a refund sees it: what it moved, and in which currency.
+/// A capture as a refund sees it: what it moved, and in which currency. An
+/// authorization is one too, once captured: what its captures moved in all
+/// (so a refund may name the authorization, as Adyen's refund of a payment
+/// names the payment, and be paid across its captures).
 #[derive(Clone)]
 struct Refundable {
     capture_id: String,
     amount_cents: i64,
     currency: String,
+    /// A capture of an authorization: its authorization's reference, whose
+    /// sum its refunds count against too.
+    authorization_reference: Option<String>,
 }
 
 /// An authorization made, and what became of it since.
@@ -314,6 +320,7 @@ impl Book {
                     capture_id: capture_id.clone(),
                     amount_cents: moved.amount_cents,
                     currency: moved.currency.clone(),
+                    authorization_reference: None,
                 },
             );
             self.captures.push(LedgerCapture {
@@ -371,15 +378,15 @@ impl Book {
             _ if request.amount_cents <= 0 => refused(refusal::INVALID_AMOUNT),
             None => refused(refusal::UNKNOWN_CAPTURE),
             Some(c) if c.currency != request.currency => refused(refusal::CURRENCY_MISMATCH),
-            Some(c)
-                if !lenient
-                    && moved.amount_cents > c.amount_cents - self.refunded(capture_reference) =>
-            {
+            Some(c) if !lenient && moved.amount_cents > self.refund_left(capture_reference, &c) => {
                 refused(refusal::EXCEEDS_CAPTURE)
             }
             Some(c) => {
                 let refund_id = format!("rf_{}", self.refunds.len() + 1);
                 *self.refunded.entry(capture_reference.clone()).or_default() += moved.amount_cents;
+                if let Some(authorization) = &c.authorization_reference {
+                    *self.refunded.entry(authorization.clone()).or_default() += moved.amount_cents;
+                }
                 self.refunds.push(LedgerRefund {
                     refund_id: refund_id.clone(),
                     reference: moved.reference.clone(),
@@ -407,6 +414,21 @@ impl Book {
         self.refunds_by_reference
             .get(reference)
             .map(|(_, o)| o.clone())
+    }
+
+    /// What a refund of `capture` (under `capture_reference`) may still pay:
+    /// what it has left, and for a capture of an authorization no more than
+    /// the authorization's captures have left in all.
+    fn refund_left(&self, capture_reference: &str, capture: &Refundable) -> i64 {
+        let own = capture.amount_cents - self.refunded(capture_reference);
+        match capture
+            .authorization_reference
+            .as_ref()
+            .and_then(|a| Some((a, self.refundable.get(a)?)))
+        {
+            Some((a, all)) => own.min(all.amount_cents - self.refunded(a)),
+            None => own,
+        }
     }
 
     /// What the refunds of the capture under `capture_reference` paid back.
@@ -548,8 +570,18 @@ impl Book {
                         capture_id: capture_id.clone(),
                         amount_cents: moved.amount_cents,
                         currency: moved.currency.clone(),
+                        authorization_reference: Some(moved.authorization_reference.clone()),
                     },
                 );
+                self.refundable
+                    .entry(moved.authorization_reference.clone())
+                    .or_insert_with(|| Refundable {
+                        capture_id: hold.authorization_id.clone(),
+                        amount_cents: 0,
+                        currency: hold.currency.clone(),
+                        authorization_reference: None,
+                    })
+                    .amount_cents += moved.amount_cents;
                 self.authorization_captures
                     .push(LedgerAuthorizationCapture {
                         capture_id: capture_id.clone(),
@@ -988,6 +1020,42 @@ mod tests {
     }
 
     #[test]
+    fn a_refund_may_name_the_authorization_and_is_paid_across_its_captures_once() {
+        let mut book = Book::default();
+        authorize(&mut book, authorization("a1", 100), false);
+        assert_eq!(
+            reason(&refund(&mut book, refund_of("r0", "a1", 1))),
+            "unknown_capture",
+            "nothing captured yet"
+        );
+        capture_part(&mut book, part("c1", "a1", 30, false));
+        capture_part(&mut book, part("c2", "a1", 50, false));
+        assert_eq!(
+            reason(&refund(&mut book, refund_of("r1", "a1", 81))),
+            "exceeds_capture"
+        );
+        assert_eq!(
+            reason(&refund(&mut book, refund_of("r2", "a1", 60))),
+            "refunded",
+            "across both captures"
+        );
+        assert_eq!(
+            reason(&refund(&mut book, refund_of("r3", "c2", 30))),
+            "exceeds_capture",
+            "c2 has 50 of its own, but the authorization only 20 left"
+        );
+        assert_eq!(
+            reason(&refund(&mut book, refund_of("r4", "c2", 20))),
+            "refunded"
+        );
+        assert_eq!(
+            reason(&refund(&mut book, refund_of("r5", "a1", 1))),
+            "exceeds_capture",
+            "all 80 captured are refunded"
+        );
+    }
+
+    #[test]
     fn captures_of_an_authorization_never_sum_above_it_and_a_final_one_releases_the_rest() {
         let mut book = Book::default();
         authorize(&mut book, authorization("a1", 100), false);
@@ -1228,9 +1296,13 @@ mod tests {
             "a refund is bound by its capture, not by the authorization"
         );
         assert_eq!(
-            reason(&refund(&mut book, refund_of("r3", "a1", 1))),
-            "unknown_capture",
-            "an authorization is no capture"
+            reason(&refund(&mut book, refund_of("r3", "a1", 11))),
+            "exceeds_capture",
+            "naming the authorization, bound by all its captures less their refunds"
+        );
+        assert_eq!(
+            reason(&refund(&mut book, refund_of("r4", "a1", 10))),
+            "refunded"
         );
         assert_eq!(book.ledger().refunds[0].capture_id, "cap_1");
     }

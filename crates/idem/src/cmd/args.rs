@@ -113,6 +113,10 @@ pub(crate) struct ReconcilerArgs {
     /// Past this age, a charge without the acquirer's word is marked for review.
     #[arg(long, env = "IDEM_SETTLE_DEADLINE", value_parser = parse_duration, default_value = "24h")]
     pub(crate) settle_deadline: Duration,
+    /// An authorization (`"capture": false`) not captured within this is
+    /// voided by the reconciler, at the acquirer, with its own reference.
+    #[arg(long, env = "IDEM_AUTHORIZATION_TTL", value_parser = parse_duration, default_value = "7d")]
+    pub(crate) authorization_ttl: Duration,
 }
 
 /// The background workers beside `serve` and `consume`.
@@ -233,6 +237,7 @@ impl ReconcilerArgs {
     /// The reconciler's pace and deadline (its backoff is its own).
     pub(crate) fn config(&self) -> ReconcilerConfig {
         ReconcilerConfig::new(self.reconcile_interval, self.settle_deadline)
+            .with_authorization_ttl(self.authorization_ttl)
     }
 }
 

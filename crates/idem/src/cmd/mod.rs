@@ -21,6 +21,7 @@ mod openapi;
 mod reconcile;
 mod refunds;
 mod serve;
+mod steps;
 mod telemetry;
 mod webhooks;
 
@@ -89,6 +90,11 @@ pub(crate) enum Command {
     Refunds {
         #[command(subcommand)]
         command: refunds::Command,
+    },
+    /// Retry or resolve a capture or a void of a two-step payment.
+    Steps {
+        #[command(subcommand)]
+        command: steps::Command,
     },
     /// Access to the operator console (`serve --admin-listen`).
     Admin {
@@ -199,6 +205,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Charge(args) => charge::run(args).await,
         Command::Charges { command } => charges::run(command).await,
         Command::Refunds { command } => refunds::run(command).await,
+        Command::Steps { command } => steps::run(command).await,
         Command::Events { command } => events::run(command).await,
         Command::Admin { command } => admin::run(command).await,
         Command::Openapi => openapi::run(),

@@ -290,6 +290,7 @@ fn subject_field(subject: &SubjectId) -> &'static str {
     match subject {
         SubjectId::Charge(_) => "charge_id",
         SubjectId::Refund(_) => "refund_id",
+        SubjectId::Step(_) => "step_id",
     }
 }
 

@@ -93,7 +93,7 @@ pub enum ApiError {
 fn pending(subject: &SubjectId) -> &'static str {
     match subject {
         SubjectId::Charge(_) => "processing",
-        SubjectId::Refund(_) => "pending",
+        SubjectId::Refund(_) | SubjectId::Step(_) => "pending",
     }
 }
 
@@ -152,7 +152,11 @@ impl ApiError {
                 subject: SubjectId::Charge(_),
                 ..
             } => ProblemKind::UnderReview,
-            Self::UnderReview { .. } => ProblemKind::RefundUnderReview,
+            Self::UnderReview {
+                subject: SubjectId::Refund(_),
+                ..
+            } => ProblemKind::RefundUnderReview,
+            Self::UnderReview { .. } => ProblemKind::StepUnderReview,
             Self::RefundRefused(refusal) => idem_core::idempotency::refusal_kind(refusal),
             Self::NotFound => ProblemKind::NotFound,
             Self::Unavailable => ProblemKind::ServiceUnavailable,
@@ -196,7 +200,7 @@ impl ApiError {
             Self::KeyExpired(subject) => Problem::key_expired(subject),
             Self::UnderReview { subject, .. } => Problem::new(kind, detail).naming(subject),
             Self::OutcomeUnknown {
-                subject: subject @ SubjectId::Refund(_),
+                subject: subject @ (SubjectId::Refund(_) | SubjectId::Step(_)),
                 ..
             } => Problem::new(kind, detail).naming(subject),
             _ => Problem::new(kind, detail),

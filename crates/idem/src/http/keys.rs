@@ -12,7 +12,7 @@ use super::auth::Authenticated;
 use super::error::ApiError;
 use super::schemas::RetryAfter;
 use super::AppState;
-use idem_core::domain::{IdempotencyKey, SubjectId};
+use idem_core::domain::{IdempotencyKey, StepKind, SubjectId};
 use idem_core::problem::{self, Problem, PROBLEM_JSON};
 use idem_core::store::KeyStatus;
 
@@ -31,14 +31,22 @@ pub struct KeyState {
     /// request is answered `410 key-expired`.
     #[schema(pattern = "^(in_flight|completed|expired)$")]
     pub state: &'static str,
-    /// The charge the key made (absent for a refund's key).
+    /// The charge the key made (a charge's key only).
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub charge_id: Option<String>,
-    /// The refund the key made (absent for a charge's key).
+    /// The refund the key made (a refund's key only).
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub refund_id: Option<String>,
+    /// The capture the key made (a capture's key only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub capture_id: Option<String>,
+    /// The void the key made (a void's key only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub void_id: Option<String>,
     /// `completed`: the status of the stored outcome (201, 402, 502).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
@@ -123,15 +131,21 @@ pub async fn get(
             ("expired", subject, None, None, until.map(rfc3339))
         }
     };
-    let (charge_id, refund_id) = match subject {
-        SubjectId::Charge(id) => (Some(id.as_str().to_owned()), None),
-        SubjectId::Refund(id) => (None, Some(id.as_str().to_owned())),
+    let (charge_id, refund_id, capture_id, void_id) = match subject {
+        SubjectId::Charge(id) => (Some(id.as_str().to_owned()), None, None, None),
+        SubjectId::Refund(id) => (None, Some(id.as_str().to_owned()), None, None),
+        SubjectId::Step(id) => match id.kind() {
+            StepKind::Capture => (None, None, Some(id.as_str().to_owned()), None),
+            StepKind::Void => (None, None, None, Some(id.as_str().to_owned())),
+        },
     };
     let body = KeyState {
         key,
         state,
         charge_id,
         refund_id,
+        capture_id,
+        void_id,
         status,
         retry_after_seconds,
         expires_at,

@@ -16,6 +16,7 @@ mod ops;
 mod refunds;
 mod schemas;
 mod server;
+mod steps;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -105,6 +106,13 @@ pub fn router_with(mut state: AppState, limits: &Limits, with_metrics: bool) -> 
             post(refunds::create).get(refunds::list),
         )
         .route("/v1/refunds/{id}", get(refunds::get))
+        .route(
+            "/v1/charges/{id}/captures",
+            post(steps::capture).get(steps::list),
+        )
+        .route("/v1/charges/{id}/void", post(steps::void))
+        .route("/v1/captures/{id}", get(steps::get_capture))
+        .route("/v1/voids/{id}", get(steps::get_void))
         .route("/v1/idempotency-keys/{key}", get(keys::get))
         .route_layer(shed);
     let mut ops = Router::new()

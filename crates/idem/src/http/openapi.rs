@@ -16,8 +16,8 @@ use utoipa::openapi::{HeaderBuilder, ObjectBuilder, RefOr, Type};
 use utoipa::{Modify, OpenApi};
 
 use super::schemas::REQUEST_ID;
-use super::{charges, keys, ops, refunds};
-use idem_core::domain::{Charge, ChargeRequest, Refund, RefundRequest};
+use super::{charges, keys, ops, refunds, steps};
+use idem_core::domain::{CaptureRequest, Charge, ChargeRequest, Refund, RefundRequest, Step};
 use idem_core::problem::Problem;
 
 /// What the document says of the service as a whole: the promise, the key's
@@ -58,17 +58,32 @@ and no merchant can see another's charges.";
         refunds::create,
         refunds::list,
         refunds::get,
+        steps::capture,
+        steps::void,
+        steps::list,
+        steps::get_capture,
+        steps::get_void,
         keys::get,
         ops::healthz,
         ops::readyz,
         ops::metrics,
         openapi_json
     ),
-    components(schemas(Charge, ChargeRequest, Refund, RefundRequest, Problem, keys::KeyState)),
+    components(schemas(
+        Charge,
+        ChargeRequest,
+        Refund,
+        RefundRequest,
+        Step,
+        CaptureRequest,
+        Problem,
+        keys::KeyState
+    )),
     modifiers(&Finish),
     tags(
         (name = "charges", description = "Charging, once per Idempotency-Key; every request needs the merchant's bearer secret."),
         (name = "refunds", description = "Money back from a captured charge, once per Idempotency-Key, never more in all than it captured."),
+        (name = "two-step", description = "Authorize now (`\"capture\": false`), capture later in one or more parts, or void: each step once per Idempotency-Key, the captures never more in all than the authorization, nothing captured after a void."),
         (name = "operations", description = "Liveness, readiness, metrics and this document; no authentication."),
     )
 )]

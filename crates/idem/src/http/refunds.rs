@@ -196,7 +196,7 @@ pub async fn list(
     json(&refunds)
 }
 
-fn json<T: serde::Serialize>(value: &T) -> Result<Response, ApiError> {
+pub(super) fn json<T: serde::Serialize>(value: &T) -> Result<Response, ApiError> {
     let body = serde_json::to_vec(value).map_err(|e| ApiError::Internal(e.to_string()))?;
     Ok(([(header::CONTENT_TYPE, problem::JSON)], body).into_response())
 }

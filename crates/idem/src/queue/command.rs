@@ -12,21 +12,26 @@ use lapin::types::AMQPValue;
 use lapin::BasicProperties;
 
 use idem_core::domain::IdempotencyKey;
-use idem_core::domain::{ChargeId, ChargeRequest, RefundIntent, RefundRequest};
+use idem_core::domain::{
+    parse_void_body, CaptureIntent, CaptureRequest, ChargeId, ChargeRequest, RefundIntent,
+    RefundRequest, VoidIntent,
+};
 use idem_core::problem;
 
 /// The header naming the merchant; publishers on the broker are trusted.
 pub const TENANT_HEADER: &str = "tenant";
 
-/// The header naming the charge a `refund` command refunds.
+/// The header naming the charge a `refund`, `capture` or `void` command acts on.
 pub const CHARGE_ID_HEADER: &str = "charge_id";
 
-/// What a command asks, by its AMQP `type` property: `charge` (or none) or
-/// `refund`.
+/// What a command asks, by its AMQP `type` property: `charge` (or none),
+/// `refund`, `capture` or `void`.
 #[derive(Debug)]
 pub enum Request {
     Charge(ChargeRequest),
     Refund(RefundIntent),
+    Capture(CaptureIntent),
+    Void(VoidIntent),
 }
 
 /// A well-formed command, not yet tied to a merchant.
@@ -124,10 +129,22 @@ pub fn parse(properties: &BasicProperties, body: &[u8]) -> Result<Command, Rejec
             charge_id: charge_id(properties)?,
             request: RefundRequest::from_json(body).map_err(invalid)?,
         }),
+        Some("capture") => Request::Capture(CaptureIntent {
+            charge_id: charge_id(properties)?,
+            request: CaptureRequest::from_json(body).map_err(invalid)?,
+        }),
+        Some("void") => {
+            let charge_id = charge_id(properties)?;
+            parse_void_body(body).map_err(invalid)?;
+            Request::Void(VoidIntent { charge_id })
+        }
         Some(other) => {
             return Err(Rejection::new(
                 "unknown-type",
-                format!("type {other:?}: a command is a `charge` (or has no type) or a `refund`"),
+                format!(
+                    "type {other:?}: a command is a `charge` (or has no type), a `refund`, a \
+                     `capture` or a `void`"
+                ),
             ))
         }
     };
@@ -146,17 +163,17 @@ fn charge_id(properties: &BasicProperties) -> Result<ChargeId, Rejection> {
         .headers()
         .as_ref()
         .and_then(|h| h.inner().get(CHARGE_ID_HEADER));
-    let text = match value {
-        None => {
-            return Err(Rejection::new(
+    let text =
+        match value {
+            None => return Err(Rejection::new(
                 "missing-charge-id",
-                "a refund needs the header `charge_id` (the charge it refunds)",
-            ))
-        }
-        Some(AMQPValue::LongString(s)) => String::from_utf8(s.as_bytes().to_vec()).ok(),
-        Some(AMQPValue::ShortString(s)) => Some(s.as_str().to_owned()),
-        Some(_) => None,
-    };
+                "a refund, a capture or a void needs the header `charge_id` (the charge it acts \
+                 on)",
+            )),
+            Some(AMQPValue::LongString(s)) => String::from_utf8(s.as_bytes().to_vec()).ok(),
+            Some(AMQPValue::ShortString(s)) => Some(s.as_str().to_owned()),
+            Some(_) => None,
+        };
     text.as_deref().and_then(ChargeId::parse).ok_or_else(|| {
         Rejection::new(
             "malformed-charge-id",
@@ -271,7 +288,19 @@ mod tests {
             "invalid-body"
         );
         let void = refund_props(Some(charge.as_str())).with_type("void".into());
-        assert_eq!(code(&void, b"{}"), "unknown-type");
+        assert!(matches!(
+            parse(&void, b"{}").map(|c| c.request),
+            Ok(Request::Void(_))
+        ));
+        assert_eq!(code(&void, br#"{"amount_cents": 1}"#), "invalid-body");
+        let capture = refund_props(Some(charge.as_str())).with_type("capture".into());
+        assert!(matches!(
+            parse(&capture, br#"{"amount_cents": 10, "final": false}"#).map(|c| c.request),
+            Ok(Request::Capture(_))
+        ));
+        assert_eq!(code(&capture, br#"{"final": 1}"#), "invalid-body");
+        let other = refund_props(Some(charge.as_str())).with_type("authorize".into());
+        assert_eq!(code(&other, b"{}"), "unknown-type");
     }
 
     #[test]

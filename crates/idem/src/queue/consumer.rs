@@ -271,6 +271,8 @@ impl Consumer {
         let submitted = match &command.request {
             Request::Charge(request) => self.engine.submit(&merchant, &command.key, request).await,
             Request::Refund(intent) => self.engine.submit(&merchant, &command.key, intent).await,
+            Request::Capture(intent) => self.engine.submit(&merchant, &command.key, intent).await,
+            Request::Void(intent) => self.engine.submit(&merchant, &command.key, intent).await,
         };
         let outcome = match submitted {
             Ok(o) => o,

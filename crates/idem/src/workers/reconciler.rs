@@ -20,9 +20,14 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use idem_core::domain::SubjectId;
+use idem_core::domain::{ChargeId, IdempotencyKey, Merchant, StepKind, SubjectId, VoidIntent};
 use idem_core::idempotency::{Engine, Outcome, Reconciled};
 use idem_core::store::{Audit, AuditEntry, Orphan, Store, StoreError};
+
+/// The key of an expired authorization's void: `idem-expiry:` and the
+/// charge's id (a merchant sending that very key for another request makes
+/// the expiry wait on it, and says so in the log).
+pub const EXPIRY_KEY_PREFIX: &str = "idem-expiry:";
 
 /// The reconciler's name in the audit trail.
 pub const RECONCILER_ACTOR: &str = "reconciler";
@@ -41,7 +46,13 @@ pub struct ReconcilerConfig {
     pub backoff_base: Duration,
     /// The longest backoff.
     pub backoff_cap: Duration,
+    /// An authorization not captured within this is voided (`--authorization-ttl`).
+    pub authorization_ttl: Duration,
 }
+
+/// How long an authorization waits for its capture, by default: the card
+/// networks' usual hold (Checkout.com voids after 7 days).
+pub const DEFAULT_AUTHORIZATION_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
 impl ReconcilerConfig {
     pub fn new(interval: Duration, settle_deadline: Duration) -> Self {
@@ -50,6 +61,15 @@ impl ReconcilerConfig {
             settle_deadline,
             backoff_base: Duration::from_secs(1),
             backoff_cap: Duration::from_secs(300),
+            authorization_ttl: DEFAULT_AUTHORIZATION_TTL,
+        }
+    }
+
+    /// With authorizations voided after `ttl` instead of the default.
+    pub fn with_authorization_ttl(self, ttl: Duration) -> Self {
+        Self {
+            authorization_ttl: ttl,
+            ..self
         }
     }
 
@@ -77,6 +97,9 @@ pub struct PassReport {
     /// Taken by another attempt first.
     pub skipped: u32,
     pub errors: u32,
+    /// Authorizations past `--authorization-ttl` voided (or whose void was
+    /// begun: an unknown outcome is the reconciler's next).
+    pub expired: u32,
 }
 
 impl PassReport {
@@ -126,6 +149,7 @@ impl Reconciler {
             ("marked_for_review", report.marked_for_review),
             ("skipped", report.skipped),
             ("error", report.errors),
+            ("expired", report.expired),
         ];
         for (result, n) in counts {
             if n > 0 {
@@ -151,7 +175,53 @@ impl Reconciler {
             }
             self.settle(&orphan, &mut report).instrument(span).await;
         }
+        for (merchant, charge_id) in self
+            .store
+            .expired_authorizations(self.config.authorization_ttl, BATCH)
+            .await?
+        {
+            let span = tracing::info_span!("expire", charge_id = %charge_id);
+            self.expire(&merchant, charge_id, &mut report)
+                .instrument(span)
+                .await;
+        }
         Ok(report)
+    }
+
+    /// Voids an authorization past its time, as a merchant's void would, under
+    /// a key that is the charge's own: two instances' reconcilers racing on it
+    /// claim one key, so one void is made (the other replays it, or finds it
+    /// in flight), and an unknown outcome is settled later like any void's.
+    async fn expire(&self, merchant: &Merchant, charge_id: ChargeId, report: &mut PassReport) {
+        let key = match IdempotencyKey::from_unquoted(&format!("{EXPIRY_KEY_PREFIX}{charge_id}")) {
+            Ok(key) => key,
+            Err(e) => {
+                tracing::error!(error = %e, "no expiry key for the charge");
+                report.errors += 1;
+                return;
+            }
+        };
+        match self
+            .engine
+            .submit(merchant, &key, &VoidIntent { charge_id })
+            .await
+        {
+            Ok(Outcome::Completed { response, .. }) if response.status == 201 => {
+                tracing::info!("authorization past its time voided");
+                report.expired += 1;
+            }
+            Ok(outcome) => {
+                tracing::info!(
+                    outcome = outcome.label(),
+                    "authorization past its time: void not made now"
+                );
+                report.expired += 1;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not void an authorization past its time");
+                report.errors += 1;
+            }
+        }
     }
 
     /// One orphan; whatever goes wrong with it is counted and logged, and the
@@ -203,9 +273,13 @@ impl Reconciler {
                 actor: RECONCILER_ACTOR,
                 reason: None,
             },
-            action: match orphan.subject {
+            action: match &orphan.subject {
                 SubjectId::Charge(_) => "charge.reconcile",
                 SubjectId::Refund(_) => "refund.reconcile",
+                SubjectId::Step(id) => match id.kind() {
+                    StepKind::Capture => "capture.reconcile",
+                    StepKind::Void => "void.reconcile",
+                },
             },
             subject: orphan.subject.as_str(),
             detail: &history,

@@ -32,5 +32,6 @@ mod store;
 mod tenant;
 mod tls;
 mod traces;
+mod two_step;
 mod wait;
 mod webhooks;

@@ -50,6 +50,12 @@ fn the_document_is_openapi_3_1_with_every_route_of_the_contract() {
         ("/v1/charges/{id}/refunds", "post"),
         ("/v1/charges/{id}/refunds", "get"),
         ("/v1/refunds/{id}", "get"),
+        // Issue 41 extends it with the steps of a two-step payment.
+        ("/v1/charges/{id}/captures", "post"),
+        ("/v1/charges/{id}/captures", "get"),
+        ("/v1/charges/{id}/void", "post"),
+        ("/v1/captures/{id}", "get"),
+        ("/v1/voids/{id}", "get"),
         // Issue 13 (part 4) extends the contract with this one.
         ("/v1/idempotency-keys/{key}", "get"),
         ("/healthz", "get"),

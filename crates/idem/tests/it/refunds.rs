@@ -233,7 +233,7 @@ async fn one_key_sent_ten_times_at_once_is_one_refund() {
             RefundClaim::Won(record) => won.push(record),
             RefundClaim::Lost(taken) => match *taken {
                 Taken::Refund(_) => lost += 1,
-                Taken::Charge(_) => panic!("a refund's key"),
+                Taken::Charge(_) | Taken::Step(_) => panic!("a refund's key"),
             },
             RefundClaim::Refused(refusal) => panic!("a duplicate was refused: {refusal:?}"),
             RefundClaim::Expired(id) => panic!("a live key expired: {id}"),
@@ -428,7 +428,7 @@ async fn a_key_is_one_operations_whatever_it_is_sent_to() {
     match claim_refund(&db.store, merchant_id, "shared", &other, &some).await {
         RefundClaim::Lost(taken) => match *taken {
             Taken::Charge(record) => assert_eq!(record.subject.id, charged.subject.id),
-            Taken::Refund(_) => panic!("the charge's key"),
+            Taken::Refund(_) | Taken::Step(_) => panic!("the charge's key"),
         },
         claim => panic!("{claim:?}"),
     }
@@ -443,7 +443,7 @@ async fn a_key_is_one_operations_whatever_it_is_sent_to() {
                 assert_eq!(record.subject.id, refund.subject.id);
                 assert_ne!(record.fingerprint, Fingerprint::of_refund(&third, &some));
             }
-            Taken::Charge(_) => panic!("the refund's key"),
+            Taken::Charge(_) | Taken::Step(_) => panic!("the refund's key"),
         },
         claim => panic!("{claim:?}"),
     }

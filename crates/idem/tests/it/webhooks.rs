@@ -863,3 +863,101 @@ async fn each_refund_outcome_is_delivered_signed_once() {
             .expect("outbox");
     assert_eq!(events, 1, "one event for the paid refund");
 }
+
+/// An authorization past `--authorization-ttl` is voided once by the
+/// workers of two instances racing on it, at the acquirer with its own
+/// reference, and announced by a signed `void.succeeded`; one partly
+/// captured has the rest released (and becomes `captured`); one captured in
+/// full is left alone.
+#[tokio::test]
+async fn authorizations_past_their_time_are_voided_once_by_racing_workers_and_announced() {
+    let db = TestDb::new().await;
+    let sim = TestSim::start(Faults::default()).await;
+    let receiver = Receiver::start().await;
+    let secret = db.merchant("loja").await;
+    let (_, hook_secret) = add_endpoint(&db, "loja", &receiver.url("/ok"), &[]).await;
+    let ttl = ["--authorization-ttl", "2s"];
+    let (a, b) = (
+        serve(&db, &sim, QUICK, &ttl).await,
+        serve(&db, &sim, QUICK, &ttl).await,
+    );
+    let c = Client::new(&a.url, &secret);
+    let authorize = |order: i64| {
+        let c = &c;
+        async move {
+            let body = format!(r#"{{"order_id": {order}, "amount_cents": 100, "capture": false}}"#);
+            let a = c.charge(&new_key(), &body).await;
+            assert_eq!(a.status, 201, "{a:?}");
+            a.json()["id"].as_str().expect("id").to_owned()
+        }
+    };
+    let untouched = authorize(1).await;
+    let partly = authorize(2).await;
+    let captured = authorize(3).await;
+    let part = c
+        .capture(
+            &partly,
+            &new_key(),
+            r#"{"amount_cents": 30, "final": false}"#,
+        )
+        .await;
+    assert_eq!(part.status, 201, "{part:?}");
+    let all = c.capture(&captured, &new_key(), "").await;
+    assert_eq!(all.status, 201, "{all:?}");
+
+    let started = Instant::now();
+    loop {
+        let (u, p) = (
+            c.get_charge(&untouched).await.json(),
+            c.get_charge(&partly).await.json(),
+        );
+        if u["status"] == "voided" && p["status"] == "captured" {
+            assert_eq!(p["amount_captured_cents"], 30);
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "never expired: {u} {p}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ledger = sim.ledger().await;
+    let released: Vec<i64> = ledger.voids.iter().map(|v| v.released_cents).collect();
+    assert_eq!(
+        released.len(),
+        2,
+        "one void each, whatever raced: {released:?}"
+    );
+    assert_eq!(released.iter().sum::<i64>(), 100 + 70);
+    assert_eq!(c.get_charge(&captured).await.json()["status"], "captured");
+    let got = receiver
+        .wait_for("the two voids announced", |got| {
+            got.iter()
+                .filter(|r| r.body["type"] == "void.succeeded")
+                .count()
+                == 2
+        })
+        .await;
+    let voided: Vec<_> = got
+        .iter()
+        .filter(|r| r.body["type"] == "void.succeeded")
+        .map(|r| {
+            r.body["void"]["charge_id"]
+                .as_str()
+                .expect("charge")
+                .to_owned()
+        })
+        .collect();
+    assert!(
+        voided.contains(&untouched) && voided.contains(&partly),
+        "{voided:?}"
+    );
+    assert!(
+        receiver
+            .verified_by(&hook_secret)
+            .iter()
+            .all(|(_, valid)| *valid),
+        "every delivery verifies"
+    );
+    drop(b);
+}

@@ -43,10 +43,10 @@ const CLAIM_BATCH_SQL: &str = concatcp!(
     "with i as (
         select * from unnest($1::bigint[], $2::text[], $3::bytea[], $4::text[], $5::bigint[],
                              $6::bigint[], $7::bigint[], $8::bigint[], $9::text[], $10::text[],
-                             $11::text[], $12::text[])
+                             $11::text[], $12::text[], $13::text[])
             with ordinality as i(merchant_id, idempotency_key, fingerprint, charge_id, lease_ms,
                                  key_ttl_ms, order_id, amount_cents, currency, description,
-                                 reference, traceparent, n)
+                                 reference, traceparent, capture_method, n)
     ), claimed as (
         insert into idempotency_keys
             (merchant_id, idempotency_key, fingerprint, charge_id, locked_until, expires_at)
@@ -66,9 +66,12 @@ const CLAIM_BATCH_SQL: &str = concatcp!(
     ), created as (
         insert into charges
             (id, merchant_id, order_id, amount_cents, currency, description, acquirer_reference,
-             idempotency_key, traceparent)
+             idempotency_key, traceparent, capture_method, captured_cents,
+             capture_reserved_cents)
         select i.charge_id, i.merchant_id, i.order_id, i.amount_cents, i.currency,
-               i.description, i.reference, i.idempotency_key, i.traceparent
+               i.description, i.reference, i.idempotency_key, i.traceparent, i.capture_method,
+               case when i.capture_method is not null then 0 end,
+               case when i.capture_method is not null then 0 end
           from i join claimed on claimed.charge_id = i.charge_id
         returning *
     )
@@ -205,7 +208,7 @@ pub(super) async fn claims(pool: &PgPool, rows: Vec<ClaimRow>) -> Vec<Batched<Cl
         .map(|row| ClaimValues::new(&row.claim()))
         .collect();
     let params: Vec<_> = claims.iter().map(ClaimValues::params).collect();
-    match fetch::<ClaimBatchRow, 12>(pool, CLAIM_BATCH_SQL, &params).await {
+    match fetch::<ClaimBatchRow, 13>(pool, CLAIM_BATCH_SQL, &params).await {
         Ok(rows) => batch::claim_answers(&claims, rows),
         Err(e) => {
             tracing::debug!(error = %e, rows = claims.len(), "a batch of claims failed; each goes alone");

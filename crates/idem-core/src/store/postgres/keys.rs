@@ -48,8 +48,12 @@ const CLAIM_ROUNDS: usize = 3;
 const CREATE_CHARGE_OF_K: &str = "c as (
             insert into charges
                 (id, merchant_id, order_id, amount_cents, currency, description, acquirer_reference,
-                 idempotency_key, traceparent)
-            select k.charge_id, $1, $7, $8, $9, $10, $11, $2, $12 from k
+                 idempotency_key, traceparent, capture_method, captured_cents,
+                 capture_reserved_cents)
+            select k.charge_id, $1, $7, $8, $9, $10, $11, $2, $12, $13,
+                   case when $13::text is not null then 0 end,
+                   case when $13::text is not null then 0 end
+              from k
             returning *
         )";
 
@@ -89,7 +93,7 @@ pub const CLAIM_SQL: &str = concatcp!(
 const RECLAIM_SQL: &str = concatcp!(
     "with k as (
         update idempotency_keys
-           set fingerprint = $3, charge_id = $4, refund_id = null, state = 'in_flight',
+           set fingerprint = $3, charge_id = $4, refund_id = null, step_id = null, state = 'in_flight',
                attempt = attempt + 1, response_status = null, response_body = null,
                locked_until = now() + $5 * interval '1 millisecond',
                expires_at = now() + $6 * interval '1 millisecond', created_at = now()
@@ -197,7 +201,7 @@ pub(super) const RELEASE_K: &str = "with k as (
         update idempotency_keys set locked_until = now()
          where merchant_id = $1 and idempotency_key = $2 and attempt = $3
            and state = 'in_flight'
-        returning charge_id, refund_id
+        returning charge_id, refund_id, step_id
     )";
 
 /// The `set` of a release's update of its subject (a charge or a refund).
@@ -221,10 +225,10 @@ const RENEW_SQL: &str = "update idempotency_keys
         and state = 'in_flight'";
 
 /// `$1` limit, `$2` settle deadline in ms: the charges' orphans and the
-/// refunds', oldest lease first.
+/// refunds' and the steps', oldest lease first.
 const ORPHANS_SQL: &str = "select * from (
      (select k.merchant_id, m.name as merchant_name, k.idempotency_key, k.charge_id,
-             k.refund_id, k.attempt, c.reconcile_attempts, c.traceparent,
+             k.refund_id, k.step_id, k.attempt, c.reconcile_attempts, c.traceparent,
              c.created_at + $2 * interval '1 millisecond' <= now() as past_deadline,
              k.locked_until
         from idempotency_keys k
@@ -236,8 +240,8 @@ const ORPHANS_SQL: &str = "select * from (
        order by k.locked_until
        limit $1)
      union all
-     (select k.merchant_id, m.name, k.idempotency_key, k.charge_id, k.refund_id, k.attempt,
-             r.reconcile_attempts, r.traceparent,
+     (select k.merchant_id, m.name, k.idempotency_key, k.charge_id, k.refund_id, k.step_id,
+             k.attempt, r.reconcile_attempts, r.traceparent,
              r.created_at + $2 * interval '1 millisecond' <= now(), k.locked_until
         from idempotency_keys k
         join refunds r on r.id = k.refund_id
@@ -245,6 +249,18 @@ const ORPHANS_SQL: &str = "select * from (
        where k.state = 'in_flight' and k.locked_until <= now()
          and r.review_since is null
          and (r.next_reconcile_at is null or r.next_reconcile_at <= now())
+       order by k.locked_until
+       limit $1)
+     union all
+     (select k.merchant_id, m.name, k.idempotency_key, k.charge_id, k.refund_id, k.step_id,
+             k.attempt, s.reconcile_attempts, s.traceparent,
+             s.created_at + $2 * interval '1 millisecond' <= now(), k.locked_until
+        from idempotency_keys k
+        join authorization_steps s on s.id = k.step_id
+        join merchants m on m.id = k.merchant_id
+       where k.state = 'in_flight' and k.locked_until <= now()
+         and s.review_since is null
+         and (s.next_reconcile_at is null or s.next_reconcile_at <= now())
        order by k.locked_until
        limit $1)
     ) o
@@ -261,16 +277,18 @@ const SWEEP_SQL: &str = "with swept as (
                 where state = 'completed' and expires_at <= now()
                 limit $1
                 for update skip locked))
-        returning merchant_id, idempotency_key, fingerprint, charge_id, refund_id, expires_at
+        returning merchant_id, idempotency_key, fingerprint, charge_id, refund_id, step_id,
+                  expires_at
     )
     insert into key_tombstones
-        (merchant_id, idempotency_key, fingerprint, charge_id, refund_id, expires_at)
-    select merchant_id, idempotency_key, fingerprint, charge_id, refund_id,
+        (merchant_id, idempotency_key, fingerprint, charge_id, refund_id, step_id, expires_at)
+    select merchant_id, idempotency_key, fingerprint, charge_id, refund_id, step_id,
            expires_at + $2 * interval '1 millisecond'
       from swept
     on conflict (merchant_id, idempotency_key) do update
        set fingerprint = excluded.fingerprint, charge_id = excluded.charge_id,
-           refund_id = excluded.refund_id, expires_at = excluded.expires_at";
+           refund_id = excluded.refund_id, step_id = excluded.step_id,
+           expires_at = excluded.expires_at";
 
 /// `$1` limit: tombstones past their time.
 const SWEEP_TOMBSTONES_SQL: &str = "delete from key_tombstones
@@ -280,20 +298,21 @@ const SWEEP_TOMBSTONES_SQL: &str = "delete from key_tombstones
              for update skip locked))";
 
 /// `$1` merchant, `$2` key: the record's state, else a live tombstone's.
-const KEY_STATUS_SQL: &str = "select state, charge_id, refund_id, response_status, expires_at,
+const KEY_STATUS_SQL: &str = "select state, charge_id, refund_id, step_id, response_status,
+            expires_at,
             greatest(0, ceil(extract(epoch from (locked_until - now())) * 1000))::bigint
               as lease_remaining_ms,
             (state = 'completed' and expires_at <= now()) as expired
        from idempotency_keys where merchant_id = $1 and idempotency_key = $2
      union all
-     select 'tombstone', charge_id, refund_id, null, expires_at, 0, true
+     select 'tombstone', charge_id, refund_id, step_id, null, expires_at, 0, true
        from key_tombstones
       where merchant_id = $1 and idempotency_key = $2 and expires_at > now()
         and not exists (select 1 from idempotency_keys
                          where merchant_id = $1 and idempotency_key = $2)";
 
 /// `$1` merchant, `$2` key: whose the record is, and whether it expired.
-pub(super) const KEY_OWNER_SQL: &str = "select charge_id, refund_id,
+pub(super) const KEY_OWNER_SQL: &str = "select charge_id, refund_id, step_id,
             (state = 'completed' and expires_at <= now()) as expired
        from idempotency_keys where merchant_id = $1 and idempotency_key = $2";
 
@@ -478,7 +497,7 @@ impl PgStore {
 async fn try_claim(db: &mut PgConnection, new: &NewClaim<'_>) -> Result<Option<Claim>, StoreError> {
     let values = ClaimValues::new(new);
     let row: Option<ClaimAnswer> =
-        sqlx::query_as_with(CLAIM_SQL, arguments::<PgArguments, 12>(&values.params())?)
+        sqlx::query_as_with(CLAIM_SQL, arguments::<PgArguments, 13>(&values.params())?)
             .fetch_optional(&mut *db)
             .await?;
     let record = match row {
@@ -513,7 +532,7 @@ async fn reclaim_expired(
 ) -> Result<Option<Claim>, StoreError> {
     let values = ClaimValues::new(new);
     let row: Option<RecordRow> =
-        sqlx::query_as_with(RECLAIM_SQL, arguments::<PgArguments, 12>(&values.params())?)
+        sqlx::query_as_with(RECLAIM_SQL, arguments::<PgArguments, 13>(&values.params())?)
             .fetch_optional(&mut *db)
             .await?;
     match row {
@@ -591,19 +610,24 @@ impl PgStore {
     }
 }
 
+/// A key's subject columns (charge, refund, step) and whether it expired.
+type OwnerRow = (Option<String>, Option<String>, Option<String>, bool);
+
 /// Whose the record under a key is, whatever its subject; `None`: no record.
 pub(super) async fn key_owner(
     db: &mut PgConnection,
     merchant_id: i64,
     key: &IdempotencyKey,
 ) -> Result<Option<KeyOwner>, StoreError> {
-    let row: Option<(Option<String>, Option<String>, bool)> = sqlx::query_as(KEY_OWNER_SQL)
+    let row: Option<OwnerRow> = sqlx::query_as(KEY_OWNER_SQL)
         .bind(merchant_id)
         .bind(key.as_str())
         .fetch_optional(&mut *db)
         .await?;
-    row.map(|(charge_id, refund_id, expired)| KeyOwner::new(charge_id, refund_id, expired))
-        .transpose()
+    row.map(|(charge_id, refund_id, step_id, expired)| {
+        KeyOwner::new(charge_id, refund_id, step_id, expired)
+    })
+    .transpose()
 }
 
 pub(super) async fn key_record(

@@ -12,6 +12,7 @@ mod merchants;
 mod outbox;
 mod pool;
 mod refunds;
+mod steps;
 mod webhooks;
 
 use std::future::Future;

@@ -27,7 +27,7 @@ use crate::domain::{
 use crate::store::batch::{self, Batched};
 use crate::store::model::{
     KeyState, NewRefundClaim, NewWebhook, RefundClaim, RefundDetail, RefundRecord,
-    RefundSettlement, Refusal, Reschedule, StuckRefund, Taken,
+    RefundSettlement, Refusal, Reschedule, StuckRefund,
 };
 use crate::store::ops::Refunds;
 use crate::store::params::{arguments, Param, Params};
@@ -342,7 +342,7 @@ impl PgStore {
             }
             "taken" => {
                 let found = self
-                    .on_conn(async |db| taken(db, claim.merchant_id, claim.key).await)
+                    .on_conn(async |db| super::steps::taken(db, claim.merchant_id, claim.key).await)
                     .await?;
                 match found {
                     Some(t) if !(t.expired() && *t.fingerprint() != claim.fingerprint) => {
@@ -671,7 +671,7 @@ fn won(
     })
 }
 
-async fn refund_record(
+pub(super) async fn refund_record(
     db: &mut PgConnection,
     merchant_id: i64,
     key: &IdempotencyKey,
@@ -700,17 +700,4 @@ async fn deliver(
         .execute(tx)
         .await?;
     Ok(())
-}
-
-/// Whose the key is: a refund's, or a charge's; `None` if it is gone.
-async fn taken(
-    db: &mut PgConnection,
-    merchant_id: i64,
-    key: &IdempotencyKey,
-) -> Result<Option<Taken>, StoreError> {
-    if let Some(record) = refund_record(db, merchant_id, key).await? {
-        return Ok(Some(Taken::Refund(record)));
-    }
-    let charge = super::keys::key_record(db, merchant_id, key).await?;
-    Ok(charge.map(Taken::Charge))
 }

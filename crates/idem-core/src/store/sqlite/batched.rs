@@ -106,9 +106,12 @@ static CLAIM_CHARGES_SQL: LazyLock<String> = LazyLock::new(|| {
         "with {i}
          insert into charges
              (id, merchant_id, order_id, amount_cents, currency, description, acquirer_reference,
-              idempotency_key, traceparent, created_at, updated_at)
+              idempotency_key, traceparent, capture_method, captured_cents,
+              capture_reserved_cents, created_at, updated_at)
          select i.charge_id, i.merchant_id, i.order_id, i.amount_cents, i.currency,
-                i.description, i.reference, i.key, i.traceparent, {NOW}, {NOW}
+                i.description, i.reference, i.key, i.traceparent, i.capture_method,
+                case when i.capture_method is not null then 0 end,
+                case when i.capture_method is not null then 0 end, {NOW}, {NOW}
            from i
           where exists (
                 select 1 from idempotency_keys k

@@ -4,7 +4,7 @@
 use const_format::concatcp;
 
 use super::{SqliteStore, NOW};
-use crate::domain::{AcquirerReference, Charge, ChargeId};
+use crate::domain::{AcquirerReference, Charge, ChargeId, Merchant};
 use crate::store::model::{
     ChargeDetail, ChargeFilter, ChargeRecord, ChargeSummary, KeyDetail, NewWebhook,
     ProcessingStats, StuckCharge,
@@ -18,7 +18,8 @@ use crate::store::StoreError;
 pub(super) const CHARGE_COLUMNS: &str =
     "c.id, c.order_id, c.amount_cents, c.currency, c.description, c.status, \
      c.acquirer_reference, c.decline_reason, \
-     strftime('%Y-%m-%dT%H:%M:%fZ', c.created_at / 1000.0, 'unixepoch') as created_at";
+     strftime('%Y-%m-%dT%H:%M:%fZ', c.created_at / 1000.0, 'unixepoch') as created_at, \
+     c.captured_cents, c.capture_reserved_cents, c.capture_closed_by is not null as capture_closed";
 
 const CHARGE_SQL: &str = concatcp!(
     "select ",
@@ -102,7 +103,36 @@ const KEY_DETAIL_SQL: &str = "
      where merchant_id = $1 and charge_id = $3
        and (idempotency_key = $2 or ($2 is null and state = 'in_flight'))";
 
+/// `$1` the authorizations' time to live in ms, `$2` limit.
+const EXPIRED_AUTHORIZATIONS_SQL: &str = concatcp!(
+    "select c.merchant_id, m.name, c.id
+       from charges c join merchants m on m.id = c.merchant_id
+      where c.status = 'authorized' and c.created_at <= ",
+    NOW,
+    " - $1
+        and c.capture_closed_by is null and c.capture_reserved_cents = c.captured_cents
+        and c.review_since is null
+      order by c.created_at
+      limit $2"
+);
+
 impl Charges for SqliteStore {
+    async fn expired_authorizations(
+        &self,
+        ttl: std::time::Duration,
+        limit: i64,
+    ) -> Result<Vec<(Merchant, ChargeId)>, StoreError> {
+        let rows: Vec<(i64, String, String)> = sqlx::query_as(EXPIRED_AUTHORIZATIONS_SQL)
+            .bind(crate::store::millis(ttl))
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, name, charge)| (Merchant { id, name }, ChargeId::from_trusted(charge)))
+            .collect())
+    }
+
     async fn charges(&self, filter: &ChargeFilter) -> Result<Vec<ChargeSummary>, StoreError> {
         Ok(sqlx::query_as(LIST_SQL)
             .bind(filter.status.map(|s| s.as_str()))

@@ -12,7 +12,7 @@ use sqlx::sqlite::{SqliteArguments, SqliteConnection};
 use super::charges::CHARGE_COLUMNS;
 use super::webhooks::ENDPOINT_HEARS;
 use super::{SqliteStore, NOW};
-use crate::domain::{ChargeId, IdempotencyKey, SubjectId};
+use crate::domain::{ChargeId, Fingerprint, IdempotencyKey, SubjectId};
 use crate::store::batch::Batched;
 use crate::store::model::{Claim, KeyRecord, KeyStatus, NewClaim, Orphan, Reschedule};
 use crate::store::ops::Keys;
@@ -61,8 +61,10 @@ const INSERT_KEY_SQL: &str = concatcp!(
 const INSERT_CHARGE_SQL: &str = concatcp!(
     "insert into charges
         (id, merchant_id, order_id, amount_cents, currency, description, acquirer_reference,
-         idempotency_key, traceparent, created_at, updated_at)
-     values ($4, $1, $7, $8, $9, $10, $11, $2, $12, ",
+         idempotency_key, traceparent, capture_method, captured_cents, capture_reserved_cents,
+         created_at, updated_at)
+     values ($4, $1, $7, $8, $9, $10, $11, $2, $12, $13,
+             case when $13 is not null then 0 end, case when $13 is not null then 0 end, ",
     NOW,
     ", ",
     NOW,
@@ -72,9 +74,9 @@ const INSERT_CHARGE_SQL: &str = concatcp!(
 /// An expired, completed record made a fresh claim for a new intent.
 const RECLAIM_SQL: &str = concatcp!(
     "update idempotency_keys
-        set fingerprint = $3, charge_id = $4, refund_id = null, state = 'in_flight',
-            attempt = attempt + 1, response_status = null, response_body = null,
-            locked_until = ",
+        set fingerprint = $3, charge_id = $4, refund_id = null, step_id = null,
+            state = 'in_flight', attempt = attempt + 1, response_status = null,
+            response_body = null, locked_until = ",
     NOW,
     " + $5, expires_at = ",
     NOW,
@@ -180,12 +182,12 @@ const FINALIZE_CHARGE_SQL: &str = concatcp!(
     " where id = $3"
 );
 
-/// `$1` limit, `$2` settle deadline in ms: the charges' orphans and the
-/// refunds', oldest lease first.
+/// `$1` limit, `$2` settle deadline in ms: the charges' orphans, the
+/// refunds' and the steps', oldest lease first.
 const ORPHANS_SQL: &str = concatcp!(
     "select * from (
      select k.merchant_id, m.name as merchant_name, k.idempotency_key, k.charge_id,
-            k.refund_id, k.attempt, c.reconcile_attempts, c.traceparent,
+            k.refund_id, k.step_id, k.attempt, c.reconcile_attempts, c.traceparent,
             c.created_at + $2 <= ",
     NOW,
     " as past_deadline, k.locked_until
@@ -200,8 +202,8 @@ const ORPHANS_SQL: &str = concatcp!(
     NOW,
     ")
      union all
-     select k.merchant_id, m.name, k.idempotency_key, k.charge_id, k.refund_id, k.attempt,
-            r.reconcile_attempts, r.traceparent, r.created_at + $2 <= ",
+     select k.merchant_id, m.name, k.idempotency_key, k.charge_id, k.refund_id, k.step_id,
+            k.attempt, r.reconcile_attempts, r.traceparent, r.created_at + $2 <= ",
     NOW,
     ", k.locked_until
        from idempotency_keys k
@@ -212,6 +214,21 @@ const ORPHANS_SQL: &str = concatcp!(
     "
         and r.review_since is null
         and (r.next_reconcile_at is null or r.next_reconcile_at <= ",
+    NOW,
+    ")
+     union all
+     select k.merchant_id, m.name, k.idempotency_key, k.charge_id, k.refund_id, k.step_id,
+            k.attempt, s.reconcile_attempts, s.traceparent, s.created_at + $2 <= ",
+    NOW,
+    ", k.locked_until
+       from idempotency_keys k
+       join authorization_steps s on s.id = k.step_id
+       join merchants m on m.id = k.merchant_id
+      where k.state = 'in_flight' and k.locked_until <= ",
+    NOW,
+    "
+        and s.review_since is null
+        and (s.next_reconcile_at is null or s.next_reconcile_at <= ",
     NOW,
     ")
      ) order by locked_until
@@ -229,18 +246,20 @@ const SWEEP_SQL: &str = concatcp!(
     NOW,
     "
              limit $1)
-     returning merchant_id, idempotency_key, fingerprint, charge_id, refund_id, expires_at"
+     returning merchant_id, idempotency_key, fingerprint, charge_id, refund_id, step_id,
+               expires_at"
 );
 
 /// One swept record's tombstone: `$1` merchant, `$2` key, `$3` fingerprint,
-/// `$4` charge id, `$5` when it ends (ms), `$6` refund id (a record names one
-/// of the two).
+/// `$4` charge id, `$5` when it ends (ms), `$6` refund id, `$7` step id (a
+/// record names one of the three).
 const INSERT_TOMBSTONE_SQL: &str = "insert into key_tombstones
-        (merchant_id, idempotency_key, fingerprint, charge_id, expires_at, refund_id)
-     values ($1, $2, $3, $4, $5, $6)
+        (merchant_id, idempotency_key, fingerprint, charge_id, expires_at, refund_id, step_id)
+     values ($1, $2, $3, $4, $5, $6, $7)
      on conflict (merchant_id, idempotency_key) do update
         set fingerprint = excluded.fingerprint, charge_id = excluded.charge_id,
-            refund_id = excluded.refund_id, expires_at = excluded.expires_at";
+            refund_id = excluded.refund_id, step_id = excluded.step_id,
+            expires_at = excluded.expires_at";
 
 /// `$1` limit: tombstones past their time.
 const SWEEP_TOMBSTONES_SQL: &str = concatcp!(
@@ -254,7 +273,7 @@ const SWEEP_TOMBSTONES_SQL: &str = concatcp!(
 
 /// `$1` merchant, `$2` key: the record's state, else a live tombstone's.
 const KEY_STATUS_SQL: &str = concatcp!(
-    "select state, charge_id, refund_id, response_status,
+    "select state, charge_id, refund_id, step_id, response_status,
             strftime('%Y-%m-%dT%H:%M:%fZ', expires_at / 1000.0, 'unixepoch') as expires_at,
             max(0, coalesce(locked_until, 0) - ",
     NOW,
@@ -264,7 +283,7 @@ const KEY_STATUS_SQL: &str = concatcp!(
     ") as expired
        from idempotency_keys where merchant_id = $1 and idempotency_key = $2
      union all
-     select 'tombstone', charge_id, refund_id, null,
+     select 'tombstone', charge_id, refund_id, step_id, null,
             strftime('%Y-%m-%dT%H:%M:%fZ', expires_at / 1000.0, 'unixepoch'), 0, 1
        from key_tombstones
       where merchant_id = $1 and idempotency_key = $2 and expires_at > ",
@@ -275,8 +294,8 @@ const KEY_STATUS_SQL: &str = concatcp!(
 );
 
 /// `$1` merchant, `$2` key: whose the record is.
-const KEY_OWNER_SQL: &str =
-    "select charge_id, refund_id from idempotency_keys where merchant_id = $1 and idempotency_key = $2";
+const KEY_OWNER_SQL: &str = "select charge_id, refund_id, step_id from idempotency_keys
+      where merchant_id = $1 and idempotency_key = $2";
 
 /// `$1` merchant, `$2` key, `$3` fingerprint: the charge of a live tombstone
 /// left by the same request.
@@ -286,6 +305,164 @@ const TOMBSTONE_SQL: &str = concatcp!(
         and expires_at > ",
     NOW
 );
+
+/// The subjects whose key record a claim writes only once the subject's
+/// reservation against its charge holds (a refund, a step), each named by a
+/// column of its own.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Subject {
+    Refund,
+    Step,
+}
+
+/// A key record made the subject's: `$1` merchant, `$2` key, `$3` fingerprint,
+/// `$4` the subject's id, `$5` lease ms, `$6` key TTL ms.
+const INSERT_SUBJECT_KEY_HEAD: &str =
+    "insert into idempotency_keys (merchant_id, idempotency_key, fingerprint, ";
+const INSERT_SUBJECT_KEY_TAIL: &str = concatcp!(
+    ", locked_until, expires_at, created_at)
+     values ($1, $2, $3, $4, ",
+    NOW,
+    " + $5, ",
+    NOW,
+    " + $6, ",
+    NOW,
+    ")
+     on conflict (merchant_id, idempotency_key) do nothing"
+);
+
+/// An expired, completed record of another request made the subject's claim
+/// (parameters as the insert's).
+const RECLAIM_SUBJECT_KEY_TAIL: &str = concatcp!(
+    ", state = 'in_flight', attempt = attempt + 1, response_status = null,
+            response_body = null, locked_until = ",
+    NOW,
+    " + $5, expires_at = ",
+    NOW,
+    " + $6, created_at = ",
+    NOW,
+    "
+      where merchant_id = $1 and idempotency_key = $2
+        and state = 'completed' and fingerprint <> $3 and expires_at <= ",
+    NOW
+);
+
+/// `$1` merchant, `$2` key, `$3` fingerprint: the subject of a live tombstone
+/// the same request left.
+const TOMBSTONE_OF_TAIL: &str = concatcp!(
+    " from key_tombstones
+      where merchant_id = $1 and idempotency_key = $2 and fingerprint = $3
+        and expires_at > ",
+    NOW
+);
+
+impl Subject {
+    fn insert_key_sql(self) -> &'static str {
+        match self {
+            Self::Refund => concatcp!(
+                INSERT_SUBJECT_KEY_HEAD,
+                "refund_id",
+                INSERT_SUBJECT_KEY_TAIL
+            ),
+            Self::Step => concatcp!(INSERT_SUBJECT_KEY_HEAD, "step_id", INSERT_SUBJECT_KEY_TAIL),
+        }
+    }
+
+    fn reclaim_key_sql(self) -> &'static str {
+        match self {
+            Self::Refund => concatcp!(
+                "update idempotency_keys
+        set fingerprint = $3, refund_id = $4, charge_id = null, step_id = null",
+                RECLAIM_SUBJECT_KEY_TAIL
+            ),
+            Self::Step => concatcp!(
+                "update idempotency_keys
+        set fingerprint = $3, step_id = $4, charge_id = null, refund_id = null",
+                RECLAIM_SUBJECT_KEY_TAIL
+            ),
+        }
+    }
+
+    fn tombstone_sql(self) -> &'static str {
+        match self {
+            Self::Refund => concatcp!(
+                "select refund_id",
+                TOMBSTONE_OF_TAIL,
+                " and refund_id is not null"
+            ),
+            Self::Step => concatcp!(
+                "select step_id",
+                TOMBSTONE_OF_TAIL,
+                " and step_id is not null"
+            ),
+        }
+    }
+}
+
+/// The subject of a live tombstone that the same request (`fingerprint`)
+/// left under the key, in the caller's write transaction: a late retry.
+pub(super) async fn tombstone(
+    tx: &mut SqliteConnection,
+    subject: Subject,
+    merchant_id: i64,
+    key: &IdempotencyKey,
+    fingerprint: &Fingerprint,
+) -> Result<Option<String>, StoreError> {
+    let found: Option<(String,)> = sqlx::query_as(subject.tombstone_sql())
+        .bind(merchant_id)
+        .bind(key.as_str())
+        .bind(fingerprint.as_bytes())
+        .fetch_optional(&mut *tx)
+        .await?;
+    Ok(found.map(|(id,)| id))
+}
+
+/// A key record to make a subject's, once its reservation holds.
+pub(super) struct KeyOf<'a> {
+    pub subject: Subject,
+    pub id: &'a str,
+    pub merchant_id: i64,
+    pub key: &'a IdempotencyKey,
+    pub fingerprint: &'a Fingerprint,
+    pub lease: Duration,
+    pub key_ttl: Duration,
+}
+
+impl KeyOf<'_> {
+    /// Makes the key the subject's, in flight under attempt 1's lease (or the
+    /// next attempt's), in the caller's write transaction: a new record
+    /// (`fresh`: none was found), or the expired record of another request
+    /// found under the key. Under the write lock nothing changed since the
+    /// caller read the key; if something did, the error rolls the whole
+    /// transaction back, the reservation with it.
+    pub(super) async fn claim(
+        &self,
+        tx: &mut SqliteConnection,
+        fresh: bool,
+    ) -> Result<(), StoreError> {
+        let sql = if fresh {
+            self.subject.insert_key_sql()
+        } else {
+            self.subject.reclaim_key_sql()
+        };
+        let keyed = sqlx::query(sql)
+            .bind(self.merchant_id)
+            .bind(self.key.as_str())
+            .bind(self.fingerprint.as_bytes())
+            .bind(self.id)
+            .bind(millis(self.lease))
+            .bind(millis(self.key_ttl))
+            .execute(&mut *tx)
+            .await?;
+        if keyed.rows_affected() != 1 {
+            return Err(StoreError::Corrupt(format!(
+                "key {} changed under the write lock",
+                self.key.as_str()
+            )));
+        }
+        Ok(())
+    }
+}
 
 impl Keys for SqliteStore {
     async fn key_record(
@@ -366,12 +543,21 @@ impl Keys for SqliteStore {
         tombstone_ttl: Duration,
     ) -> Result<u64, StoreError> {
         self.write(async |tx| {
-            type Swept = (i64, String, Vec<u8>, Option<String>, Option<String>, i64);
+            type Swept = (
+                i64,
+                String,
+                Vec<u8>,
+                Option<String>,
+                Option<String>,
+                Option<String>,
+                i64,
+            );
             let swept: Vec<Swept> = sqlx::query_as(SWEEP_SQL)
                 .bind(limit)
                 .fetch_all(&mut *tx)
                 .await?;
-            for (merchant_id, key, fingerprint, charge_id, refund_id, expired_at) in &swept {
+            for (merchant_id, key, fingerprint, charge_id, refund_id, step_id, expired_at) in &swept
+            {
                 sqlx::query(INSERT_TOMBSTONE_SQL)
                     .bind(merchant_id)
                     .bind(key)
@@ -379,6 +565,7 @@ impl Keys for SqliteStore {
                     .bind(charge_id)
                     .bind(expired_at.saturating_add(millis(tombstone_ttl)))
                     .bind(refund_id)
+                    .bind(step_id)
                     .execute(&mut *tx)
                     .await?;
             }
@@ -533,7 +720,7 @@ pub(super) async fn claim_in(
     tx: &mut SqliteConnection,
     values: &ClaimValues,
 ) -> Result<Claim, StoreError> {
-    let args = || arguments::<SqliteArguments<'_>, 12>(&values.params());
+    let args = || arguments::<SqliteArguments<'_>, 13>(&values.params());
     // The same request's tombstone: a late retry, nothing to claim.
     let tombstone: Option<(String,)> = sqlx::query_as(TOMBSTONE_SQL)
         .bind(values.merchant_id())
@@ -563,12 +750,13 @@ pub(super) async fn claim_in(
     let Some(record) = key_record(&mut *tx, values.merchant_id(), values.key()).await? else {
         // Not a charge's: another operation's live key (an expired one was
         // reclaimed above).
-        let owner: Option<(Option<String>, Option<String>)> = sqlx::query_as(KEY_OWNER_SQL)
+        type Owner = (Option<String>, Option<String>, Option<String>);
+        let owner: Option<Owner> = sqlx::query_as(KEY_OWNER_SQL)
             .bind(values.merchant_id())
             .bind(values.key())
             .fetch_optional(&mut *tx)
             .await?;
-        return match owner.and_then(|(c, r)| SubjectId::from_columns(c, r)) {
+        return match owner.and_then(|(c, r, s)| SubjectId::from_columns(c, r, s)) {
             Some(subject) if !won => Ok(Claim::Other(subject)),
             _ => Err(StoreError::Corrupt(format!(
                 "key {} vanished inside a claim",

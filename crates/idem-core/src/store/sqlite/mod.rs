@@ -19,6 +19,7 @@ mod keys;
 mod merchants;
 mod outbox;
 mod refunds;
+mod steps;
 mod webhooks;
 
 use std::str::FromStr;

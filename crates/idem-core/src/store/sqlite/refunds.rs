@@ -9,7 +9,8 @@
 use const_format::concatcp;
 use sqlx::sqlite::SqliteConnection;
 
-use super::keys::{release_in, take_over_key, KEY_COLUMNS};
+use super::keys::{release_in, take_over_key, tombstone, KeyOf, Subject, KEY_COLUMNS};
+use super::steps::taken;
 use super::webhooks::ENDPOINT_HEARS;
 use super::{SqliteStore, NOW};
 use crate::domain::EVENTS_EXCHANGE;
@@ -38,49 +39,6 @@ const REFUND_RECORD_SQL: &str = concatcp!(
        join refunds r on r.id = k.refund_id
        join charges c on c.id = r.charge_id
       where k.merchant_id = $1 and k.idempotency_key = $2"
-);
-
-/// As PostgreSQL's: `$1` merchant, `$2` key, `$3` fingerprint, `$4` refund
-/// id, `$5` lease ms, `$6` key TTL ms.
-const INSERT_KEY_SQL: &str = concatcp!(
-    "insert into idempotency_keys
-        (merchant_id, idempotency_key, fingerprint, refund_id, locked_until, expires_at, created_at)
-     values ($1, $2, $3, $4, ",
-    NOW,
-    " + $5, ",
-    NOW,
-    " + $6, ",
-    NOW,
-    ")
-     on conflict (merchant_id, idempotency_key) do nothing
-     returning 1"
-);
-
-/// An expired, completed record of another request made this refund's
-/// claim (parameters as [`INSERT_KEY_SQL`]).
-const RECLAIM_SQL: &str = concatcp!(
-    "update idempotency_keys
-        set fingerprint = $3, refund_id = $4, charge_id = null, state = 'in_flight',
-            attempt = attempt + 1, response_status = null, response_body = null,
-            locked_until = ",
-    NOW,
-    " + $5, expires_at = ",
-    NOW,
-    " + $6, created_at = ",
-    NOW,
-    "
-      where merchant_id = $1 and idempotency_key = $2
-        and state = 'completed' and fingerprint <> $3 and expires_at <= ",
-    NOW
-);
-
-/// `$1` merchant, `$2` key, `$3` fingerprint: the refund of a live tombstone
-/// the same request left.
-const TOMBSTONE_SQL: &str = concatcp!(
-    "select refund_id from key_tombstones
-      where merchant_id = $1 and idempotency_key = $2 and fingerprint = $3
-        and refund_id is not null and expires_at > ",
-    NOW
 );
 
 /// As PostgreSQL's: `$1` message id, `$2` exchange, `$3` type, `$4` tenant,
@@ -145,24 +103,27 @@ const MARK_FOR_REVIEW_SQL: &str = concatcp!(
     " where id = $1 and status = 'pending' and review_since is null"
 );
 
-const REMAINING_SQL: &str =
-    "select amount_cents - refunded_cents from charges where id = $1 and merchant_id = $2";
+/// What a charge has left to give back: what it captured (a one-step charge:
+/// its amount), less what refunds took or hold. `$1` charge, `$2` merchant.
+const REMAINING_SQL: &str = "select coalesce(captured_cents, amount_cents) - refunded_cents
+       from charges where id = $1 and merchant_id = $2";
 
-/// The reservation: the sum rule is this statement's `where`. `$1` charge,
-/// `$2` merchant, `$3` amount.
+/// The reservation: the sum rule is this statement's `where` (a two-step
+/// charge, still authorized or captured, gives back what it captured). `$1`
+/// charge, `$2` merchant, `$3` amount.
 const RESERVE_SQL: &str = concatcp!(
     "update charges
         set refunded_cents = refunded_cents + $3, updated_at = ",
     NOW,
     "
       where id = $1 and merchant_id = $2
-        and status = 'captured' and review_since is null
-        and refunded_cents + $3 <= amount_cents
+        and status in ('captured', 'authorized') and review_since is null
+        and refunded_cents + $3 <= coalesce(captured_cents, amount_cents)
      returning currency"
 );
 
 const EXPLAIN_SQL: &str = "select status, review_since is not null as under_review,
-            amount_cents - refunded_cents as remaining
+            coalesce(captured_cents, amount_cents) - refunded_cents as remaining
        from charges where id = $1 and merchant_id = $2";
 
 const INSERT_REFUND_SQL: &str = concatcp!(
@@ -247,16 +208,14 @@ impl Refunds for SqliteStore {
             // Under the file's one write lock nothing changes between these
             // statements, so the key is decided first by reading it, and
             // written only once the reservation holds: a refusal writes nothing.
-            if let Some((refund_id,)) = sqlx::query_as::<_, (String,)>(TOMBSTONE_SQL)
-                .bind(claim.merchant_id)
-                .bind(claim.key.as_str())
-                .bind(claim.fingerprint.as_bytes())
-                .fetch_optional(&mut *tx)
-                .await?
+            let (merchant_id, key, fingerprint) =
+                (claim.merchant_id, claim.key, &claim.fingerprint);
+            if let Some(refund_id) =
+                tombstone(tx, Subject::Refund, merchant_id, key, fingerprint).await?
             {
                 return Ok(RefundClaim::Expired(RefundId::from_trusted(refund_id)));
             }
-            let found = taken(tx, claim.merchant_id, claim.key).await?;
+            let found = taken(tx, merchant_id, key).await?;
             let free = match &found {
                 None => true,
                 Some(t) => t.expired() && *t.fingerprint() != claim.fingerprint,
@@ -297,28 +256,16 @@ impl Refunds for SqliteStore {
                     charge.map(|c| (c.status, c.under_review, c.remaining)),
                 )));
             };
-            // A new key, or an expired record of another request made this one's.
-            let sql = if found.is_none() {
-                INSERT_KEY_SQL
-            } else {
-                RECLAIM_SQL
+            let keyed = KeyOf {
+                subject: Subject::Refund,
+                id: id.as_str(),
+                merchant_id,
+                key,
+                fingerprint,
+                lease: claim.lease,
+                key_ttl: claim.key_ttl,
             };
-            let keyed = sqlx::query(sql)
-                .bind(claim.merchant_id)
-                .bind(claim.key.as_str())
-                .bind(claim.fingerprint.as_bytes())
-                .bind(id.as_str())
-                .bind(millis(claim.lease))
-                .bind(millis(claim.key_ttl))
-                .execute(&mut *tx)
-                .await?;
-            if keyed.rows_affected() != 1 {
-                // Rolled back whole, the reservation with it.
-                return Err(StoreError::Corrupt(format!(
-                    "key {} changed under the write lock",
-                    claim.key.as_str()
-                )));
-            }
+            keyed.claim(tx, found.is_none()).await?;
             sqlx::query(INSERT_REFUND_SQL)
                 .bind(id.as_str())
                 .bind(claim.charge_id.as_str())
@@ -512,7 +459,7 @@ impl Refunds for SqliteStore {
     }
 }
 
-async fn refund_record(
+pub(super) async fn refund_record(
     db: &mut SqliteConnection,
     merchant_id: i64,
     key: &IdempotencyKey,
@@ -541,17 +488,4 @@ async fn deliver(
         .execute(tx)
         .await?;
     Ok(())
-}
-
-/// Whose the key is: a refund's, or a charge's; `None` if it is gone.
-async fn taken(
-    db: &mut SqliteConnection,
-    merchant_id: i64,
-    key: &IdempotencyKey,
-) -> Result<Option<Taken>, StoreError> {
-    if let Some(record) = refund_record(db, merchant_id, key).await? {
-        return Ok(Some(Taken::Refund(record)));
-    }
-    let charge = super::keys::key_record(&mut *db, merchant_id, key.as_str()).await?;
-    Ok(charge.map(Taken::Charge))
 }

@@ -127,6 +127,31 @@ impl Client {
         self.send(request).await
     }
 
+    /// `POST /v1/charges/{charge_id}/captures` with a JSON body given as text.
+    pub async fn capture(&self, charge_id: &str, key: &str, body: &str) -> Answer {
+        self.post_keyed(&format!("/v1/charges/{charge_id}/captures"), key, body)
+            .await
+    }
+
+    /// `POST /v1/charges/{charge_id}/void` with an empty body.
+    pub async fn void(&self, charge_id: &str, key: &str) -> Answer {
+        self.post_keyed(&format!("/v1/charges/{charge_id}/void"), key, "")
+            .await
+    }
+
+    /// `POST` a JSON body given as text to a path of the API under a key.
+    pub async fn post_keyed(&self, path: &str, key: &str, body: &str) -> Answer {
+        self.send(
+            self.http
+                .post(format!("{}{path}", self.base))
+                .bearer_auth(&self.secret)
+                .header("Idempotency-Key", key)
+                .header("Content-Type", "application/json")
+                .body(body.to_owned()),
+        )
+        .await
+    }
+
     /// Retries a refund on `409` and `503` until it is final.
     pub async fn refund_until_final(&self, charge_id: &str, key: &str, body: &str) -> Answer {
         let started = Instant::now();
