@@ -576,6 +576,7 @@ async fn a_person_settles_a_contradicted_capture_and_a_late_retry_replays_it() {
 /// after the acquirer's answer, in the middle of its finalize): the
 /// reconciler alone then settles each once, with the same reference, nothing
 /// doubled and no reservation lost, and the key replays the outcome.
+#[cfg(feature = "crash-points")]
 #[tokio::test]
 async fn after_a_crash_at_any_step_of_a_capture_or_a_void_the_reconciler_settles_it_once() {
     const SHORT_LEASE: [&str; 4] = ["--lease", "1s", "--acquirer-timeout", "500ms"];
