@@ -67,6 +67,8 @@ pub const AWAITING_REVIEW: &str = "idem_charges_awaiting_review";
 /// had none by the settle deadline): each stays `pending`, its amount
 /// reserved against its charge, until a person settles it (read at scrape).
 pub const REFUNDS_AWAITING_REVIEW: &str = "idem_refunds_awaiting_review";
+/// Captures and voids awaiting a person's review, their reservations held.
+pub const STEPS_AWAITING_REVIEW: &str = "idem_steps_awaiting_review";
 /// Queue commands by result: an engine outcome (as in [`CHARGE_OUTCOMES`]),
 /// `dead_lettered` (malformed, refused by the store, or out of attempts), or
 /// `requeued` (a transient database error: sent back for another attempt).
@@ -284,6 +286,10 @@ fn describe() {
     metrics::describe_gauge!(
         REFUNDS_AWAITING_REVIEW,
         "refunds awaiting a person's review, their amounts reserved"
+    );
+    metrics::describe_gauge!(
+        STEPS_AWAITING_REVIEW,
+        "captures and voids awaiting a person's review, their reservations held"
     );
     metrics::describe_counter!(QUEUE_COMMANDS, "queue commands handled, by result");
     metrics::describe_counter!(

@@ -26,8 +26,83 @@ use crate::store::{
     StoreError, Taken,
 };
 
+/// What a capture and a void do alike, written once: their subject is a
+/// [`Step`], and every store call and answer below is the step's.
+macro_rules! step_operation {
+    () => {
+        type Subject = Step;
+
+        fn id(step: &Step) -> SubjectId {
+            SubjectId::Step(step.id.clone())
+        }
+
+        fn reference(step: &Step) -> &AcquirerReference {
+            &step.acquirer_reference
+        }
+
+        async fn record(
+            store: &Store,
+            merchant_id: i64,
+            key: &IdempotencyKey,
+        ) -> Result<Option<StepRecord>, StoreError> {
+            store.step_record(merchant_id, key).await
+        }
+
+        async fn take_over(
+            store: &Store,
+            merchant_id: i64,
+            key: &IdempotencyKey,
+            attempt: i64,
+            lease: std::time::Duration,
+        ) -> Result<Option<StepRecord>, StoreError> {
+            store.take_over_step(merchant_id, key, attempt, lease).await
+        }
+
+        async fn release(
+            store: &Store,
+            merchant_id: i64,
+            key: &IdempotencyKey,
+            attempt: i64,
+            reschedule: &Reschedule,
+        ) -> Result<(), StoreError> {
+            store
+                .release_step(merchant_id, key, attempt, reschedule)
+                .await
+        }
+
+        async fn mark_for_review(
+            store: &Store,
+            merchant: &Merchant,
+            step: &Step,
+            reason: &str,
+        ) -> Result<(), StoreError> {
+            mark_for_review(store, merchant, step, reason).await
+        }
+
+        async fn finalize(store: &Store, f: Finalize<'_, Step>) -> Result<bool, StoreError> {
+            finalize(store, f).await
+        }
+
+        async fn operable(store: &Store, id: &str) -> Result<Option<Operable>, StoreError> {
+            operable(store, id).await
+        }
+
+        fn status(step: &Step) -> &'static str {
+            step.status.as_str()
+        }
+
+        fn settled(step: &Step, outcome: &Final) -> Step {
+            settled(step, outcome)
+        }
+
+        fn response(step: &Step) -> StoredResponse {
+            response(step)
+        }
+    };
+}
+
 impl Operation for CaptureIntent {
-    type Subject = Step;
+    step_operation!();
 
     const ACQUIRER_PATH: &'static str = "/v1/captures";
     const KIND: &'static str = "capture";
@@ -65,14 +140,6 @@ impl Operation for CaptureIntent {
         fields
     }
 
-    fn id(step: &Step) -> SubjectId {
-        SubjectId::Step(step.id.clone())
-    }
-
-    fn reference(step: &Step) -> &AcquirerReference {
-        &step.acquirer_reference
-    }
-
     fn memo(engine: &Engine) -> &InFlightMemo<Self> {
         &engine.captures_in_flight
     }
@@ -96,49 +163,6 @@ impl Operation for CaptureIntent {
         .await
     }
 
-    async fn record(
-        store: &Store,
-        merchant_id: i64,
-        key: &IdempotencyKey,
-    ) -> Result<Option<StepRecord>, StoreError> {
-        store.step_record(merchant_id, key).await
-    }
-
-    async fn take_over(
-        store: &Store,
-        merchant_id: i64,
-        key: &IdempotencyKey,
-        attempt: i64,
-        lease: std::time::Duration,
-    ) -> Result<Option<StepRecord>, StoreError> {
-        store.take_over_step(merchant_id, key, attempt, lease).await
-    }
-
-    async fn release(
-        store: &Store,
-        merchant_id: i64,
-        key: &IdempotencyKey,
-        attempt: i64,
-        reschedule: &Reschedule,
-    ) -> Result<(), StoreError> {
-        store
-            .release_step(merchant_id, key, attempt, reschedule)
-            .await
-    }
-
-    async fn mark_for_review(
-        store: &Store,
-        merchant: &Merchant,
-        step: &Step,
-        reason: &str,
-    ) -> Result<(), StoreError> {
-        mark_for_review(store, merchant, step, reason).await
-    }
-
-    async fn finalize(store: &Store, f: Finalize<'_, Step>) -> Result<bool, StoreError> {
-        finalize(store, f).await
-    }
-
     async fn call(acquirer: &AcquirerClient, merchant: &Merchant, step: &Step) -> Said {
         acquirer
             .capture_authorization(&capture_request(merchant, step))
@@ -156,26 +180,10 @@ impl Operation for CaptureIntent {
             .await?;
         Ok(found.map(|settled| settled.map(|captured| captured.capture_id)))
     }
-
-    async fn operable(store: &Store, id: &str) -> Result<Option<Operable>, StoreError> {
-        operable(store, id).await
-    }
-
-    fn status(step: &Step) -> &'static str {
-        step.status.as_str()
-    }
-
-    fn settled(step: &Step, outcome: &Final) -> Step {
-        settled(step, outcome)
-    }
-
-    fn response(step: &Step) -> StoredResponse {
-        response(step)
-    }
 }
 
 impl Operation for VoidIntent {
-    type Subject = Step;
+    step_operation!();
 
     const ACQUIRER_PATH: &'static str = "/v1/voids";
     const KIND: &'static str = "void";
@@ -194,14 +202,6 @@ impl Operation for VoidIntent {
         // A void's only parameter is its charge (in its path).
         let _ = held;
         vec!["charge_id"]
-    }
-
-    fn id(step: &Step) -> SubjectId {
-        SubjectId::Step(step.id.clone())
-    }
-
-    fn reference(step: &Step) -> &AcquirerReference {
-        &step.acquirer_reference
     }
 
     fn memo(engine: &Engine) -> &InFlightMemo<Self> {
@@ -227,49 +227,6 @@ impl Operation for VoidIntent {
         .await
     }
 
-    async fn record(
-        store: &Store,
-        merchant_id: i64,
-        key: &IdempotencyKey,
-    ) -> Result<Option<StepRecord>, StoreError> {
-        store.step_record(merchant_id, key).await
-    }
-
-    async fn take_over(
-        store: &Store,
-        merchant_id: i64,
-        key: &IdempotencyKey,
-        attempt: i64,
-        lease: std::time::Duration,
-    ) -> Result<Option<StepRecord>, StoreError> {
-        store.take_over_step(merchant_id, key, attempt, lease).await
-    }
-
-    async fn release(
-        store: &Store,
-        merchant_id: i64,
-        key: &IdempotencyKey,
-        attempt: i64,
-        reschedule: &Reschedule,
-    ) -> Result<(), StoreError> {
-        store
-            .release_step(merchant_id, key, attempt, reschedule)
-            .await
-    }
-
-    async fn mark_for_review(
-        store: &Store,
-        merchant: &Merchant,
-        step: &Step,
-        reason: &str,
-    ) -> Result<(), StoreError> {
-        mark_for_review(store, merchant, step, reason).await
-    }
-
-    async fn finalize(store: &Store, f: Finalize<'_, Step>) -> Result<bool, StoreError> {
-        finalize(store, f).await
-    }
-
     async fn call(acquirer: &AcquirerClient, merchant: &Merchant, step: &Step) -> Said {
         acquirer
             .void(&void_request(merchant, step))
@@ -284,22 +241,6 @@ impl Operation for VoidIntent {
     ) -> Result<Option<Said>, AcquirerError> {
         let found = acquirer.lookup_void(&void_request(merchant, step)).await?;
         Ok(found.map(|settled| settled.map(|voided| voided.void_id)))
-    }
-
-    async fn operable(store: &Store, id: &str) -> Result<Option<Operable>, StoreError> {
-        operable(store, id).await
-    }
-
-    fn status(step: &Step) -> &'static str {
-        step.status.as_str()
-    }
-
-    fn settled(step: &Step, outcome: &Final) -> Step {
-        settled(step, outcome)
-    }
-
-    fn response(step: &Step) -> StoredResponse {
-        response(step)
     }
 }
 

@@ -479,6 +479,9 @@ pub struct ProcessingStats {
     /// Refunds `pending` with a review mark (each one's amount still
     /// reserved against its charge).
     pub refunds_awaiting_review: i64,
+    /// Captures and voids `pending` with a review mark (each one's
+    /// reservation still held against its authorization).
+    pub steps_awaiting_review: i64,
 }
 
 /// How many connections a pool holds now, and how many of them are idle.

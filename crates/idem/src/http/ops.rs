@@ -85,6 +85,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         metrics::gauge!(m::OLDEST_PROCESSING).set(stats.oldest_processing_seconds);
         metrics::gauge!(m::AWAITING_REVIEW).set(stats.awaiting_review as f64);
         metrics::gauge!(m::REFUNDS_AWAITING_REVIEW).set(stats.refunds_awaiting_review as f64);
+        metrics::gauge!(m::STEPS_AWAITING_REVIEW).set(stats.steps_awaiting_review as f64);
     }
     if let Ok(Ok((pending, oldest))) =
         tokio::time::timeout(READY_TIMEOUT, store.outbox_backlog()).await

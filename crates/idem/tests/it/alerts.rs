@@ -189,10 +189,11 @@ const AT_ZERO: [&str; 7] = [
 
 /// Each alert whose event the scenario provokes, and the state it must reach
 /// on that first event (a rule with a long `for:` stays `pending` that long).
-const EXPECTED: [(&str, &str); 8] = [
+const EXPECTED: [(&str, &str); 9] = [
     ("IdemAcquirerContradicted", "firing"),
     ("IdemChargesAwaitingReview", "firing"),
     ("IdemRefundsAwaitingReview", "firing"),
+    ("IdemStepsAwaitingReview", "firing"),
     ("IdemAcquirerUnknownOutcomes", "pending"),
     ("IdemShedding", "pending"),
     ("IdemDeadLetters", "firing"),
@@ -332,6 +333,33 @@ async fn every_counter_alert_fires_on_its_first_event_in_a_real_prometheus() {
         refund.problem_type(),
         "urn:idem:problem:refund-under-review",
         "{refund:?}"
+    );
+    // It lies about a capture of an authorization once: a step awaiting review.
+    let authorized = client
+        .charge(
+            &new_key(),
+            r#"{"order_id": 3, "amount_cents": 1000, "capture": false}"#,
+        )
+        .await;
+    assert_eq!(authorized.status, 201, "{authorized:?}");
+    let authorized = authorized.json()["id"].as_str().expect("id").to_owned();
+    sim.set_faults(Faults {
+        fault: Fault::WrongAmount,
+        fault_count: Some(1),
+        ..Faults::default()
+    })
+    .await;
+    let capture = client
+        .capture(
+            &authorized,
+            &new_key(),
+            r#"{"amount_cents": 300, "final": false}"#,
+        )
+        .await;
+    assert_eq!(
+        capture.problem_type(),
+        "urn:idem:problem:step-under-review",
+        "{capture:?}"
     );
     // The acquirer answers 503 once: an unknown outcome.
     sim.set_faults(Faults {

@@ -656,3 +656,128 @@ async fn the_console_signs_in_only_with_a_known_token_and_audits_under_its_name(
         ("root-ops", "admin.token")
     );
 }
+
+/// A two-step charge's page shows what it captured and can still capture,
+/// its captures with what the acquirer says of each, and a capture the
+/// acquirer contradicted is found by its id and resolved there, through the
+/// same finalize as any attempt (its amount given back to the authorization).
+#[tokio::test]
+async fn a_person_finds_a_capture_by_its_id_and_resolves_it_on_its_charges_page() {
+    let Setup {
+        db: _db,
+        sim,
+        admin,
+        server: _server,
+        client,
+    } = Setup::start().await;
+    let authorized = client
+        .charge(
+            &new_key(),
+            r#"{"order_id": 8, "amount_cents": 1000, "capture": false}"#,
+        )
+        .await;
+    assert_eq!(authorized.status, 201, "{authorized:?}");
+    let charge_id = authorized.json()["id"].as_str().unwrap().to_owned();
+    let made = client
+        .capture(
+            &charge_id,
+            &new_key(),
+            r#"{"amount_cents": 200, "final": false}"#,
+        )
+        .await;
+    assert_eq!(made.status, 201, "{made:?}");
+    sim.set_faults(Faults {
+        fault_count: Some(1),
+        ..failing(Fault::WrongAmount)
+    })
+    .await;
+    let lied = client
+        .capture(
+            &charge_id,
+            &new_key(),
+            r#"{"amount_cents": 300, "final": false}"#,
+        )
+        .await;
+    assert_eq!(lied.problem_type(), "urn:idem:problem:step-under-review");
+    let id = lied.json()["capture_id"].as_str().unwrap().to_owned();
+    sim.set_faults(Faults::default()).await;
+
+    let driver = Driver::start().await;
+    let browser = driver.browser().await;
+    let console = format!("http://{admin}");
+    sign_in(&browser, &console).await;
+    browser
+        .find(Locator::Css("form#search input[name=q]"))
+        .await
+        .expect("the search form")
+        .send_keys(&id)
+        .await
+        .unwrap();
+    browser
+        .find(Locator::Css("form#search button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let steps = browser
+        .wait()
+        .for_element(Locator::Css("#steps"))
+        .await
+        .expect("the charge's page, with its captures");
+    let text = steps.text().await.unwrap();
+    assert!(
+        text.contains("Captured 2.00 BRL") && text.contains("still capturable 5.00 BRL"),
+        "{text}"
+    );
+    let acquirer = browser
+        .find(Locator::Css("#acquirer"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        acquirer.contains(&id),
+        "the acquirer asked of the capture: {acquirer}"
+    );
+    let row = browser
+        .find(Locator::Css(&format!("#steps tr[data-step='{id}']")))
+        .await
+        .expect("the capture's row");
+    row.find(Locator::Css("select[name=as]"))
+        .await
+        .unwrap()
+        .select_by_value("failed")
+        .await
+        .unwrap();
+    row.find(Locator::Css("input[name=reason]"))
+        .await
+        .unwrap()
+        .send_keys("the acquirer reversed it")
+        .await
+        .unwrap();
+    row.find(Locator::Css("button.resolve"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let said = browser
+        .wait()
+        .for_element(Locator::Css(".notice.good"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        said.contains(&id) && said.contains("answer 422 stored"),
+        "{said}"
+    );
+    let charge = client.get_charge(&charge_id).await.json();
+    assert_eq!(
+        charge["amount_capturable_cents"], 800,
+        "the 300 given back: {charge}"
+    );
+}

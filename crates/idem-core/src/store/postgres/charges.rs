@@ -162,7 +162,10 @@ impl Charges for PgStore {
                         count(*) filter (where review_since is not null) as awaiting_review,
                         (select count(*) from refunds
                           where status = 'pending' and review_since is not null)
-                          as refunds_awaiting_review
+                          as refunds_awaiting_review,
+                        (select count(*) from authorization_steps
+                          where status = 'pending' and review_since is not null)
+                          as steps_awaiting_review
                    from charges where status = 'processing'",
             )
             .fetch_one(db)

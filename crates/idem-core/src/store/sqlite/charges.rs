@@ -56,7 +56,10 @@ const PROCESSING_STATS_SQL: &str = concatcp!(
             count(*) filter (where review_since is not null) as awaiting_review,
             (select count(*) from refunds
               where status = 'pending' and review_since is not null)
-              as refunds_awaiting_review
+              as refunds_awaiting_review,
+            (select count(*) from authorization_steps
+              where status = 'pending' and review_since is not null)
+              as steps_awaiting_review
        from charges where status = 'processing'"
 );
 

@@ -12,7 +12,10 @@ use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
 use maud::{html, Markup};
 
-use idem_core::domain::{Charge, ChargeId, ChargeRequest, Merchant, Refund, RefundIntent};
+use idem_core::domain::{
+    Authorization, CaptureIntent, Charge, ChargeId, ChargeRequest, Merchant, Refund, RefundIntent,
+    Step, StepKind, VoidIntent,
+};
 use idem_core::idempotency::AcquirerWord;
 use idem_core::store::{
     AuditRecord, ChargeFilter, ChargeRecord, ChargeSummary, DeliveryInfo, StoreError,
@@ -34,6 +37,8 @@ pub(super) struct SearchQuery {
 enum Sought {
     Charge(String),
     Refund(String),
+    /// A capture's or a void's id.
+    Step(String),
     Order(i64),
     Key(String),
 }
@@ -44,6 +49,8 @@ impl Sought {
             Self::Charge(q.to_owned())
         } else if q.starts_with("re_") {
             Self::Refund(q.to_owned())
+        } else if q.starts_with("cp_") || q.starts_with("vd_") {
+            Self::Step(q.to_owned())
         } else if let Ok(order) = q.parse::<i64>() {
             Self::Order(order)
         } else {
@@ -58,7 +65,7 @@ pub(super) fn search_form(merchants: &[String], merchant: &str, q: &str) -> Mark
         form #search method="get" action="/charges" {
             label for="q" { "Find a charge" }
             input #q type="search" name="q" value=(q)
-                placeholder="charge id, refund id, order id or idempotency key" required;
+                placeholder="charge, refund, capture or void id, order id or idempotency key" required;
             input type="text" name="merchant" list="merchant-names" value=(merchant)
                 placeholder="merchant (any)" aria-label="merchant";
             datalist #merchant-names { @for m in merchants { option value=(m) {} } }
@@ -88,6 +95,13 @@ pub(super) async fn search(
         Sought::Refund(id) => {
             return match store.refund_detail(&id).await {
                 Ok(Some(refund)) => see_other(&format!("/charges/{}", refund.charge_id)),
+                Ok(None) => results(&console, &q, merchant.as_deref(), &[]).await,
+                Err(e) => unavailable(&e),
+            }
+        }
+        Sought::Step(id) => {
+            return match store.step_detail(&id).await {
+                Ok(Some(step)) => see_other(&format!("/charges/{}", step.charge_id)),
                 Ok(None) => results(&console, &q, merchant.as_deref(), &[]).await,
                 Err(e) => unavailable(&e),
             }
@@ -183,12 +197,21 @@ pub(super) async fn charge_page(
             }
             None => Vec::new(),
         };
+        let steps = match ChargeId::parse(&id) {
+            Some(charge_id) => {
+                store
+                    .steps_of(record.charge.merchant_id, &charge_id)
+                    .await?
+            }
+            None => Vec::new(),
+        };
         let mut history = store.audit_trail(Some(&id), HISTORY_LIMIT).await?;
-        for refund in &refunds {
-            let of_refund = store
-                .audit_trail(Some(refund.id.as_str()), HISTORY_LIMIT)
-                .await?;
-            history.extend(of_refund);
+        let subjects = refunds
+            .iter()
+            .map(|r| r.id.as_str())
+            .chain(steps.iter().map(|s| s.id.as_str()));
+        for subject in subjects {
+            history.extend(store.audit_trail(Some(subject), HISTORY_LIMIT).await?);
         }
         history.sort_by_key(|a| (a.at, a.id));
         let deliveries = store.charge_deliveries(&id, HISTORY_LIMIT).await?;
@@ -200,7 +223,8 @@ pub(super) async fn charge_page(
             Some(charge_id) => store.charge(merchant.id, &charge_id).await?,
             None => None,
         };
-        let at_acquirer = at_the_acquirer(&console, &merchant, charge.as_ref(), &refunds).await;
+        let at_acquirer =
+            at_the_acquirer(&console, &merchant, charge.as_ref(), &refunds, &steps).await;
         let mut awaiting = Vec::new();
         for refund in &refunds {
             if let Some(detail) = store.refund_detail(refund.id.as_str()).await? {
@@ -209,17 +233,35 @@ pub(super) async fn charge_page(
                 }
             }
         }
-        Ok(Some((
+        for step in &steps {
+            if let Some(detail) = store.step_detail(step.id.as_str()).await? {
+                if detail.awaiting_review() {
+                    awaiting.push(detail.id);
+                }
+            }
+        }
+        Ok(Some(Loaded {
             record,
+            authorization: charge.and_then(|c| c.authorization),
             refunds,
+            steps,
             history,
             awaiting,
             deliveries,
             at_acquirer,
-        )))
+        }))
     }
     .await;
-    let (record, refunds, history, awaiting, deliveries, at_acquirer) = match loaded {
+    let Loaded {
+        record,
+        authorization,
+        refunds,
+        steps,
+        history,
+        awaiting,
+        deliveries,
+        at_acquirer,
+    } = match loaded {
         Ok(Some(loaded)) => loaded,
         Ok(None) => {
             let body = html! {
@@ -239,6 +281,9 @@ pub(super) async fn charge_page(
         p { a href="/" { "← console" } }
         (charge_section(&record))
         (key_section(&record))
+        @if authorization.is_some() || !steps.is_empty() {
+            (steps_section(&record, authorization, &steps, &awaiting))
+        }
         (refunds_section(&refunds, &awaiting))
         (acquirer_section(&at_acquirer))
         (deliveries_section(&deliveries))
@@ -297,6 +342,60 @@ fn key_section(record: &ChargeRecord) -> Markup {
     }
 }
 
+/// What a charge's page shows, loaded together.
+struct Loaded {
+    record: ChargeRecord,
+    authorization: Option<Authorization>,
+    refunds: Vec<Refund>,
+    steps: Vec<Step>,
+    history: Vec<AuditRecord>,
+    awaiting: Vec<String>,
+    deliveries: Vec<DeliveryInfo>,
+    at_acquirer: Vec<AcquirerLine>,
+}
+
+/// A two-step charge's authorization: what it captured, what it can still
+/// capture, and its captures and void, each with retry and resolve while it
+/// awaits a person.
+fn steps_section(
+    record: &ChargeRecord,
+    authorization: Option<Authorization>,
+    steps: &[Step],
+    awaiting: &[String],
+) -> Markup {
+    let currency = record.charge.currency.as_str();
+    html! {
+        section #steps {
+            h2 { "Captures and voids (" (steps.len()) ")" }
+            @if let Some(a) = authorization {
+                p { "Captured " (cents(a.amount_captured_cents, currency)) "; still capturable "
+                    (cents(a.amount_capturable_cents, currency)) "." }
+            }
+            @if steps.is_empty() {
+                p.empty { "None." }
+            } @else {
+                table {
+                    thead { tr { th { "step" } th { "amount" } th { "final" } th { "status" } th { "made" } th { "act" } } }
+                    tbody {
+                        @for s in steps {
+                            tr data-step=(s.id.as_str()) {
+                                td { code { (s.id.as_str()) } }
+                                td.num { (cents(s.amount_cents.get(), s.currency.as_str())) }
+                                td { (s.final_capture.map_or("void", |f| if f { "yes" } else { "no" })) }
+                                td { (s.status.as_str()) @if let Some(why) = &s.failure_reason { ": " (why) } }
+                                td { (when(s.created_at)) }
+                                @if awaiting.iter().any(|a| a == s.id.as_str()) {
+                                    (actions(&format!("/{}s/{}", s.kind().as_str(), s.id.as_str()), "succeeded"))
+                                } @else { td {} }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn refunds_section(refunds: &[Refund], awaiting: &[String]) -> Markup {
     html! {
         section #refunds {
@@ -348,6 +447,7 @@ async fn at_the_acquirer(
     merchant: &Merchant,
     charge: Option<&Charge>,
     refunds: &[Refund],
+    steps: &[Step],
 ) -> Vec<AcquirerLine> {
     let engine = &console.engine;
     // All at once: a page waits at most one `ACQUIRER_WAIT`, however many
@@ -369,8 +469,25 @@ async fn at_the_acquirer(
             ask(engine.ask_acquirer::<RefundIntent>(merchant, refund)).await,
         )
     }));
-    let (of_charge, of_refunds) = futures_util::future::join(of_charge, of_refunds).await;
-    of_charge.into_iter().chain(of_refunds).collect()
+    let of_steps = futures_util::future::join_all(steps.iter().map(|step| async move {
+        let word = match step.kind() {
+            StepKind::Capture => ask(engine.ask_acquirer::<CaptureIntent>(merchant, step)).await,
+            StepKind::Void => ask(engine.ask_acquirer::<VoidIntent>(merchant, step)).await,
+        };
+        (
+            step.id.as_str().to_owned(),
+            step.acquirer_reference.as_str().to_owned(),
+            word,
+        )
+    }));
+    let (of_charge, (of_refunds, of_steps)) =
+        futures_util::future::join(of_charge, futures_util::future::join(of_refunds, of_steps))
+            .await;
+    of_charge
+        .into_iter()
+        .chain(of_refunds)
+        .chain(of_steps)
+        .collect()
 }
 
 fn acquirer_section(lines: &[AcquirerLine]) -> Markup {

@@ -31,7 +31,7 @@ use maud::{html, Markup, DOCTYPE};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use idem_core::domain::{ChargeRequest, RefundIntent, SecretHash};
+use idem_core::domain::{CaptureIntent, ChargeRequest, RefundIntent, SecretHash, VoidIntent};
 use idem_core::idempotency::{Engine, Outcome, Resolution};
 use idem_core::store::{
     Audit, ChargeFilter, ChargeSummary, DeliveryInfo, EndpointInfo, MerchantListing, Store,
@@ -236,6 +236,8 @@ async fn retry(
     let result = match kind.as_str() {
         "charges" => engine.retry::<ChargeRequest>(&id, audit).await,
         "refunds" => engine.retry::<RefundIntent>(&id, audit).await,
+        "captures" => engine.retry::<CaptureIntent>(&id, audit).await,
+        "voids" => engine.retry::<VoidIntent>(&id, audit).await,
         _ => return StatusCode::NOT_FOUND.into_response(),
     };
     acted(&id, result)
@@ -257,7 +259,7 @@ async fn resolve(
     // What the money did, in the subject's own word.
     let succeeded = match kind.as_str() {
         "charges" => "captured",
-        "refunds" => "succeeded",
+        "refunds" | "captures" | "voids" => "succeeded",
         _ => return StatusCode::NOT_FOUND.into_response(),
     };
     let resolution = match form.resolution.as_str() {
@@ -274,12 +276,19 @@ async fn resolve(
         reason: Some(reason),
     };
     let engine = &console.engine;
-    let result = if kind == "charges" {
-        engine
-            .resolve::<ChargeRequest>(&id, resolution, audit)
-            .await
-    } else {
-        engine.resolve::<RefundIntent>(&id, resolution, audit).await
+    let result = match kind.as_str() {
+        "charges" => {
+            engine
+                .resolve::<ChargeRequest>(&id, resolution, audit)
+                .await
+        }
+        "captures" => {
+            engine
+                .resolve::<CaptureIntent>(&id, resolution, audit)
+                .await
+        }
+        "voids" => engine.resolve::<VoidIntent>(&id, resolution, audit).await,
+        _ => engine.resolve::<RefundIntent>(&id, resolution, audit).await,
     };
     acted(&id, result)
 }
