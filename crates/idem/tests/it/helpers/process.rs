@@ -45,6 +45,11 @@ impl IdemProcess {
         self.child.wait().expect("wait")
     }
 
+    /// Whether the process has exited (reaping it if so).
+    fn exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// SIGKILL: no shutdown, no cleanup, like a crash.
     pub fn kill_9(&mut self) {
         self.child.kill().expect("kill -9");
@@ -126,6 +131,15 @@ impl ServeProcess {
     }
 
     /// [`ServeProcess::start_on`] with the `idem` binary at `bin`.
+    ///
+    /// The port is picked free and then bound by the child, so another test
+    /// (or another test process) may take it in between: the child then
+    /// fails to bind and exits, while `/healthz` on that port answers for the
+    /// other server. A test that went on would talk to a stranger (its
+    /// merchants unknown there: `401`s). So the server counts as started
+    /// only once this child is seen listening on the port, by the kernel's
+    /// own table (`/proc`); a child that exited is started again on another
+    /// port.
     pub async fn start_bin(
         bin: &Path,
         db_url: &str,
@@ -133,23 +147,59 @@ impl ServeProcess {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
-        let port = free_port();
-        let listen = format!("127.0.0.1:{port}");
-        let mut args = vec!["serve", "--listen", &listen, "--acquirer-url", acquirer_url];
-        args.extend_from_slice(extra);
-        let process = IdemProcess::spawn_bin(bin, db_url, &args, env);
-        let url = format!("http://{listen}");
-        let started = Instant::now();
-        let http = reqwest::Client::new();
-        while http.get(format!("{url}/healthz")).send().await.is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "idem serve did not start"
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
+        for _ in 0..5 {
+            let port = free_port();
+            let listen = format!("127.0.0.1:{port}");
+            let mut args = vec!["serve", "--listen", &listen, "--acquirer-url", acquirer_url];
+            args.extend_from_slice(extra);
+            let mut process = IdemProcess::spawn_bin(bin, db_url, &args, env);
+            let url = format!("http://{listen}");
+            let started = Instant::now();
+            let http = reqwest::Client::new();
+            loop {
+                if process.exited() {
+                    break;
+                }
+                let up = http.get(format!("{url}/healthz")).send().await.is_ok();
+                if up && listens_on(process.child.id(), port) {
+                    return Self { url, process };
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "idem serve did not start"
+                );
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
         }
-        Self { url, process }
+        panic!("idem serve exited before it listened, five times (see its log above)")
     }
+}
+
+/// Whether process `pid` holds the socket listening on 127.0.0.1:`port`, by
+/// the kernel's tables: the listening socket's inode in `/proc/net/tcp`,
+/// among the process's open files. (Linux only, as these tests are.)
+fn listens_on(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return false;
+    };
+    let local = format!("0100007F:{port:04X}");
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            // Local address, state (0A: LISTEN), inode.
+            (cols.get(1) == Some(&local.as_str()) && cols.get(3) == Some(&"0A"))
+                .then(|| cols.get(9).map(|i| format!("socket:[{i}]")))
+                .flatten()
+        })
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.filter_map(Result::ok)
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .any(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
 }
 
 /// The repository's `scripts/` folder.
