@@ -25,6 +25,10 @@ import httpx
 from idem_client import (
     ApiError,
     AsyncClient,
+    CaptureExceedsAuthorizationError,
+    CaptureFailedError,
+    CaptureResult,
+    ChargeNotAuthorizedError,
     ChargeNotRefundableError,
     ChargeResult,
     Client,
@@ -35,6 +39,8 @@ from idem_client import (
     RefundFailedError,
     RefundResult,
     RetryPolicy,
+    VoidFailedError,
+    VoidResult,
 )
 
 REPO = Path(__file__).resolve().parents[3]
@@ -160,8 +166,12 @@ class Outcome:
     idempotency_ttl: Optional[int] = None
     differing_fields: Optional[List[str]] = None
     refund_id: Optional[str] = None
+    capture_id: Optional[str] = None
+    void_id: Optional[str] = None
     amount_cents: Optional[int] = None
-    """A refund's amount, when there is a refund."""
+    """A refund's, capture's or void's amount, when there is one."""
+    remaining_cents: Optional[int] = None
+    """What a refund-exceeds or capture-exceeds error says is left."""
     detail: str = ""
 
     def __str__(self) -> str:
@@ -169,7 +179,10 @@ class Outcome:
             f"result={self.result}",
             f"charge_id={self.charge_id}",
             f"refund_id={self.refund_id}",
+            f"capture_id={self.capture_id}",
+            f"void_id={self.void_id}",
             f"amount_cents={self.amount_cents}",
+            f"remaining_cents={self.remaining_cents}",
             f"replayed={self.replayed}",
             f"attempts={self.attempts}",
             f"key={self.key}",
@@ -187,7 +200,8 @@ def _attempts_text(attempts: Sequence[Any]) -> str:
 def reduce(returned: Any) -> Outcome:
     """A result or a raised error, as an outcome."""
     if isinstance(returned, ChargeResult):
-        by_status = {201: "captured", 402: "declined", 502: "failed"}
+        # A 201 is the charge's status: captured, or authorized (an authorize call).
+        by_status = {201: returned.charge.status, 402: "declined", 502: "failed"}
         return Outcome(
             result=by_status.get(returned.status, f"result with status {returned.status}"),
             key=returned.key,
@@ -226,6 +240,72 @@ def reduce(returned: Any) -> Outcome:
             result="refund-exceeds",
             key=returned.key,
             charge_id=returned.charge_id,
+            remaining_cents=returned.remaining_cents,
+            attempts=len(returned.attempts),
+            detail=_attempts_text(returned.attempts),
+        )
+    if isinstance(returned, CaptureResult):
+        return Outcome(
+            result="captured",
+            key=returned.key,
+            charge_id=returned.capture.charge_id,
+            capture_id=returned.capture.id,
+            amount_cents=returned.capture.amount_cents,
+            replayed=returned.replayed,
+            attempts=len(returned.attempts),
+            idempotency_ttl=returned.idempotency_ttl,
+            detail=_attempts_text(returned.attempts),
+        )
+    if isinstance(returned, VoidResult):
+        return Outcome(
+            result="voided",
+            key=returned.key,
+            charge_id=returned.void.charge_id,
+            void_id=returned.void.id,
+            amount_cents=returned.void.amount_cents,
+            replayed=returned.replayed,
+            attempts=len(returned.attempts),
+            idempotency_ttl=returned.idempotency_ttl,
+            detail=_attempts_text(returned.attempts),
+        )
+    if isinstance(returned, CaptureFailedError):
+        return Outcome(
+            result="capture-failed",
+            key=returned.key,
+            charge_id=returned.capture.charge_id,
+            capture_id=returned.capture.id,
+            amount_cents=returned.capture.amount_cents,
+            replayed=returned.replayed,
+            attempts=len(returned.attempts),
+            idempotency_ttl=returned.idempotency_ttl,
+            detail=_attempts_text(returned.attempts),
+        )
+    if isinstance(returned, VoidFailedError):
+        return Outcome(
+            result="void-failed",
+            key=returned.key,
+            charge_id=returned.void.charge_id,
+            void_id=returned.void.id,
+            amount_cents=returned.void.amount_cents,
+            replayed=returned.replayed,
+            attempts=len(returned.attempts),
+            idempotency_ttl=returned.idempotency_ttl,
+            detail=_attempts_text(returned.attempts),
+        )
+    if isinstance(returned, CaptureExceedsAuthorizationError):
+        return Outcome(
+            result="capture-exceeds",
+            key=returned.key,
+            charge_id=returned.charge_id,
+            remaining_cents=returned.remaining_cents,
+            attempts=len(returned.attempts),
+            detail=_attempts_text(returned.attempts),
+        )
+    if isinstance(returned, ChargeNotAuthorizedError):
+        return Outcome(
+            result="not-authorized",
+            key=returned.key,
+            charge_id=returned.charge_id,
             attempts=len(returned.attempts),
             detail=_attempts_text(returned.attempts),
         )
@@ -243,6 +323,8 @@ def reduce(returned: Any) -> Outcome:
             key=returned.key,
             charge_id=returned.charge_id,
             refund_id=returned.refund_id,
+            capture_id=returned.capture_id,
+            void_id=returned.void_id,
             attempts=len(returned.attempts),
             differing_fields=returned.differing_fields,
             detail=_attempts_text(returned.attempts),
@@ -253,6 +335,8 @@ def reduce(returned: Any) -> Outcome:
             key=returned.key,
             charge_id=returned.charge_id,
             refund_id=returned.refund_id,
+            capture_id=returned.capture_id,
+            void_id=returned.void_id,
             attempts=len(returned.attempts),
             detail=_attempts_text(returned.attempts),
         )
@@ -300,20 +384,50 @@ def new_run_base() -> int:
         return _last_run_base
 
 
-SCENARIO_FIELDS = {"name", "about", "faults", "endpoints", "policy", "calls", "captures", "refunds"}
-CALL_FIELDS = {"id", "op", "refund_of", "order", "amount_cents", "key", "delay_ms", "after", "expect"}
-OPS = {"charge", "refund"}
+#: The ledger's lists counted per order as they are (each entry has its order).
+LEDGER_LISTS = ("authorizations", "authorization_captures", "voids")
+SCENARIO_FIELDS = {"name", "about", "faults", "endpoints", "policy", "calls", "captures", "refunds", *LEDGER_LISTS}
+CALL_FIELDS = {
+    "id",
+    "op",
+    "refund_of",
+    "capture_of",
+    "void_of",
+    "order",
+    "amount_cents",
+    "final",
+    "key",
+    "delay_ms",
+    "after",
+    "faults",
+    "expect",
+}
+#: The operations, and for those on an earlier call's charge, the field naming that call.
+OPS: Dict[str, Optional[str]] = {
+    "charge": None,
+    "authorize": None,
+    "refund": "refund_of",
+    "capture": "capture_of",
+    "void": "void_of",
+}
 
 
 def op_of(call: Dict[str, Any]) -> str:
-    """``charge`` (the default) or ``refund``."""
+    """``charge`` (the default), ``authorize``, ``refund``, ``capture`` or ``void``."""
     return str(call.get("op", "charge"))
+
+
+def of_field(call: Dict[str, Any]) -> Optional[str]:
+    """The field naming the call whose charge this one refunds, captures or
+    voids (``refund_of``, ``capture_of``, ``void_of``); ``None`` for a charge."""
+    return OPS.get(op_of(call))
 
 
 def validate(suite: Dict[str, Any], scenario: Dict[str, Any], environment_names: Sequence[str]) -> List[str]:
     """What in a scenario this runner cannot run as the README says (a field it
-    does not know, an ``after`` or ``refund_of`` naming no earlier call, a
-    refund of a refund, an unknown endpoint)."""
+    does not know, an ``after``, ``refund_of``, ``capture_of`` or ``void_of``
+    naming no earlier call, a refund of a refund, a capture of a one-step
+    charge, an unknown endpoint)."""
     name = scenario.get("name", "?")
     problems = [f"{name}: unknown field {f!r}" for f in sorted(set(scenario) - SCENARIO_FIELDS)]
     try:
@@ -329,22 +443,30 @@ def validate(suite: Dict[str, Any], scenario: Dict[str, Any], environment_names:
         problems += [f"{where}: unknown expectation {f!r}" for f in sorted(set(call["expect"]) - set(CHECKS))]
         if "after" in call and call["after"] not in seen:
             problems.append(f"{where}: after {call['after']!r} names no earlier call")
-        for check in ("same_charge_as", "same_refund_as"):
+        for check in ("same_charge_as", "same_refund_as", "same_capture_as", "same_void_as"):
             if check in call["expect"] and call["expect"][check] not in ids:
                 problems.append(f"{where}: {check} names no call")
         op = op_of(call)
         if op not in OPS:
             problems.append(f"{where}: op {op!r} is not one of {sorted(OPS)}")
-        elif op == "refund":
-            charge = seen.get(call.get("refund_of", ""))
-            if charge is None or op_of(charge) != "charge":
-                problems.append(f"{where}: refund_of {call.get('refund_of')!r} names no earlier charge call")
+            continue
+        own = of_field(call)
+        problems += [
+            f"{where}: a {op} has no {f}" for f in ("refund_of", "capture_of", "void_of") if f in call and f != own
+        ]
+        if op != "capture" and "final" in call:
+            problems.append(f"{where}: only a capture has final")
+        if op == "void" and "amount_cents" in call:
+            problems.append(f"{where}: a void has no amount_cents")
+        if own is not None:
+            charges = ("charge", "authorize") if op == "refund" else ("authorize",)
+            charge = seen.get(call.get(own, ""))
+            if charge is None or op_of(charge) not in charges:
+                problems.append(f"{where}: {own} {call.get(own)!r} names no earlier {' or '.join(charges)} call")
             if "order" in call:
-                problems.append(f"{where}: a refund has no order (it refunds its refund_of's charge)")
+                problems.append(f"{where}: a {op} has no order (it takes its {own}'s charge)")
         else:
-            if "refund_of" in call:
-                problems.append(f"{where}: a charge has no refund_of")
-            problems += [f"{where}: a charge needs {f!r}" for f in ("order", "amount_cents") if f not in call]
+            problems += [f"{where}: a {op} needs {f!r}" for f in ("order", "amount_cents") if f not in call]
         seen[call["id"]] = call
     return problems
 
@@ -359,6 +481,8 @@ class ScenarioRun:
     """Captures the ledger shows per order (the scenario's ``captures`` keys)."""
     refunds: Dict[str, int] = field(default_factory=dict)
     """Refunds the ledger shows of each order's captures (the scenario's ``refunds`` keys)."""
+    ledger_lists: Dict[str, Dict[str, int]] = field(default_factory=dict)
+    """For each of :data:`LEDGER_LISTS` the scenario counts, its entries per order."""
     failures: List[str] = field(default_factory=list)
 
 
@@ -397,10 +521,14 @@ def run_scenario(
             endpoints = [env.endpoints[e] for e in scenario["endpoints"]]
             calls: List[Dict[str, Any]] = scenario["calls"]
             if mode == "sync":
-                run.outcomes = _calls_sync(clients.sync, endpoints, env.secret, policy, calls, run.run_base, name)
+                run.outcomes = _calls_sync(
+                    clients.sync, endpoints, env.secret, policy, calls, run.run_base, name, env.simulator
+                )
             elif mode == "async":
                 run.outcomes = asyncio.run(
-                    _calls_async(clients.async_, endpoints, env.secret, policy, calls, run.run_base, name)
+                    _calls_async(
+                        clients.async_, endpoints, env.secret, policy, calls, run.run_base, name, env.simulator
+                    )
                 )
             else:
                 raise ValueError(f"mode {mode!r}")
@@ -425,7 +553,9 @@ def run_scenario(
                     )
             for order, expected in scenario.get("refunds", {}).items():
                 order_id = run.run_base + int(order)
-                references = {c.get("reference") for c in captures if c.get("order_id") == order_id}
+                # A refund of a two-step charge names its authorization.
+                held = captures + (document.get("authorizations") or [])
+                references = {c.get("reference") for c in held if c.get("order_id") == order_id}
                 count = sum(1 for r in refunds if r.get("capture_reference") in references)
                 run.refunds[order] = count
                 if count != expected:
@@ -433,6 +563,17 @@ def run_scenario(
                         f"{name}: refunds of order {order} (order_id {order_id}, captures {sorted(map(str, references))}): "
                         f"expected {expected}, the ledger shows {count}; outcomes: {outcomes_text}"
                     )
+            for list_name in LEDGER_LISTS:
+                entries = document.get(list_name) or []  # absent from an older simulator's ledger
+                for order, expected in scenario.get(list_name, {}).items():
+                    order_id = run.run_base + int(order)
+                    count = sum(1 for e in entries if e.get("order_id") == order_id)
+                    run.ledger_lists.setdefault(list_name, {})[order] = count
+                    if count != expected:
+                        fail(
+                            f"{name}: {list_name} of order {order} (order_id {order_id}): expected {expected}, "
+                            f"the ledger shows {count}; outcomes: {outcomes_text}"
+                        )
         finally:
             # 6. A well-behaved acquirer again.
             reset = sim.put(f"{env.simulator}/_sim/faults", json={})
@@ -463,19 +604,79 @@ def _refund_fields(call: Dict[str, Any], run_base: int, scenario: str, charge_id
     }
 
 
+def _capture_fields(call: Dict[str, Any], run_base: int, scenario: str, charge_id: str) -> Dict[str, Any]:
+    fields = _refund_fields(call, run_base, scenario, charge_id)
+    if "final" in call:  # else the client's default
+        fields["final"] = bool(call["final"])
+    return fields
+
+
+def _void_fields(call: Dict[str, Any], run_base: int, scenario: str, charge_id: str) -> Dict[str, Any]:
+    return {"charge_id": charge_id, "idempotency_key": call_key(run_base, scenario, call)}
+
+
 def _waits_for(call: Dict[str, Any]) -> List[str]:
-    """The calls this one starts after: its ``after`` and its ``refund_of``."""
-    return [call[f] for f in ("after", "refund_of") if f in call]
+    """The calls this one starts after: its ``after`` and its ``refund_of``,
+    ``capture_of`` or ``void_of``."""
+    return [call[f] for f in ("after", "refund_of", "capture_of", "void_of") if f in call]
 
 
 def _never_started(call: Dict[str, Any], outcomes: Dict[str, Outcome]) -> Optional[Outcome]:
-    """Why a refund call cannot start (the call it refunds made no charge); else ``None``."""
-    if op_of(call) != "refund":
+    """Why a refund, capture or void call cannot start (the call whose charge
+    it takes made none); else ``None``."""
+    own = of_field(call)
+    if own is None:
         return None
-    charged = outcomes.get(call["refund_of"])
+    charged = outcomes.get(call[own])
     if charged is None or charged.charge_id is None:
-        return Outcome(result=f"never started: call {call['refund_of']} made no charge ({charged})")
+        return Outcome(result=f"never started: call {call[own]} made no charge ({charged})")
     return None
+
+
+def _charge_of(call: Dict[str, Any], outcomes: Dict[str, Outcome]) -> str:
+    own = of_field(call)
+    assert own is not None
+    return str(outcomes[call[own]].charge_id)
+
+
+def _send_sync(
+    client: Client, call: Dict[str, Any], outcomes: Dict[str, Outcome], run_base: int, scenario: str
+) -> Any:
+    """The call's operation on the sync client: its result (or what it raised, returned)."""
+    op = op_of(call)
+    try:
+        if op == "charge":
+            return client.charge(**_charge_fields(call, run_base, scenario))
+        if op == "authorize":
+            return client.authorize(**_charge_fields(call, run_base, scenario))
+        charge_id = _charge_of(call, outcomes)
+        if op == "refund":
+            return client.refund(**_refund_fields(call, run_base, scenario, charge_id))
+        if op == "capture":
+            return client.capture(**_capture_fields(call, run_base, scenario, charge_id))
+        return client.void(**_void_fields(call, run_base, scenario, charge_id))
+    except Exception as error:  # every error is an outcome to check
+        return error
+
+
+async def _send_async(
+    client: AsyncClient, call: Dict[str, Any], outcomes: Dict[str, Outcome], run_base: int, scenario: str
+) -> Any:
+    """As :func:`_send_sync`, on the async client."""
+    op = op_of(call)
+    try:
+        if op == "charge":
+            return await client.charge(**_charge_fields(call, run_base, scenario))
+        if op == "authorize":
+            return await client.authorize(**_charge_fields(call, run_base, scenario))
+        charge_id = _charge_of(call, outcomes)
+        if op == "refund":
+            return await client.refund(**_refund_fields(call, run_base, scenario, charge_id))
+        if op == "capture":
+            return await client.capture(**_capture_fields(call, run_base, scenario, charge_id))
+        return await client.void(**_void_fields(call, run_base, scenario, charge_id))
+    except Exception as error:  # every error is an outcome to check
+        return error
 
 
 def _call_budget(policy: RetryPolicy) -> float:
@@ -491,6 +692,7 @@ def _calls_sync(
     calls: List[Dict[str, Any]],
     run_base: int,
     scenario: str,
+    simulator: str,
 ) -> Dict[str, Outcome]:
     outcomes: Dict[str, Outcome] = {}
     ended = {call["id"]: threading.Event() for call in calls}
@@ -514,16 +716,9 @@ def _calls_sync(
                 delay = origin + call.get("delay_ms", 0) / 1000 - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
-                try:
-                    returned: Any
-                    if op_of(call) == "refund":
-                        charge_id = str(outcomes[call["refund_of"]].charge_id)
-                        returned = client.refund(**_refund_fields(call, run_base, scenario, charge_id))
-                    else:
-                        returned = client.charge(**_charge_fields(call, run_base, scenario))
-                except Exception as error:  # every error is an outcome to check
-                    returned = error
-                outcomes[call["id"]] = reduce(returned)
+                if "faults" in call:
+                    httpx.put(f"{simulator}/_sim/faults", json=call["faults"], timeout=30).raise_for_status()
+                outcomes[call["id"]] = reduce(_send_sync(client, call, outcomes, run_base, scenario))
             finally:
                 ended_at[call["id"]] = time.monotonic()
                 ended[call["id"]].set()
@@ -544,6 +739,7 @@ async def _calls_async(
     calls: List[Dict[str, Any]],
     run_base: int,
     scenario: str,
+    simulator: str,
 ) -> Dict[str, Outcome]:
     outcomes: Dict[str, Outcome] = {}
     ended = {call["id"]: asyncio.Event() for call in calls}
@@ -569,16 +765,10 @@ async def _calls_async(
                 delay = origin + call.get("delay_ms", 0) / 1000 - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                try:
-                    returned: Any
-                    if op_of(call) == "refund":
-                        charge_id = str(outcomes[call["refund_of"]].charge_id)
-                        returned = await client.refund(**_refund_fields(call, run_base, scenario, charge_id))
-                    else:
-                        returned = await client.charge(**_charge_fields(call, run_base, scenario))
-                except Exception as error:  # every error is an outcome to check
-                    returned = error
-                outcomes[call["id"]] = reduce(returned)
+                if "faults" in call:
+                    async with httpx.AsyncClient(timeout=30) as sim:
+                        (await sim.put(f"{simulator}/_sim/faults", json=call["faults"])).raise_for_status()
+                outcomes[call["id"]] = reduce(await _send_async(client, call, outcomes, run_base, scenario))
             finally:
                 ended_at[call["id"]] = time.monotonic()
                 ended[call["id"]].set()
@@ -601,13 +791,20 @@ def _same_charge_as(outcome: Outcome, other_id: Any, outcomes: Dict[str, Outcome
     return None
 
 
-def _same_refund_as(outcome: Outcome, other_id: Any, outcomes: Dict[str, Outcome]) -> Optional[str]:
-    other = outcomes.get(other_id)
-    if other is None:
-        return f"call {other_id} has no outcome"
-    if outcome.refund_id is None or outcome.refund_id != other.refund_id:
-        return f"expected call {other_id}'s refund_id {other.refund_id}, got {outcome.refund_id}"
-    return None
+def _same(field_name: str) -> Check:
+    """``same_refund_as`` and its kin: this outcome's ``field_name`` is
+    present and is the other call's."""
+
+    def check(outcome: Outcome, other_id: Any, outcomes: Dict[str, Outcome]) -> Optional[str]:
+        other = outcomes.get(other_id)
+        if other is None:
+            return f"call {other_id} has no outcome"
+        mine, theirs = getattr(outcome, field_name), getattr(other, field_name)
+        if mine is None or mine != theirs:
+            return f"expected call {other_id}'s {field_name} {theirs}, got {mine}"
+        return None
+
+    return check
 
 
 def _expect(actual: Any, expected: Any, holds: bool, field_name: str) -> Optional[str]:
@@ -624,8 +821,11 @@ CHECKS: Dict[str, Check] = {
         o.idempotency_ttl, e, o.idempotency_ttl is not None and o.idempotency_ttl <= e, "idempotency_ttl at most"
     ),
     "differing_fields": lambda o, e, _: _expect(o.differing_fields, e, o.differing_fields == e, "differing_fields"),
-    "same_refund_as": _same_refund_as,
+    "same_refund_as": _same("refund_id"),
+    "same_capture_as": _same("capture_id"),
+    "same_void_as": _same("void_id"),
     "amount_cents": lambda o, e, _: _expect(o.amount_cents, e, o.amount_cents == e, "amount_cents"),
+    "remaining_cents": lambda o, e, _: _expect(o.remaining_cents, e, o.remaining_cents == e, "remaining_cents"),
 }
 
 

@@ -15,6 +15,10 @@ import idem_client
 from idem_client import (
     ApiError,
     AsyncClient,
+    CaptureExceedsAuthorizationError,
+    CaptureFailedError,
+    CaptureResult,
+    ChargeNotAuthorizedError,
     ChargeNotRefundableError,
     ChargeResult,
     Client,
@@ -25,6 +29,8 @@ from idem_client import (
     RefundFailedError,
     RefundResult,
     RetryPolicy,
+    VoidFailedError,
+    VoidResult,
 )
 from scripted_server import ScriptedServer, close, cut, free_port, hang, respond, trickle
 
@@ -103,6 +109,21 @@ def refund(
     async def run() -> RefundResult:
         async with AsyncClient(base_url, "sk_test", policy=policy, transport=transport) as client:
             return await client.refund(charge_id, amount_cents, **fields)
+
+    return asyncio.run(run())
+
+
+def step(kind: str, op: str, base_url: Union[str, List[str]], *args: Any, **fields: Any) -> Any:
+    """One ``authorize``, ``capture`` or ``void`` through the sync or the async client."""
+    policy = fields.pop("policy", FAST)
+    transport = fields.pop("transport", None)
+    if kind == "sync":
+        with Client(base_url, "sk_test", policy=policy, transport=transport) as client:
+            return getattr(client, op)(*args, **fields)
+
+    async def run() -> Any:
+        async with AsyncClient(base_url, "sk_test", policy=policy, transport=transport) as client:
+            return await getattr(client, op)(*args, **fields)
 
     return asyncio.run(run())
 
@@ -378,6 +399,105 @@ def test_bad_refund_input_is_refused_before_any_attempt(kind: str) -> None:
     assert recorder.requests == []
 
 
+AUTHORIZED = json.dumps(
+    {**CHARGE, "status": "authorized", "amount_captured_cents": 0, "amount_capturable_cents": 25000}
+).encode()
+CAPTURE = {
+    "id": "cp_7kLmQ2xZ9pR4tV8bN1cW6yHd",
+    "charge_id": CHARGE["id"],
+    "amount_cents": 10000,
+    "currency": "BRL",
+    "final": False,
+    "status": "succeeded",
+    "acquirer_reference": "ref_c1",
+    "failure_reason": None,
+    "created_at": "2026-12-07T03:00:00Z",
+}
+CAPTURED_STEP = json.dumps(CAPTURE).encode()
+VOID = {k: v for k, v in CAPTURE.items() if k != "final"}
+VOID.update(id="vd_7kLmQ2xZ9pR4tV8bN1cW6yHd", amount_cents=15000)
+VOIDED = json.dumps(VOID).encode()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_two_steps_over_http_each_one_key_and_one_body(kind: str) -> None:
+    unknown = problem(503, "outcome-unknown")
+    script = [
+        respond(503, unknown, {"Retry-After": "0"}),
+        respond(201, AUTHORIZED, {"Idempotency-TTL": "86399"}),
+        cut(201, CAPTURED_STEP, 20),
+        respond(201, CAPTURED_STEP, {"Idempotent-Replayed": "true"}),
+        respond(409, problem(409, "capture-pending")),
+        respond(409, problem(409, "authorization-closed")),
+        respond(201, VOIDED),
+    ]
+    with ScriptedServer(script) as server:
+        held = step(kind, "authorize", server.url, order_id=123, amount_cents=25000, idempotency_key="a 1")
+        captured = step(kind, "capture", server.url, CHARGE["id"], 10000, final=False)
+        voided = step(kind, "void", server.url, CHARGE["id"], idempotency_key="v-1")
+    assert isinstance(held, ChargeResult) and held.authorized and held.charge.amount_capturable_cents == 25000
+    assert (held.key, [a.status for a in held.attempts]) == ("a 1", [503, 201])
+    assert isinstance(captured, CaptureResult) and captured.capture.id == CAPTURE["id"]
+    assert (captured.replayed, len(captured.attempts)) == (True, 2)
+    assert isinstance(voided, VoidResult) and voided.void.amount_cents == 15000
+    assert [a.status for a in voided.attempts] == [409, 409, 201]
+    requests = server.requests
+    assert [(r.method, r.path) for r in requests] == [("POST", "/v1/charges")] * 2 + [
+        ("POST", f"/v1/charges/{CHARGE['id']}/captures")
+    ] * 2 + [("POST", f"/v1/charges/{CHARGE['id']}/void")] * 3
+    assert [r.body for r in requests] == [b'{"order_id":123,"amount_cents":25000,"capture":false}'] * 2 + [
+        b'{"amount_cents":10000,"final":false}'
+    ] * 2 + [b"{}"] * 3
+    keys = [r.headers["idempotency-key"] for r in requests]
+    assert keys[:2] == ['"a 1"'] * 2 and keys[2:4] == [f'"{captured.key}"'] * 2 and keys[4:] == ['"v-1"'] * 3
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_steps_typed_errors_over_http_none_retried(kind: str) -> None:
+    failed_capture = {**CAPTURE, "status": "failed", "failure_reason": "exceeds_authorization"}
+    failed_void = {**VOID, "status": "failed", "failure_reason": "authorization_voided"}
+    recorder = Recorder(
+        httpx.Response(422, content=problem(422, "capture-exceeds-authorization", remaining_cents=15000)),
+        httpx.Response(422, content=problem(422, "charge-not-authorized")),
+        httpx.Response(422, content=problem(422, "capture-failed", capture=failed_capture)),
+        httpx.Response(422, content=problem(422, "void-failed", void=failed_void), headers={"Idempotency-TTL": "5"}),
+        httpx.Response(422, content=problem(422, "charge-not-authorized")),
+    )
+    with pytest.raises(CaptureExceedsAuthorizationError) as exceeds:
+        step(kind, "capture", "http://h", CHARGE["id"], 30000, transport=recorder.transport)
+    assert (exceeds.value.remaining_cents, exceeds.value.charge_id) == (15000, CHARGE["id"])
+    with pytest.raises(ChargeNotAuthorizedError):
+        step(kind, "capture", "http://h", CHARGE["id"], transport=recorder.transport)
+    with pytest.raises(CaptureFailedError) as capture_failed:
+        step(kind, "capture", "http://h", CHARGE["id"], transport=recorder.transport)
+    assert capture_failed.value.capture.failure_reason == "exceeds_authorization"
+    with pytest.raises(VoidFailedError) as void_failed:
+        step(kind, "void", "http://h", CHARGE["id"], transport=recorder.transport)
+    assert (void_failed.value.void.status, void_failed.value.idempotency_ttl) == ("failed", 5)
+    with pytest.raises(ChargeNotAuthorizedError) as not_authorized:
+        step(kind, "void", "http://h", CHARGE["id"], transport=recorder.transport)
+    assert len(not_authorized.value.attempts) == 1
+    assert len(recorder.requests) == 5, "a refusal was sent again"
+    assert recorder.requests[1].content == b'{"final":true}'  # no amount: all that is left, and final
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bad_step_input_is_refused_before_any_attempt(kind: str) -> None:
+    recorder = Recorder()
+    cases: List[Tuple[str, Tuple[Any, ...], Dict[str, Any]]] = [
+        ("capture", ("",), {}),
+        ("capture", (CHARGE["id"], 1.5), {}),
+        ("capture", (CHARGE["id"],), {"final": "yes"}),
+        ("void", ("",), {}),
+        ("void", (CHARGE["id"],), {"idempotency_key": "chave-\u00e9"}),
+        ("authorize", (), {"order_id": 1, "amount_cents": "2"}),
+    ]
+    for op, args, fields in cases:
+        with pytest.raises((ValueError, TypeError)):
+            step(kind, op, "http://h", *args, transport=recorder.transport, **fields)
+    assert recorder.requests == []
+
+
 def test_a_given_http_client_stays_open_and_an_owned_one_is_closed() -> None:
     recorder = Recorder(httpx.Response(201, content=CAPTURED), httpx.Response(201, content=CAPTURED))
     with httpx.Client(transport=recorder.transport) as http:
@@ -434,6 +554,10 @@ def test_the_public_api() -> None:
         "RefundResult",
         "Refund",
         "RefundReason",
+        "CaptureResult",
+        "Capture",
+        "VoidResult",
+        "Void",
         "Attempt",
         "IdemError",
         "KeyReusedError",
@@ -441,6 +565,10 @@ def test_the_public_api() -> None:
         "RefundFailedError",
         "RefundExceedsCapturedError",
         "ChargeNotRefundableError",
+        "CaptureFailedError",
+        "VoidFailedError",
+        "CaptureExceedsAuthorizationError",
+        "ChargeNotAuthorizedError",
         "ApiError",
         "GaveUpError",
         "new_key",
@@ -451,6 +579,10 @@ def test_the_public_api() -> None:
         idem_client.RefundFailedError,
         idem_client.RefundExceedsCapturedError,
         idem_client.ChargeNotRefundableError,
+        idem_client.CaptureFailedError,
+        idem_client.VoidFailedError,
+        idem_client.CaptureExceedsAuthorizationError,
+        idem_client.ChargeNotAuthorizedError,
         idem_client.ApiError,
         idem_client.GaveUpError,
     ):

@@ -21,8 +21,18 @@ from conformance_runner import (
     run_scenario,
     validate,
 )
-from idem_client import ChargeResult, Client, RefundResult
-from idem_client._core import Action, ChargeCall, RefundCall, Send, new_key, quote_key
+from idem_client import CaptureResult, ChargeResult, Client, RefundResult, VoidResult
+from idem_client._core import (
+    Action,
+    AuthorizeCall,
+    CaptureCall,
+    ChargeCall,
+    RefundCall,
+    Send,
+    VoidCall,
+    new_key,
+    quote_key,
+)
 
 SUITE = load_suite()
 SCENARIOS: Dict[str, Dict[str, Any]] = {s["name"]: s for s in SUITE["scenarios"]}
@@ -82,12 +92,30 @@ class NewKeyEveryRetryRefundCall(RefundCall):
         return new_key_on_retries(super().next(now))
 
 
+class NewKeyEveryRetryAuthorizeCall(AuthorizeCall):
+    def next(self, now: float) -> Action[ChargeResult]:
+        return new_key_on_retries(super().next(now))
+
+
+class NewKeyEveryRetryCaptureCall(CaptureCall):
+    def next(self, now: float) -> Action[CaptureResult]:
+        return new_key_on_retries(super().next(now))
+
+
+class NewKeyEveryRetryVoidCall(VoidCall):
+    def next(self, now: float) -> Action[VoidResult]:
+        return new_key_on_retries(super().next(now))
+
+
 class NewKeyEveryRetryClient(Client):
     _call_type = NewKeyEveryRetryCall
     _refund_call_type = NewKeyEveryRetryRefundCall
+    _authorize_call_type = NewKeyEveryRetryAuthorizeCall
+    _capture_call_type = NewKeyEveryRetryCaptureCall
+    _void_call_type = NewKeyEveryRetryVoidCall
 
 
-#: The scenarios whose calls retry, and the order each charges.
+#: The scenarios whose calls retry after an attempt that did the work, and the order each charges.
 RETRYING = {
     "unknown-outcome-then-settled": "2",
     "timeout-then-retry": "3",
@@ -96,6 +124,9 @@ RETRYING = {
 }
 #: Of those, the scenarios whose refund retries, and the order whose capture it refunds.
 REFUND_RETRYING = {"refund-answer-lost": "10"}
+#: The scenarios whose capture of an authorization retries after an attempt
+#: that captured, and the order authorized.
+CAPTURE_RETRYING = {"capture-timeout-then-retry": "18", "two-step-answers-lost": "19"}
 
 
 def test_the_suite_fails_a_client_that_makes_a_new_key_on_every_retry(environment: Environment) -> None:
@@ -104,7 +135,8 @@ def test_the_suite_fails_a_client_that_makes_a_new_key_on_every_retry(environmen
         for name, scenario in SCENARIOS.items()
     }
     report = "\n".join(
-        f"{name}: {'passed' if not run.failures else 'failed'}; captures {run.captures}, refunds {run.refunds}"
+        f"{name}: {'passed' if not run.failures else 'failed'}; captures {run.captures}, refunds {run.refunds}, "
+        f"{run.ledger_lists}"
         for name, run in runs.items()
     )
     assert not runs["first-try"].failures, failed(runs["first-try"])
@@ -123,5 +155,14 @@ def test_the_suite_fails_a_client_that_makes_a_new_key_on_every_retry(environmen
             f"but the ledger shows {run.refunds.get(order)}:\n{failed(run)}"
         )
         assert any(f"refunds of order {order}" in f for f in run.failures), failed(run)
+    for name, order in CAPTURE_RETRYING.items():
+        run = runs[name]
+        captured = run.ledger_lists.get("authorization_captures", {}).get(order, 0)
+        assert captured >= 2, (
+            f"{name}: a new key on every retry should capture order {order}'s authorization again, "
+            f"but the ledger shows {captured}:\n{failed(run)}"
+        )
+        assert any(f"authorization_captures of order {order}" in f for f in run.failures), failed(run)
     failing = {name for name, run in runs.items() if run.failures}
-    assert failing == set(RETRYING), f"expected exactly {sorted(RETRYING)} to fail:\n{report}"
+    expected = set(RETRYING) | set(CAPTURE_RETRYING)
+    assert failing == expected, f"expected exactly {sorted(expected)} to fail:\n{report}"

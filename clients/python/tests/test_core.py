@@ -12,7 +12,11 @@ import pytest
 
 from idem_client import (
     ApiError,
+    Capture,
+    CaptureExceedsAuthorizationError,
+    CaptureFailedError,
     Charge,
+    ChargeNotAuthorizedError,
     ChargeNotRefundableError,
     GaveUpError,
     KeyExpiredError,
@@ -21,11 +25,15 @@ from idem_client import (
     RefundExceedsCapturedError,
     RefundFailedError,
     RetryPolicy,
+    Void,
+    VoidFailedError,
     new_key,
 )
 from idem_client._core import (
     USER_AGENT,
+    AuthorizeCall,
     Call,
+    CaptureCall,
     ChargeCall,
     Config,
     Finish,
@@ -36,18 +44,26 @@ from idem_client._core import (
     authorization,
     backoff_ceiling,
     backoff_delay,
+    VoidCall,
+    captures_path,
     classify,
+    classify_capture,
     classify_refund,
+    classify_void,
     describe_failure,
     encode_body,
+    encode_capture_body,
     encode_refund_body,
+    parse_capture,
     parse_charge,
     parse_endpoints,
     parse_refund,
     parse_retry_after,
+    parse_void,
     prefer_wait,
     quote_key,
     refunds_path,
+    void_path,
 )
 
 DRAWS = 2000
@@ -869,3 +885,241 @@ def test_bad_refund_input_is_refused_before_any_attempt() -> None:
         RefundCall(config, charge_id="ch_1", idempotency_key="chave-é", now=0)
     with pytest.raises(TypeError):
         RefundCall(config, charge_id="ch_1", amount_cents=True, now=0)
+
+
+# --- two-step payments: authorize, capture, void; the same discipline -------------------
+
+CAPTURE = {
+    "id": "cp_7kLmQ2xZ9pR4tV8bN1cW6yHd",
+    "charge_id": "ch_4f9QzXk2LmP8rT1vWb6yNc3d",
+    "amount_cents": 10000,
+    "currency": "BRL",
+    "final": False,
+    "status": "succeeded",
+    "acquirer_reference": "ref_c1",
+    "failure_reason": None,
+    "created_at": "2026-12-07T03:00:00Z",
+}
+VOID = {k: v for k, v in CAPTURE.items() if k != "final"}
+VOID.update(id="vd_7kLmQ2xZ9pR4tV8bN1cW6yHd", amount_cents=15000)
+AUTHORIZED = {**CHARGE, "status": "authorized", "amount_captured_cents": 0, "amount_capturable_cents": 25000}
+
+
+def config(**policy_fields: object) -> Config:
+    return Config.build(["http://a", "http://b"], "sk_test", RetryPolicy(**policy_fields))  # type: ignore[arg-type]
+
+
+def new_capture_call(
+    amount_cents: Optional[int] = 10000, final: bool = False, key: Optional[str] = "c-1", **policy_fields: object
+) -> Tuple[CaptureCall, Clock]:
+    clock = Clock()
+    call = CaptureCall(
+        config(**policy_fields),
+        charge_id=str(CHARGE["id"]),
+        amount_cents=amount_cents,
+        final=final,
+        idempotency_key=key,
+        now=clock.now,
+        uniform=lambda: 0.5,
+    )
+    return call, clock
+
+
+def new_void_call(key: Optional[str] = "v-1", **policy_fields: object) -> Tuple[VoidCall, Clock]:
+    clock = Clock()
+    call = VoidCall(
+        config(**policy_fields), charge_id=str(CHARGE["id"]), idempotency_key=key, now=clock.now, uniform=lambda: 0.5
+    )
+    return call, clock
+
+
+def test_the_steps_bodies_and_paths() -> None:
+    assert encode_body(order_id=1, amount_cents=2, capture=False) == b'{"order_id":1,"amount_cents":2,"capture":false}'
+    assert encode_body(order_id=1, amount_cents=2) == b'{"order_id":1,"amount_cents":2}'  # a charge: unchanged
+    assert encode_capture_body() == b'{"final":true}'
+    assert encode_capture_body(amount_cents=10000, final=False) == b'{"amount_cents":10000,"final":false}'
+    for bad in [{"amount_cents": True}, {"amount_cents": 1.5}, {"final": "no"}, {"final": None}]:
+        with pytest.raises(TypeError):
+            encode_capture_body(**bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        encode_body(order_id=1, amount_cents=2, capture=0)  # type: ignore[arg-type]
+    assert captures_path("ch_1") == "/v1/charges/ch_1/captures"
+    assert void_path("../x?y") == "/v1/charges/..%2Fx%3Fy/void"
+    for path in (captures_path, void_path):
+        with pytest.raises(ValueError):
+            path("")
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "capture", "void"),
+    [
+        (201, None, Verdict.RESULT, Verdict.RESULT),
+        (409, "request-in-flight", Verdict.RETRY, Verdict.RETRY),
+        (409, "authorization-closed", Verdict.RETRY, Verdict.RETRY),
+        (409, "capture-pending", Verdict.RETRY, Verdict.RETRY),
+        (503, "outcome-unknown", Verdict.RETRY, Verdict.RETRY),
+        (503, "step-under-review", Verdict.RETRY, Verdict.RETRY),
+        (502, None, Verdict.RETRY, Verdict.RETRY),
+        (429, None, Verdict.RETRY, Verdict.RETRY),
+        (422, "capture-failed", Verdict.CAPTURE_FAILED, Verdict.API_ERROR),
+        (422, "void-failed", Verdict.API_ERROR, Verdict.VOID_FAILED),
+        (422, "capture-exceeds-authorization", Verdict.CAPTURE_EXCEEDS, Verdict.API_ERROR),
+        (422, "charge-not-authorized", Verdict.NOT_AUTHORIZED, Verdict.NOT_AUTHORIZED),
+        (422, "idempotency-key-reused", Verdict.KEY_REUSED, Verdict.KEY_REUSED),
+        (410, "key-expired", Verdict.KEY_EXPIRED, Verdict.KEY_EXPIRED),
+        (402, "charge-declined", Verdict.API_ERROR, Verdict.API_ERROR),
+        (404, "not-found", Verdict.API_ERROR, Verdict.API_ERROR),
+        (400, "invalid-body", Verdict.API_ERROR, Verdict.API_ERROR),
+    ],
+)
+def test_every_step_status_is_classified(status: int, kind: Optional[str], capture: Verdict, void: Verdict) -> None:
+    problem_type = f"urn:idem:problem:{kind}" if kind else None
+    assert classify_capture(status, problem_type) is capture
+    assert classify_void(status, problem_type) is void
+
+
+def test_steps_and_two_step_charges_are_read_with_their_types() -> None:
+    assert parse_capture({**CAPTURE, "new": 1}) == Capture(**CAPTURE)  # type: ignore[arg-type]
+    assert parse_void(VOID) == Void(**VOID)  # type: ignore[arg-type]
+    for bad in [None, CHARGE, {**CAPTURE, "final": None}, {**CAPTURE, "amount_cents": "1"}, {**CAPTURE, "id": 3}]:
+        assert parse_capture(bad) is None, bad
+    assert parse_void({**VOID, "failure_reason": 3}) is None
+    charge = parse_charge(AUTHORIZED)
+    assert charge is not None and (charge.status, charge.amount_captured_cents, charge.amount_capturable_cents) == (
+        "authorized",
+        0,
+        25000,
+    )
+    one_step = parse_charge(CHARGE)
+    assert one_step is not None and one_step.amount_capturable_cents is None
+    assert parse_charge({**AUTHORIZED, "amount_capturable_cents": "25000"}) is None
+
+
+def test_an_authorization_is_a_charge_with_capture_false_and_its_own_words() -> None:
+    clock = Clock()
+    call = AuthorizeCall(config(max_attempts=2), order_id=123, amount_cents=25000, idempotency_key="a-1", now=clock.now)
+    first = answer(call, clock, 503, problem(503, "outcome-unknown"), {"Retry-After": "0"})
+    sleep_of(call, clock)
+    second = answer(call, clock, 201, json.dumps(AUTHORIZED).encode(), {"Idempotency-TTL": "7"})
+    assert {s.url for s in (first, second)} == {"http://a/v1/charges", "http://b/v1/charges"}
+    assert {s.body for s in (first, second)} == {b'{"order_id":123,"amount_cents":25000,"capture":false}'}
+    result = finish_of(call, clock).unwrap()
+    assert result.authorized and not result.captured and result.charge.amount_capturable_cents == 25000
+
+    clock = Clock()
+    call = AuthorizeCall(config(max_attempts=1), order_id=123, amount_cents=25000, idempotency_key="a-2", now=clock.now)
+    answer(call, clock, 503, problem(503, "outcome-unknown"))
+    error = finish_of(call, clock).error
+    assert isinstance(error, GaveUpError)
+    assert "the authorization may have happened" in str(error) and "never authorizes twice" in str(error)
+
+
+def test_a_capture_retries_with_one_key_and_one_body_through_an_in_flight_or_closed_authorization() -> None:
+    call, clock = new_capture_call()
+    first = answer(call, clock, 503, problem(503, "outcome-unknown", capture_id=CAPTURE["id"]), {"Retry-After": "1"})
+    sleep_of(call, clock)
+    second = answer(call, clock, 409, problem(409, "request-in-flight"), {"Retry-After": "1"})
+    sleep_of(call, clock)
+    third = answer(call, clock, 409, problem(409, "authorization-closed"))
+    sleep_of(call, clock)
+    body = json.dumps(CAPTURE).encode()
+    fourth = answer(call, clock, 201, body, {"Idempotent-Replayed": "true", "Idempotency-TTL": "86390"})
+    sends = (first, second, third, fourth)
+    assert [s.url for s in sends] == [
+        f"http://{h}/v1/charges/{CHARGE['id']}/captures" for h in ("a", "b", "a", "b")
+    ]
+    assert {s.body for s in sends} == {b'{"amount_cents":10000,"final":false}'}
+    assert {s.headers["Idempotency-Key"] for s in sends} == {'"c-1"'}
+    result = finish_of(call, clock).unwrap()
+    assert (result.status, result.capture, result.key) == (201, Capture(**CAPTURE), "c-1")  # type: ignore[arg-type]
+    assert (result.replayed, result.idempotency_ttl, result.body) == (True, 86390, body)
+    assert [a.status for a in result.attempts] == [503, 409, 409, 201]
+
+
+def test_a_void_retries_through_pending_captures_and_gives_up_in_its_own_words() -> None:
+    call, clock = new_void_call()
+    first = answer(call, clock, 409, problem(409, "capture-pending"))
+    sleep_of(call, clock)
+    answer(call, clock, 201, json.dumps(VOID).encode())
+    assert first.url == f"http://a/v1/charges/{CHARGE['id']}/void" and first.body == b"{}"
+    result = finish_of(call, clock).unwrap()
+    assert result.void == Void(**VOID) and [a.status for a in result.attempts] == [409, 201]  # type: ignore[arg-type]
+
+    call, clock = new_void_call(key=None, max_attempts=2)
+    assert uuid.UUID(call.key).version == 4
+    answer(call, clock, 409, problem(409, "capture-pending"))
+    sleep_of(call, clock)
+    answer(call, clock, 409, problem(409, "authorization-closed"))
+    error = finish_of(call, clock).error
+    assert isinstance(error, GaveUpError) and error.key == call.key and len(error.attempts) == 2
+    assert "(urn:idem:problem:authorization-closed)" in error.last
+    assert "the void may have happened" in str(error) and "never voids twice" in str(error)
+
+
+def test_a_capture_the_authorization_cannot_take_is_a_typed_error_never_retried() -> None:
+    call, clock = new_capture_call(amount_cents=30000)
+    answer(call, clock, 422, problem(422, "capture-exceeds-authorization", remaining_cents=15000))
+    error = finish_of(call, clock).error
+    assert isinstance(error, CaptureExceedsAuthorizationError)
+    assert (error.key, error.charge_id, error.remaining_cents, len(error.attempts)) == ("c-1", CHARGE["id"], 15000, 1)
+    assert "15000 cents left" in str(error) and "still free" in str(error)
+
+    steps: List[Tuple[Call[Any], Clock]] = [new_capture_call(), new_void_call()]
+    for step_call, clock in steps:
+        answer(step_call, clock, 422, problem(422, "charge-not-authorized", detail="the charge is voided"))
+        action = step_call.next(clock.now)
+        assert isinstance(action, Finish)
+        refused = action.error
+        assert isinstance(refused, ChargeNotAuthorizedError)
+        assert (refused.charge_id, len(refused.attempts)) == (CHARGE["id"], 1)
+        assert "the charge is voided" in str(refused)
+
+
+def test_a_step_the_acquirer_refused_is_a_stored_outcome_raised_with_it() -> None:
+    refused = {**CAPTURE, "status": "failed", "failure_reason": "exceeds_authorization"}
+    body = problem(422, "capture-failed", capture=refused)
+    call, clock = new_capture_call()
+    answer(call, clock, 422, body, {"Idempotent-Replayed": "true", "Idempotency-TTL": "9"})
+    error = finish_of(call, clock).error
+    assert isinstance(error, CaptureFailedError)
+    assert error.capture == Capture(**refused)  # type: ignore[arg-type]
+    assert (error.replayed, error.idempotency_ttl, error.body, len(error.attempts)) == (True, 9, body, 1)
+    assert "exceeds_authorization" in str(error) and "new key" in str(error)
+
+    void_refused = {**VOID, "status": "failed", "failure_reason": "authorization_captured"}
+    void_call, clock = new_void_call()
+    answer(void_call, clock, 422, problem(422, "void-failed", void=void_refused))
+    void_error = finish_of(void_call, clock).error
+    assert isinstance(void_error, VoidFailedError) and void_error.void == Void(**void_refused)  # type: ignore[arg-type]
+    assert "open again" in str(void_error)
+
+    void_call, clock = new_void_call()  # no void in it: not taken for a refusal
+    answer(void_call, clock, 422, problem(422, "void-failed"))
+    api = finish_of(void_call, clock).error
+    assert isinstance(api, ApiError) and "without its void" in str(api)
+
+
+def test_a_steps_reused_or_expired_key_names_what_the_key_made() -> None:
+    call, clock = new_capture_call()
+    reused_body = problem(422, "idempotency-key-reused", differing_fields=["amount_cents"], capture_id="cp_k")
+    answer(call, clock, 422, reused_body)
+    reused = finish_of(call, clock).error
+    assert isinstance(reused, KeyReusedError) and (reused.capture_id, reused.void_id) == ("cp_k", None)
+    assert "which made capture cp_k" in str(reused) and "nothing was captured" in str(reused)
+
+    void_call, clock = new_void_call()
+    answer(void_call, clock, 410, problem(410, "key-expired", void_id="vd_old"))
+    expired = finish_of(void_call, clock).error
+    assert isinstance(expired, KeyExpiredError) and (expired.void_id, expired.capture_id) == ("vd_old", None)
+    assert "made void vd_old" in str(expired) and "nothing was voided again" in str(expired)
+
+
+def test_bad_step_input_is_refused_before_any_attempt() -> None:
+    with pytest.raises(ValueError):
+        CaptureCall(config(), charge_id="", now=0)
+    with pytest.raises(TypeError):
+        CaptureCall(config(), charge_id="ch_1", final="yes", now=0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        VoidCall(config(), charge_id="ch_1", idempotency_key="chave-\u00e9", now=0)
+    with pytest.raises(TypeError):
+        AuthorizeCall(config(), order_id=1, amount_cents="2", now=0)  # type: ignore[arg-type]

@@ -1,9 +1,9 @@
 /**
  * The attempt loop: one call, one key, one body, as many attempts as the
  * policy allows. Every decision is taken by the pure functions of
- * `policy.ts`; this module only sends, reads, waits and records. A charge and
- * a refund run the same loop; they differ only in their path, their body and
- * what their final answers mean.
+ * `policy.ts`; this module only sends, reads, waits and records. A charge, an
+ * authorization, a refund, a capture and a void run the same loop; they
+ * differ only in their path, their body and what their final answers mean.
  *
  * Invariants: every attempt of a call carries the same `Idempotency-Key` and
  * the very same body bytes; attempt `i` goes to `baseUrl[i % n]`; no wait and
@@ -13,16 +13,25 @@
 
 import {
   ApiError,
+  CaptureExceedsAuthorizationError,
+  CaptureFailedError,
+  ChargeNotAuthorizedError,
   ChargeNotRefundableError,
   GaveUpError,
   KeyExpiredError,
   KeyReusedError,
   RefundExceedsCapturedError,
   RefundFailedError,
+  VoidFailedError,
 } from "./errors.js";
 import {
+  VOID_BODY,
+  capturesPath,
   decide,
+  decideCapture,
   decideRefund,
+  decideVoid,
+  encodeCaptureRequest,
   encodeChargeRequest,
   encodeRefundRequest,
   errorChain,
@@ -35,17 +44,24 @@ import {
   quoteKey,
   refundsPath,
   resolvePolicy,
+  voidPath,
+  type Answer,
   type RetryPolicy,
+  type StepDecision,
 } from "./policy.js";
 import type {
   Attempt,
   AttemptOutcome,
+  Capture,
+  CaptureResult,
   ChargeRequest,
   ChargeResult,
   Operation,
   Problem,
   RefundReason,
   RefundResult,
+  Void,
+  VoidResult,
 } from "./types.js";
 
 /** Where charges are created, relative to a base URL. */
@@ -103,6 +119,40 @@ export interface RefundOptions {
 
 const REFUND_OPTIONS: ReadonlySet<string> = new Set(["amountCents", "reason", "description", "idempotencyKey", "signal"]);
 
+/** What {@link IdemClient.capture} captures, and its per-call options. */
+export interface CaptureOptions {
+  /**
+   * Minor units, 1 to 10,000,000,000 (a safe integer, or a `bigint`). Left
+   * out: all the authorization has left when idem claims the capture.
+   */
+  amountCents?: number | bigint;
+  /**
+   * `true` (the default): this capture closes the authorization and releases
+   * what remains; `false` leaves the rest capturable by later captures.
+   */
+  final?: boolean;
+  /**
+   * The capture intent's key. Leave it out and the client makes one
+   * ({@link newKey}); better, make it with `newKey()` and store it before
+   * capturing (beside the shipment, say), so that a process that dies and
+   * comes back finishes the same capture instead of making another.
+   */
+  idempotencyKey?: string;
+  /** Stops the call at once, in a wait or mid-attempt; the call then rejects with the signal's reason. */
+  signal?: AbortSignal;
+}
+
+/** The per-call options of {@link IdemClient.void}. */
+export interface VoidOptions {
+  /** The void intent's key, as a capture's. */
+  idempotencyKey?: string;
+  /** Stops the call at once, in a wait or mid-attempt; the call then rejects with the signal's reason. */
+  signal?: AbortSignal;
+}
+
+const CAPTURE_OPTIONS: ReadonlySet<string> = new Set(["amountCents", "final", "idempotencyKey", "signal"]);
+const VOID_OPTIONS: ReadonlySet<string> = new Set(["idempotencyKey", "signal"]);
+
 /**
  * One HTTP exchange, as the loop hands it to {@link IdemClient.send}. For
  * subclasses that instrument attempts; not needed to use the client.
@@ -112,7 +162,7 @@ export interface AttemptRequest {
   number: number;
   /** The base URL, as given. */
   endpoint: string;
-  /** The full URL posted to: `/v1/charges`, or `/v1/charges/{id}/refunds`. */
+  /** The full URL posted to: `/v1/charges`, or `/v1/charges/{id}/refunds` (`captures`, `void`). */
   url: string;
   /** Every request header, by name. */
   headers: Record<string, string>;
@@ -181,11 +231,13 @@ interface Lost {
 class AttemptTimeout extends Error {}
 
 /**
- * A client of idem's `POST /v1/charges` and `POST /v1/charges/{id}/refunds`
- * for one merchant, that retries the way the contract says: one key per
- * call, the same bytes on every attempt, full-jitter backoff never shorter
- * than `Retry-After`, within a deadline. Calls may run concurrently on one
- * client.
+ * A client of idem's `POST /v1/charges` and `POST /v1/charges/{id}/refunds`,
+ * and of the two-step payment's authorize (`POST /v1/charges` with
+ * `"capture": false`), `POST /v1/charges/{id}/captures` and
+ * `POST /v1/charges/{id}/void`, for one merchant, that retries the way the
+ * contract says: one key per call, the same bytes on every attempt,
+ * full-jitter backoff never shorter than `Retry-After`, within a deadline.
+ * Calls may run concurrently on one client.
  */
 export class IdemClient {
   /** The policy in force: the defaults with the `retry` option over them. */
@@ -229,17 +281,40 @@ export class IdemClient {
    * before any attempt; an aborted `signal` rejects with its reason.
    */
   async charge(request: ChargeRequest, options: ChargeOptions = {}): Promise<ChargeResult> {
+    return this.#charge(request, options, "charge");
+  }
+
+  /**
+   * One authorization intent, the first step of a two-step payment: holds
+   * `request.amount_cents` on the card, to capture later
+   * ({@link IdemClient.capture}) or release ({@link IdemClient.void}). It is
+   * `POST /v1/charges` with `"capture": false`, retried exactly as
+   * {@link IdemClient.charge} is under one key.
+   *
+   * Resolves with a {@link ChargeResult}: authorized (`201`,
+   * `result.charge.status === "authorized"`, with `amount_capturable_cents`),
+   * declined (`402`) or failed (`502`); rejects as `charge` does.
+   */
+  async authorize(request: ChargeRequest, options: ChargeOptions = {}): Promise<ChargeResult> {
+    return this.#charge(request, options, "authorize");
+  }
+
+  async #charge(
+    request: ChargeRequest,
+    options: ChargeOptions,
+    operation: "charge" | "authorize",
+  ): Promise<ChargeResult> {
     if (options === null || typeof options !== "object") {
-      throw new TypeError("charge(request, { idempotencyKey?, signal? }): options must be an object");
+      throw new TypeError(`${operation}(request, { idempotencyKey?, signal? }): options must be an object`);
     }
     const { idempotencyKey, signal } = options;
-    checkSignal(signal, "charge(request, { signal })");
+    checkSignal(signal, `${operation}(request, { signal })`);
     const key = idempotencyKey === undefined ? newKey() : idempotencyKey;
     const keyHeader = quoteKey(key);
     // Encoded once: every attempt carries the very same bytes.
-    const body = new TextEncoder().encode(encodeChargeRequest(request));
+    const body = new TextEncoder().encode(encodeChargeRequest(request, operation === "charge"));
     return this.#call<ChargeResult>({
-      operation: "charge",
+      operation,
       path: CHARGES_PATH,
       key,
       keyHeader,
@@ -271,6 +346,7 @@ export class IdemClient {
               decision.chargeId,
               decision.differingFields,
               decision.refundId,
+              operation,
             );
           case "key-expired":
             throw new KeyExpiredError(key, attempts, decision.problem, decision.chargeId, decision.refundId);
@@ -369,6 +445,125 @@ export class IdemClient {
               decision.differingFields,
               decision.refundId,
               "refund",
+            );
+          case "key-expired":
+            throw new KeyExpiredError(key, attempts, decision.problem, decision.chargeId, decision.refundId);
+          case "api-error":
+            throw apiError(key, attempts, reply, bodyText, decision.problem, decision.reason);
+        }
+      },
+    });
+  }
+
+  /**
+   * One capture intent of the authorized charge `chargeId`: captures
+   * `amountCents` (left out: all the authorization has left), closing the
+   * authorization unless `final` is `false`, with one idempotency key until a
+   * final answer, the policy's attempts or its deadline: the same retries as
+   * {@link charge}. A `409` `authorization-closed` (a final capture or a void
+   * of the charge is pending at the acquirer) is retried too: nothing is
+   * stored under the key, and once that step settles a retry gets this
+   * capture or a final refusal.
+   *
+   * Resolves with a {@link CaptureResult} (`201`). Rejects with
+   * {@link CaptureFailedError} (`422`: the acquirer refused it for good, the
+   * key's stored outcome), {@link CaptureExceedsAuthorizationError} (`422`:
+   * more than the authorization has left), {@link ChargeNotAuthorizedError}
+   * (`422`: not an open authorization), {@link KeyReusedError},
+   * {@link KeyExpiredError}, {@link ApiError} (`404`: no such charge) or
+   * {@link GaveUpError}. An unknown option, a key or amount that cannot be
+   * sent is a `TypeError` or `RangeError` before any attempt.
+   */
+  async capture(chargeId: string, options: CaptureOptions = {}): Promise<CaptureResult> {
+    checkOptions(options, CAPTURE_OPTIONS, "capture(chargeId, { amountCents?, final?, idempotencyKey?, signal? })");
+    const { amountCents, final, idempotencyKey, signal } = options;
+    checkSignal(signal, "capture(chargeId, { signal })");
+    const path = capturesPath(chargeId);
+    const key = idempotencyKey === undefined ? newKey() : idempotencyKey;
+    const keyHeader = quoteKey(key);
+    // Encoded once: every attempt carries the very same bytes.
+    const body = new TextEncoder().encode(encodeCaptureRequest({ amount_cents: amountCents, final }));
+    return this.#step<Capture, CaptureResult>(
+      { operation: "capture", path, key, keyHeader, body, signal },
+      chargeId,
+      decideCapture,
+      (reply, capture, attempts) => ({ ...stepResult(reply, key, attempts), capture }),
+      (attempts, problem, capture, reply) =>
+        new CaptureFailedError(key, attempts, problem, capture, ...storedOf(reply)),
+    );
+  }
+
+  /**
+   * One void intent of the authorized charge `chargeId`: releases what its
+   * authorization still holds (after partial captures, the rest), with one
+   * idempotency key, retried as {@link charge} is. A `409` `capture-pending`
+   * (captures of the charge are pending at the acquirer) or
+   * `authorization-closed` is retried too: nothing is stored under the key,
+   * and once the other step settles a retry gets this void or a final
+   * refusal.
+   *
+   * Resolves with a {@link VoidResult} (`201`; `void.amount_cents` is what
+   * it released). Rejects with {@link VoidFailedError} (the acquirer refused
+   * it for good, the key's stored outcome), {@link ChargeNotAuthorizedError},
+   * {@link KeyReusedError}, {@link KeyExpiredError}, {@link ApiError} or
+   * {@link GaveUpError}.
+   */
+  async void(chargeId: string, options: VoidOptions = {}): Promise<VoidResult> {
+    checkOptions(options, VOID_OPTIONS, "void(chargeId, { idempotencyKey?, signal? })");
+    const { idempotencyKey, signal } = options;
+    checkSignal(signal, "void(chargeId, { signal })");
+    const path = voidPath(chargeId);
+    const key = idempotencyKey === undefined ? newKey() : idempotencyKey;
+    const keyHeader = quoteKey(key);
+    const body = new TextEncoder().encode(VOID_BODY);
+    return this.#step<Void, VoidResult>(
+      { operation: "void", path, key, keyHeader, body, signal },
+      chargeId,
+      decideVoid,
+      (reply, made, attempts) => ({ ...stepResult(reply, key, attempts), void: made }),
+      (attempts, problem, made, reply) => new VoidFailedError(key, attempts, problem, made, ...storedOf(reply)),
+    );
+  }
+
+  /** A capture's or a void's call: the loop, and what its answers mean. */
+  #step<T, R>(
+    call: Omit<Call<R>, "conclude">,
+    chargeId: string,
+    decideStep: (answer: Answer) => StepDecision<T>,
+    result: (reply: AttemptReply, step: T, attempts: Attempt[]) => R,
+    failed: (attempts: Attempt[], problem: Problem, step: T, reply: AttemptReply) => Error,
+  ): Promise<R> {
+    const { key, operation } = call;
+    return this.#call<R>({
+      ...call,
+      conclude: (reply, bodyText, attempts) => {
+        const decision = decideStep({ status: reply.status, bodyText, retryAfter: reply.headers.get("retry-after") });
+        switch (decision.kind) {
+          case "result":
+            return { result: result(reply, decision.step, attempts) };
+          case "retry":
+            return { retryAfterMs: decision.retryAfterMs };
+          case "step-failed":
+            throw failed(attempts, decision.problem, decision.step, reply);
+          case "capture-exceeds":
+            throw new CaptureExceedsAuthorizationError(
+              key,
+              attempts,
+              decision.problem,
+              chargeId,
+              decision.remainingCents,
+            );
+          case "not-authorized":
+            throw new ChargeNotAuthorizedError(key, attempts, decision.problem, chargeId, operation);
+          case "key-reused":
+            throw new KeyReusedError(
+              key,
+              attempts,
+              decision.problem,
+              decision.chargeId,
+              decision.differingFields,
+              decision.refundId,
+              operation,
             );
           case "key-expired":
             throw new KeyExpiredError(key, attempts, decision.problem, decision.chargeId, decision.refundId);
@@ -492,6 +687,37 @@ export class IdemClient {
     } finally {
       clearTimeout(timer);
       callerSignal?.removeEventListener("abort", onCallerAbort);
+    }
+  }
+}
+
+/** A capture's or a void's result, but the step itself. */
+function stepResult(
+  reply: AttemptReply,
+  key: string,
+  attempts: Attempt[],
+): Omit<CaptureResult, "capture"> {
+  const [replayed, idempotencyTtl, body] = storedOf(reply);
+  return { status: reply.status, key, replayed, idempotencyTtl, body, attempts };
+}
+
+/** What a stored outcome's answer says of itself: replayed, its TTL, its bytes. */
+function storedOf(reply: AttemptReply): [boolean, number | null, Uint8Array] {
+  return [
+    isReplayed(reply.headers.get("idempotent-replayed")),
+    parseSeconds(reply.headers.get("idempotency-ttl")),
+    reply.body,
+  ];
+}
+
+/** Options must be an object of known names: a misspelt amount must never capture all that is left. */
+function checkOptions(options: unknown, known: ReadonlySet<string>, where: string): void {
+  if (options === null || typeof options !== "object") {
+    throw new TypeError(`${where}: options must be an object`);
+  }
+  for (const name of Object.keys(options)) {
+    if (!known.has(name)) {
+      throw new TypeError(`${where}: no option ${JSON.stringify(name)}`);
     }
   }
 }

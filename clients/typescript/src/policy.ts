@@ -10,7 +10,19 @@
  * attempt runs past the call's deadline.
  */
 
-import type { Attempt, Charge, ChargeRequest, Operation, Problem, Refund, RefundRequest } from "./types.js";
+import { OPERATION_WORDS } from "./errors.js";
+import type {
+  Attempt,
+  Capture,
+  CaptureRequest,
+  Charge,
+  ChargeRequest,
+  Operation,
+  Problem,
+  Refund,
+  RefundRequest,
+  Void,
+} from "./types.js";
 
 /** How hard one call tries before giving up. */
 export interface RetryPolicy {
@@ -54,6 +66,14 @@ export const PROBLEM_TYPES = Object.freeze({
   refundFailed: "urn:idem:problem:refund-failed",
   refundExceedsCaptured: "urn:idem:problem:refund-exceeds-captured",
   chargeNotRefundable: "urn:idem:problem:charge-not-refundable",
+  captureFailed: "urn:idem:problem:capture-failed",
+  voidFailed: "urn:idem:problem:void-failed",
+  captureExceedsAuthorization: "urn:idem:problem:capture-exceeds-authorization",
+  chargeNotAuthorized: "urn:idem:problem:charge-not-authorized",
+  /** A `409`, retried: a final capture or a void of the authorization is pending at the acquirer. */
+  authorizationClosed: "urn:idem:problem:authorization-closed",
+  /** A `409` to a void, retried: captures of the authorization are pending at the acquirer. */
+  capturePending: "urn:idem:problem:capture-pending",
 });
 
 // ---------------------------------------------------------------------------
@@ -166,13 +186,15 @@ const REQUEST_FIELDS: ReadonlySet<string> = new Set([
 
 /**
  * The JSON text of `POST /v1/charges`, in the contract's field order, with
- * `currency` and `description` left out when absent. Refused before any
- * attempt (the server would refuse it, or it would not say what the caller
- * meant): an unknown field or a value of the wrong type (`TypeError`), an
- * integer field that is not a safe integer or a `bigint` (`RangeError`: above
- * 2^53 a `number` no longer holds the integer the caller wrote).
+ * `currency` and `description` left out when absent; an authorization
+ * (`capture` false) ends with `"capture":false`, a charge leaves it out.
+ * Refused before any attempt (the server would refuse it, or it would not say
+ * what the caller meant): an unknown field or a value of the wrong type
+ * (`TypeError`), an integer field that is not a safe integer or a `bigint`
+ * (`RangeError`: above 2^53 a `number` no longer holds the integer the caller
+ * wrote).
  */
-export function encodeChargeRequest(request: ChargeRequest): string {
+export function encodeChargeRequest(request: ChargeRequest, capture = true): string {
   if (request === null || typeof request !== "object" || Array.isArray(request)) {
     throw new TypeError("a charge request must be an object: { order_id, amount_cents, currency?, description? }");
   }
@@ -196,6 +218,9 @@ export function encodeChargeRequest(request: ChargeRequest): string {
       throw new TypeError(`${name} must be a string, not ${describeValue(value)}`);
     }
     parts.push(`${JSON.stringify(name)}:${JSON.stringify(value)}`);
+  }
+  if (!capture) {
+    parts.push(`"capture":false`);
   }
   return `{${parts.join(",")}}`;
 }
@@ -236,16 +261,62 @@ export function encodeRefundRequest(request: RefundRequest): string {
   return `{${parts.join(",")}}`;
 }
 
+const CAPTURE_FIELDS: ReadonlySet<string> = new Set(["amount_cents", "final"]);
+
+/**
+ * The JSON text of `POST /v1/charges/{id}/captures`: `amount_cents` left out
+ * when absent (all the authorization has left), `final` always sent (`true`
+ * unless given `false`: the capture closes the authorization and releases the
+ * rest). Refused before any attempt as {@link encodeChargeRequest} refuses.
+ */
+export function encodeCaptureRequest(request: CaptureRequest): string {
+  if (request === null || typeof request !== "object" || Array.isArray(request)) {
+    throw new TypeError("a capture request must be an object: { amount_cents?, final? }");
+  }
+  for (const name of Object.keys(request)) {
+    if (!CAPTURE_FIELDS.has(name)) {
+      throw new TypeError(`a capture request has no field ${JSON.stringify(name)} (amount_cents, final)`);
+    }
+  }
+  const parts: string[] = [];
+  if (request.amount_cents !== undefined && request.amount_cents !== null) {
+    parts.push(`"amount_cents":${encodeInteger("amount_cents", request.amount_cents)}`);
+  }
+  const final = request.final ?? true;
+  if (typeof final !== "boolean") {
+    throw new TypeError(`final must be a boolean, not ${describeValue(final)}`);
+  }
+  parts.push(`"final":${final}`);
+  return `{${parts.join(",")}}`;
+}
+
+/** The body of `POST /v1/charges/{id}/void`: a void names no amount. */
+export const VOID_BODY = "{}";
+
 /**
  * `/v1/charges/{chargeId}/refunds`, the id percent-encoded so that no id,
  * however odd, names another route (idem answers `404` for one not of its
  * shape). An id that is not a non-empty string is a `TypeError`.
  */
 export function refundsPath(chargeId: string): string {
+  return chargePath(chargeId, "refunds");
+}
+
+/** `/v1/charges/{chargeId}/captures`, as {@link refundsPath}. */
+export function capturesPath(chargeId: string): string {
+  return chargePath(chargeId, "captures");
+}
+
+/** `/v1/charges/{chargeId}/void`, as {@link refundsPath}. */
+export function voidPath(chargeId: string): string {
+  return chargePath(chargeId, "void");
+}
+
+function chargePath(chargeId: string, operation: string): string {
   if (typeof chargeId !== "string" || chargeId === "") {
     throw new TypeError(`a charge id must be a non-empty string, not ${describeValue(chargeId)}`);
   }
-  return `/v1/charges/${encodeURIComponent(chargeId)}/refunds`;
+  return `/v1/charges/${encodeURIComponent(chargeId)}/${operation}`;
 }
 
 function encodeInteger(name: string, value: unknown): string {
@@ -395,10 +466,20 @@ export type AnswerKind = "result" | "retry" | "key-reused" | "key-expired" | "ap
 
 /**
  * `201`, `402` and `502` `acquirer-rejected` are stored outcomes (results).
- * `409` (in flight), `429`, `503`, `504` and any other `502` (a gateway's says
- * nothing about the charge) may turn out otherwise on a retry. `422`
+ * `409`, `429`, `503`, `504` and any other `502` (a gateway's says nothing
+ * about the charge) may turn out otherwise on a retry. `422`
  * `idempotency-key-reused` and `410` `key-expired` are typed errors. Anything
  * else (`400`, `401`, `413`, `415`, `500`, a `3xx`, ...) is the final word.
+ *
+ * Every `409` is retried, whatever its type: `request-in-flight` (this key's
+ * first attempt is at the acquirer), and, to a capture or a void,
+ * `authorization-closed` (a final capture or a void of the authorization is
+ * pending at the acquirer) and `capture-pending` (to a void: captures are).
+ * None stores anything under the key, and each is settled by another
+ * attempt's or step's outcome, which a retry then meets: this intent's own
+ * outcome, or a final refusal (`422` `charge-not-authorized`). idem answers
+ * `409` exactly for what a retry may change (`422` for what it cannot), so
+ * the client follows the status, not a list of types.
  */
 export function classifyStatus(status: number, problemType: string | null): AnswerKind {
   switch (status) {
@@ -594,6 +675,146 @@ export function decideRefund(answer: Answer): RefundDecision {
   }
 }
 
+/** What a status, with its problem type, means for a capture or a void. */
+export type StepAnswerKind =
+  | "result"
+  | "retry"
+  | "key-reused"
+  | "key-expired"
+  | "step-failed"
+  | "capture-exceeds"
+  | "not-authorized"
+  | "api-error";
+
+/**
+ * As {@link classifyRefundStatus}, for a capture: a `201` is the only result;
+ * the capture `422`s (`capture-failed`, `capture-exceeds-authorization`,
+ * `charge-not-authorized`) are final; every `409`, `authorization-closed`
+ * included, is retried.
+ */
+export function classifyCaptureStatus(status: number, problemType: string | null): StepAnswerKind {
+  if (status === 422) {
+    switch (problemType) {
+      case PROBLEM_TYPES.captureFailed:
+        return "step-failed";
+      case PROBLEM_TYPES.captureExceedsAuthorization:
+        return "capture-exceeds";
+      case PROBLEM_TYPES.chargeNotAuthorized:
+        return "not-authorized";
+    }
+  }
+  return classifyStepStatus(status, problemType);
+}
+
+/**
+ * As {@link classifyCaptureStatus}, for a void: its `422`s (`void-failed`,
+ * `charge-not-authorized`) are final; `capture-pending` and
+ * `authorization-closed` (`409`) are retried.
+ */
+export function classifyVoidStatus(status: number, problemType: string | null): StepAnswerKind {
+  if (status === 422) {
+    switch (problemType) {
+      case PROBLEM_TYPES.voidFailed:
+        return "step-failed";
+      case PROBLEM_TYPES.chargeNotAuthorized:
+        return "not-authorized";
+    }
+  }
+  return classifyStepStatus(status, problemType);
+}
+
+function classifyStepStatus(status: number, problemType: string | null): StepAnswerKind {
+  switch (status) {
+    case 201:
+      return "result";
+    case 402:
+      return "api-error";
+    case 502:
+      return "retry";
+    default:
+      return classifyStatus(status, problemType) as StepAnswerKind;
+  }
+}
+
+/** The decision for one complete answer to a capture (`T` = {@link Capture}) or a void. */
+export type StepDecision<T> =
+  | { kind: "result"; step: T }
+  | { kind: "retry"; retryAfterMs: number | null; problem: Problem | null }
+  | {
+      kind: "key-reused";
+      problem: Problem;
+      chargeId: string | null;
+      refundId: string | null;
+      differingFields: string[];
+    }
+  | { kind: "key-expired"; problem: Problem; chargeId: string | null; refundId: string | null }
+  | { kind: "step-failed"; problem: Problem; step: T }
+  | { kind: "capture-exceeds"; problem: Problem; remainingCents: number | null }
+  | { kind: "not-authorized"; problem: Problem }
+  | { kind: "api-error"; problem: Problem | null; reason: string | null };
+
+/**
+ * What a complete answer to a capture means. A `201`, or a `capture-failed`
+ * problem, that holds no capture is not taken for one: it is an API error.
+ */
+export function decideCapture(answer: Answer): StepDecision<Capture> {
+  return decideStep(answer, classifyCaptureStatus, parseCapture, "capture");
+}
+
+/** What a complete answer to a void means, as {@link decideCapture}. */
+export function decideVoid(answer: Answer): StepDecision<Void> {
+  return decideStep(answer, classifyVoidStatus, parseVoid, "void");
+}
+
+function decideStep<T>(
+  answer: Answer,
+  classify: (status: number, problemType: string | null) => StepAnswerKind,
+  parse: (value: unknown) => T | null,
+  noun: "capture" | "void",
+): StepDecision<T> {
+  const problem = parseProblem(answer.bodyText);
+  switch (classify(answer.status, problem?.type ?? null)) {
+    case "result": {
+      const step = parse(parseJson(answer.bodyText));
+      return step === null
+        ? { kind: "api-error", problem, reason: `a 201 answer, but its body holds no ${noun}` }
+        : { kind: "result", step };
+    }
+    case "step-failed": {
+      const p = problem as Problem;
+      const step = parse(p[noun]);
+      return step === null
+        ? { kind: "api-error", problem, reason: `a ${noun}-failed answer, but its problem document holds no ${noun}` }
+        : { kind: "step-failed", problem: p, step };
+    }
+    case "capture-exceeds": {
+      const p = problem as Problem;
+      const remaining = Number.isSafeInteger(p.remaining_cents) ? (p.remaining_cents as number) : null;
+      return { kind: "capture-exceeds", problem: p, remainingCents: remaining };
+    }
+    case "not-authorized":
+      return { kind: "not-authorized", problem: problem as Problem };
+    case "retry":
+      return { kind: "retry", retryAfterMs: parseRetryAfterMs(answer.retryAfter), problem };
+    case "key-reused": {
+      const p = problem as Problem;
+      return {
+        kind: "key-reused",
+        problem: p,
+        chargeId: chargeIdOf(p),
+        refundId: refundIdOf(p),
+        differingFields: differingFieldsOf(p),
+      };
+    }
+    case "key-expired": {
+      const p = problem as Problem;
+      return { kind: "key-expired", problem: p, chargeId: chargeIdOf(p), refundId: refundIdOf(p) };
+    }
+    case "api-error":
+      return { kind: "api-error", problem, reason: null };
+  }
+}
+
 function parseJson(text: string): unknown {
   try {
     return JSON.parse(text) as unknown;
@@ -630,6 +851,33 @@ export function parseRefund(value: unknown): Refund | null {
     typeof value.status === "string" &&
     typeof value.amount_cents === "number"
     ? (value as unknown as Refund)
+    : null;
+}
+
+/**
+ * A capture: an object with a string `id`, `charge_id` and `status`, a
+ * numeric `amount_cents` and a boolean `final`; else `null`. Unknown fields
+ * are kept.
+ */
+export function parseCapture(value: unknown): Capture | null {
+  return isObject(value) &&
+    typeof value.id === "string" &&
+    typeof value.charge_id === "string" &&
+    typeof value.status === "string" &&
+    typeof value.amount_cents === "number" &&
+    typeof value.final === "boolean"
+    ? (value as unknown as Capture)
+    : null;
+}
+
+/** A void: as a capture, without `final`; else `null`. Unknown fields are kept. */
+export function parseVoid(value: unknown): Void | null {
+  return isObject(value) &&
+    typeof value.id === "string" &&
+    typeof value.charge_id === "string" &&
+    typeof value.status === "string" &&
+    typeof value.amount_cents === "number"
+    ? (value as unknown as Void)
     : null;
 }
 
@@ -697,20 +945,20 @@ export function giveUpSummary(attempts: readonly Attempt[], reason: string): str
 }
 
 /**
- * The message of a give-up: the charge (or refund: `noun`) may have happened,
- * and the same key tells.
+ * The message of a give-up: the charge (or refund, authorization, capture,
+ * void: `operation`) may have happened, and the same key tells.
  */
 export function gaveUpMessage(
   key: string,
   attemptCount: number,
   last: string,
-  noun: Operation = "charge",
+  operation: Operation = "charge",
 ): string {
   const attempts = attemptCount === 1 ? "1 attempt" : `${attemptCount} attempts`;
-  const done = noun === "charge" ? "charging" : "refunding";
+  const { noun, verb, doing } = OPERATION_WORDS[operation];
   return (
     `gave up on idempotency key ${JSON.stringify(key)} after ${attempts}: ${last}. ` +
-    `The outcome may be unknown (the ${noun} may have happened): ${noun} again with the same key ` +
-    `to learn it without ${done} twice`
+    `The outcome may be unknown (the ${noun} may have happened): ${verb} again with the same key ` +
+    `to learn it without ${doing} twice`
   );
 }

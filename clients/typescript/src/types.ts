@@ -1,11 +1,11 @@
 /**
- * The shapes of the idem charge and refund API as a client sees them. Wire field names
+ * The shapes of the idem charge, refund and two-step API as a client sees them. Wire field names
  * stay as the API spells them (snake_case); the client's own options are
  * camelCase.
  */
 
-/** What a call makes: a charge or a refund. */
-export type Operation = "charge" | "refund";
+/** What a call makes: a charge, a refund, or a step of a two-step payment. */
+export type Operation = "charge" | "refund" | "authorize" | "capture" | "void";
 
 /** The body of `POST /v1/charges` (docs/contract/api.md). */
 export interface ChargeRequest {
@@ -22,8 +22,11 @@ export interface ChargeRequest {
   description?: string | null;
 }
 
-/** A charge's status. Only `processing` ever changes. */
-export type ChargeStatus = "processing" | "captured" | "declined" | "failed";
+/**
+ * A charge's status. Only `processing` and `authorized` ever change;
+ * `authorized` and `voided` are a two-step charge's.
+ */
+export type ChargeStatus = "processing" | "captured" | "declined" | "failed" | "authorized" | "voided";
 
 /** The charge, as the `201` body or a `402`/`502` problem's `charge` holds it. */
 export interface Charge {
@@ -43,6 +46,13 @@ export interface Charge {
   decline_reason: string | null;
   /** When the charge was claimed, UTC, to the second (RFC 3339). */
   created_at: string;
+  /** A two-step charge's (absent on a one-step charge): the sum of its captures made. */
+  amount_captured_cents?: number;
+  /**
+   * A two-step charge's: what a capture may still take (the authorized amount
+   * less the captures made or pending; 0 once the authorization is closed).
+   */
+  amount_capturable_cents?: number;
 }
 
 /**
@@ -66,7 +76,18 @@ export interface Problem {
   refund?: Refund;
   /** The refund a key made (`key-expired`, `idempotency-key-reused`, `outcome-unknown`, `refund-under-review`). */
   refund_id?: string;
-  /** What the charge has left to refund (`refund-exceeds-captured`). */
+  /** The capture (`capture-failed`). */
+  capture?: Capture;
+  /** The capture a key made (`key-expired`, `idempotency-key-reused`, `outcome-unknown`, `step-under-review`). */
+  capture_id?: string;
+  /** The void (`void-failed`). */
+  void?: Void;
+  /** The void a key made, as `capture_id`. */
+  void_id?: string;
+  /**
+   * What the charge has left to refund (`refund-exceeds-captured`), or the
+   * authorization to capture (`capture-exceeds-authorization`).
+   */
   remaining_cents?: number;
   [extension: string]: unknown;
 }
@@ -96,8 +117,9 @@ export interface Attempt {
 }
 
 /**
- * A stored outcome: `201` (captured), `402` (declined) or `502`
- * `acquirer-rejected` (failed, no money moved). Branch on `charge.status`.
+ * A stored outcome: `201` (captured; for an authorization, authorized), `402`
+ * (declined) or `502` `acquirer-rejected` (failed, no money moved). Branch on
+ * `charge.status`.
  */
 export interface ChargeResult {
   /** The final answer's HTTP status: `201`, `402` or `502`. */
@@ -160,6 +182,93 @@ export interface RefundResult {
   /** The final answer's HTTP status: `201`. */
   status: number;
   refund: Refund;
+  /** The idempotency key every attempt carried (unquoted). */
+  key: string;
+  /** The answer carried `Idempotent-Replayed: true`: an earlier attempt (or call) stored it. */
+  replayed: boolean;
+  /** `Idempotency-TTL`: how many more seconds the key is honoured, or `null` when absent. */
+  idempotencyTtl: number | null;
+  /** The answer's exact bytes, so a replay can be compared byte for byte. */
+  body: Uint8Array;
+  /** Every attempt in order, the final one last. */
+  attempts: Attempt[];
+}
+
+/** The body of `POST /v1/charges/{id}/captures` (docs/contract/api.md); every field optional. */
+export interface CaptureRequest {
+  /** Minor units, 1 to 10,000,000,000 (a safe integer, or a `bigint`). Left out: all the authorization has left. */
+  amount_cents?: number | bigint | null;
+  /** `true` (the default): the capture closes the authorization and releases the rest; `false` leaves it capturable. */
+  final?: boolean | null;
+}
+
+/** A capture's or a void's status. Only `pending` ever changes. */
+export type StepStatus = "pending" | "succeeded" | "failed";
+
+/** A capture of an authorized charge, as the `201` body or a `capture-failed` problem's `capture` holds it. */
+export interface Capture {
+  /** `cp_` and 24 letters and digits. */
+  id: string;
+  charge_id: string;
+  amount_cents: number;
+  /** The charge's currency. */
+  currency: string;
+  /** It closed the authorization (what it left was released). */
+  final: boolean;
+  status: StepStatus;
+  /** The capture's own reference at the acquirer, the same on every call. */
+  acquirer_reference: string;
+  /** The acquirer's reason when `failed`, else `null`. */
+  failure_reason: string | null;
+  /** When the capture was claimed, UTC, to the second (RFC 3339). */
+  created_at: string;
+}
+
+/** A void of an authorized charge, as the `201` body or a `void-failed` problem's `void` holds it. */
+export interface Void {
+  /** `vd_` and 24 letters and digits. */
+  id: string;
+  charge_id: string;
+  /** What it released: the authorization's amount less its captures. */
+  amount_cents: number;
+  currency: string;
+  status: StepStatus;
+  /** The void's own reference at the acquirer, the same on every call. */
+  acquirer_reference: string;
+  /** The acquirer's reason when `failed`, else `null`. */
+  failure_reason: string | null;
+  /** When the void was claimed, UTC, to the second (RFC 3339). */
+  created_at: string;
+}
+
+/**
+ * A capture the acquirer made (`201`). One it refused for good is a
+ * {@link CaptureFailedError}, also a stored outcome.
+ */
+export interface CaptureResult {
+  /** The final answer's HTTP status: `201`. */
+  status: number;
+  capture: Capture;
+  /** The idempotency key every attempt carried (unquoted). */
+  key: string;
+  /** The answer carried `Idempotent-Replayed: true`: an earlier attempt (or call) stored it. */
+  replayed: boolean;
+  /** `Idempotency-TTL`: how many more seconds the key is honoured, or `null` when absent. */
+  idempotencyTtl: number | null;
+  /** The answer's exact bytes, so a replay can be compared byte for byte. */
+  body: Uint8Array;
+  /** Every attempt in order, the final one last. */
+  attempts: Attempt[];
+}
+
+/**
+ * A void the acquirer made (`201`): the authorization is released. One it
+ * refused for good is a {@link VoidFailedError}.
+ */
+export interface VoidResult {
+  /** The final answer's HTTP status: `201`. */
+  status: number;
+  void: Void;
   /** The idempotency key every attempt carried (unquoted). */
   key: string;
   /** The answer carried `Idempotent-Replayed: true`: an earlier attempt (or call) stored it. */

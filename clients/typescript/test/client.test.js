@@ -1,13 +1,17 @@
 // The attempt loop against small local HTTP servers (and a refused port):
 // headers, the same bytes on every attempt, endpoint rotation, results,
 // typed errors, timeouts that cover the body, cut-off bodies, the deadline,
-// the caller's AbortSignal, and refunds through the same loop.
+// the caller's AbortSignal, and refunds and the two-step payment's authorize,
+// capture and void through the same loop.
 import assert from "node:assert/strict";
 import http from "node:http";
 import { after, describe, test } from "node:test";
 
 import {
   ApiError,
+  CaptureExceedsAuthorizationError,
+  CaptureFailedError,
+  ChargeNotAuthorizedError,
   ChargeNotRefundableError,
   GaveUpError,
   IdemClient,
@@ -16,6 +20,7 @@ import {
   KeyReusedError,
   RefundExceedsCapturedError,
   RefundFailedError,
+  VoidFailedError,
   newKey,
 } from "../dist/index.js";
 
@@ -566,6 +571,116 @@ describe("refunds", () => {
     await assert.rejects(c.refund(CHARGE.id, { amountCents: "5000" }), TypeError);
     await assert.rejects(c.refund(CHARGE.id, { signal: {} }), TypeError);
     await assert.rejects(c.refund(CHARGE.id, null), TypeError);
+    assert.equal(s.requests.length, 0);
+  });
+});
+
+describe("two-step payments", () => {
+  const AUTHORIZED = { ...CHARGE, status: "authorized", amount_captured_cents: 0, amount_capturable_cents: 25000 };
+  const CAPTURE = {
+    id: "cp_7kLmQ2xZ9pR4tV8bN1cW6yHd",
+    charge_id: CHARGE.id,
+    amount_cents: 10000,
+    currency: "BRL",
+    final: false,
+    status: "succeeded",
+    acquirer_reference: "ref_c1",
+    failure_reason: null,
+    created_at: "2026-12-07T03:00:00Z",
+  };
+  const { final: _final, ...rest } = CAPTURE;
+  const VOID = { ...rest, id: "vd_7kLmQ2xZ9pR4tV8bN1cW6yHd", amount_cents: 15000 };
+
+  test("authorize, capture and void: each one key on every attempt, its own path and bytes", async () => {
+    const s = await serve((req, res, n) => {
+      if (n === 0) return problem(res, 503, "outcome-unknown", {}, { "retry-after": "0" });
+      if (n === 1) return json(res, 201, AUTHORIZED, { "idempotency-ttl": "86399" });
+      if (n === 2) return problem(res, 409, "request-in-flight", {}, { "retry-after": "0" });
+      if (n === 3) return json(res, 201, CAPTURE, { "idempotent-replayed": "true" });
+      if (n === 4) return problem(res, 409, "capture-pending");
+      if (n === 5) return problem(res, 409, "authorization-closed");
+      return json(res, 201, VOID, { "idempotency-ttl": "7" });
+    });
+    const c = client(s.url);
+    const held = await c.authorize(REQUEST, { idempotencyKey: "a-1" });
+    assert.deepEqual([held.charge.status, held.charge.amount_capturable_cents, held.key], ["authorized", 25000, "a-1"]);
+    const captured = await c.capture(CHARGE.id, { amountCents: 10000, final: false });
+    assert.deepEqual(captured.capture, CAPTURE);
+    assert.deepEqual([captured.replayed, captured.attempts.length], [true, 2]);
+    const voided = await c.void(CHARGE.id, { idempotencyKey: "v-1" });
+    assert.deepEqual([voided.void, voided.idempotencyTtl], [VOID, 7]);
+    assert.deepEqual(voided.attempts.map((a) => a.status), [409, 409, 201]);
+    const sent = s.requests.map((r) => [r.url, r.headers["idempotency-key"], r.body.toString("utf8")]);
+    const authorization = '{"order_id":42,"amount_cents":25000,"currency":"BRL","capture":false}';
+    const part = '{"amount_cents":10000,"final":false}';
+    assert.deepEqual(sent, [
+      ["/v1/charges", '"a-1"', authorization],
+      ["/v1/charges", '"a-1"', authorization],
+      [`/v1/charges/${CHARGE.id}/captures`, `"${captured.key}"`, part],
+      [`/v1/charges/${CHARGE.id}/captures`, `"${captured.key}"`, part],
+      [`/v1/charges/${CHARGE.id}/void`, '"v-1"', "{}"],
+      [`/v1/charges/${CHARGE.id}/void`, '"v-1"', "{}"],
+      [`/v1/charges/${CHARGE.id}/void`, '"v-1"', "{}"],
+    ]);
+  });
+
+  test("a conflict that never settles gives up with the key, in the step's words", async () => {
+    const s = await serve((req, res) => problem(res, 409, "authorization-closed"));
+    const error = await rejection(client(s.url, { ...FAST, maxAttempts: 3 }).capture(CHARGE.id, { idempotencyKey: "c-9" }));
+    assert.ok(error instanceof GaveUpError);
+    assert.deepEqual([error.key, error.attempts.length], ["c-9", 3]);
+    assert.match(error.message, /the capture may have happened\): capture again with the same key/);
+    assert.equal(s.requests[0].body.toString("utf8"), '{"final":true}');
+  });
+
+  test("its typed errors, none retried", async () => {
+    const failedCapture = { ...CAPTURE, status: "failed", failure_reason: "exceeds_authorization" };
+    const failedVoid = { ...VOID, status: "failed", failure_reason: "authorization_captured" };
+    const s = await serve((req, res, n) => {
+      if (n === 0) return problem(res, 422, "capture-exceeds-authorization", { remaining_cents: 15000 });
+      if (n === 1) return problem(res, 422, "charge-not-authorized");
+      if (n === 2) return problem(res, 422, "capture-failed", { capture: failedCapture }, { "idempotency-ttl": "5" });
+      if (n === 3) return problem(res, 422, "void-failed", { void: failedVoid });
+      if (n === 4) return problem(res, 422, "idempotency-key-reused", { differing_fields: ["amount_cents"], capture_id: "cp_k" });
+      if (n === 5) return problem(res, 410, "key-expired", { void_id: "vd_k" });
+      return json(res, 201, VOID);
+    });
+    const c = client(s.url);
+    const exceeds = await rejection(c.capture(CHARGE.id, { amountCents: 30000 }));
+    assert.ok(exceeds instanceof CaptureExceedsAuthorizationError && exceeds instanceof IdemError);
+    assert.deepEqual([exceeds.chargeId, exceeds.remainingCents, exceeds.attempts.length], [CHARGE.id, 15000, 1]);
+    const notAuthorized = await rejection(c.void(CHARGE.id));
+    assert.ok(notAuthorized instanceof ChargeNotAuthorizedError);
+    assert.match(notAuthorized.message, /cannot be voided/);
+    const failed = await rejection(c.capture(CHARGE.id));
+    assert.ok(failed instanceof CaptureFailedError);
+    assert.deepEqual([failed.capture, failed.idempotencyTtl, failed.replayed], [failedCapture, 5, false]);
+    const voidFailed = await rejection(c.void(CHARGE.id));
+    assert.ok(voidFailed instanceof VoidFailedError);
+    assert.deepEqual(voidFailed.void, failedVoid);
+    const reused = await rejection(c.capture(CHARGE.id, { amountCents: 1 }));
+    assert.ok(reused instanceof KeyReusedError);
+    assert.deepEqual([reused.captureId, reused.voidId, reused.differingFields], ["cp_k", null, ["amount_cents"]]);
+    assert.match(reused.message, /which made capture cp_k.*a new capture/);
+    const expired = await rejection(c.void(CHARGE.id));
+    assert.ok(expired instanceof KeyExpiredError);
+    assert.deepEqual([expired.voidId, expired.captureId], ["vd_k", null]);
+    assert.match(expired.message, /\(void vd_k\); nothing was voided again/);
+    assert.equal(s.requests.length, 6, "a refusal was sent again");
+  });
+
+  test("an unknown option, a bad charge id, key, amount or final makes no attempt", async () => {
+    const s = await serve((req, res) => json(res, 201, CAPTURE));
+    const c = client(s.url);
+    await assert.rejects(c.capture(CHARGE.id, { amount_cents: 5000 }), TypeError);
+    await assert.rejects(c.capture(CHARGE.id, { final: "false" }), TypeError);
+    await assert.rejects(c.capture(CHARGE.id, { amountCents: 2 ** 60 }), RangeError);
+    await assert.rejects(c.capture("", {}), TypeError);
+    await assert.rejects(c.void(CHARGE.id, { amountCents: 1 }), TypeError);
+    await assert.rejects(c.void(undefined), TypeError);
+    await assert.rejects(c.void(CHARGE.id, { idempotencyKey: "chave-é" }), RangeError);
+    await assert.rejects(c.authorize({ ...REQUEST, capture: false }), TypeError);
+    await assert.rejects(c.authorize(REQUEST, null), TypeError);
     assert.equal(s.requests.length, 0);
   });
 });

@@ -56,8 +56,12 @@ test("the suite fails a client that makes a new key on every retry", { timeout: 
   const summary = [...runs.values()].map((run) => `${run.name}: ${report(run)}`).join("\n");
 
   assert.deepEqual(runs.get("first-try").failures, [], `a single attempt is not a retry: first-try must pass\n${summary}`);
-  const retrying = ["unknown-outcome-then-settled", "timeout-then-retry", "server-goes-away-mid-retry", "refund-answer-lost"];
-  for (const name of retrying) {
+  const charging = ["unknown-outcome-then-settled", "timeout-then-retry", "server-goes-away-mid-retry", "refund-answer-lost"];
+  const capturing = ["capture-timeout-then-retry", "two-step-answers-lost"];
+  // Retried 409s that another step settles: no second effect, but requests
+  // that carried no call's key, which this runner checks.
+  const conflicting = ["void-waits-for-pending-capture", "capture-meets-pending-void"];
+  for (const name of charging) {
     const run = runs.get(name);
     assert.ok(run, `the suite has no scenario ${name}`);
     const doubled = run.failures.find((f) => f.field === "captures" && f.got >= 2);
@@ -66,6 +70,18 @@ test("the suite fails a client that makes a new key on every retry", { timeout: 
   // The refund's own retry, under a new key, is a second refund of the capture.
   const refunded = runs.get("refund-answer-lost").failures.find((f) => f.field === "refunds" && f.got >= 2);
   assert.ok(refunded, `refund-answer-lost must fail on a double refund with a new key per retry\n${summary}`);
+  // A capture of an authorization retried under a new key takes from it twice.
+  for (const name of capturing) {
+    const run = runs.get(name);
+    assert.ok(run, `the suite has no scenario ${name}`);
+    const doubled = run.failures.find((f) => f.field === "authorization_captures" && f.got >= 2);
+    assert.ok(doubled, `${name} must fail on a second capture of the authorization with a new key per retry\n${summary}`);
+  }
+  for (const name of conflicting) {
+    const run = runs.get(name);
+    assert.ok(run?.failures.some((f) => f.field === "key"), `${name} must fail on requests without their call's key\n${summary}`);
+  }
   const failing = [...runs.values()].filter((run) => run.failures.length > 0).map((run) => run.name);
-  assert.deepEqual(failing.sort(), [...retrying].sort(), `exactly the retrying scenarios must fail\n${summary}`);
+  const retrying = [...charging, ...capturing, ...conflicting];
+  assert.deepEqual(failing.sort(), retrying.sort(), `exactly the retrying scenarios must fail\n${summary}`);
 });

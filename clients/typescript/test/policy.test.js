@@ -6,11 +6,17 @@ import {
   DEFAULT_RETRY_POLICY,
   backoffCeilingMs,
   backoffDelayMs,
+  capturesPath,
+  classifyCaptureStatus,
   classifyRefundStatus,
   classifyStatus,
+  classifyVoidStatus,
   decide,
+  decideCapture,
   decideRefund,
+  decideVoid,
   describeAttempt,
+  encodeCaptureRequest,
   encodeChargeRequest,
   encodeRefundRequest,
   errorChain,
@@ -18,9 +24,11 @@ import {
   giveUpSummary,
   isPrintableAscii,
   isReplayed,
+  parseCapture,
   parseCharge,
   parseProblem,
   parseRefund,
+  parseVoid,
   parseRetryAfterMs,
   parseSeconds,
   planAttempt,
@@ -29,6 +37,7 @@ import {
   quoteKey,
   refundsPath,
   resolvePolicy,
+  voidPath,
 } from "../dist/policy.js";
 
 const DRAWS = 2000;
@@ -521,5 +530,101 @@ describe("refunds", () => {
     const message = gaveUpMessage("k-1", 2, "status 503 from http://a; max attempts (2) reached", "refund");
     assert.match(message, /the refund may have happened\): refund again with the same key/);
     assert.match(message, /without refunding twice/);
+  });
+});
+
+describe("two-step payments", () => {
+  const CAPTURE = {
+    id: "cp_7kLmQ2xZ9pR4tV8bN1cW6yHd",
+    charge_id: CHARGE.id,
+    amount_cents: 10000,
+    currency: "BRL",
+    final: false,
+    status: "succeeded",
+    acquirer_reference: "ref_c1",
+    failure_reason: null,
+    created_at: "2026-12-07T03:00:00Z",
+  };
+  const { final: _final, ...rest } = CAPTURE;
+  const VOID = { ...rest, id: "vd_7kLmQ2xZ9pR4tV8bN1cW6yHd", amount_cents: 15000 };
+  const t = (kind) => `urn:idem:problem:${kind}`;
+
+  test("an authorization is the charge's body with capture false; a charge's is unchanged", () => {
+    const request = { order_id: 1, amount_cents: 2, currency: "BRL" };
+    assert.equal(encodeChargeRequest(request, false), '{"order_id":1,"amount_cents":2,"currency":"BRL","capture":false}');
+    assert.equal(encodeChargeRequest(request), '{"order_id":1,"amount_cents":2,"currency":"BRL"}');
+    assert.throws(() => encodeChargeRequest({ ...request, capture: false }), TypeError);
+  });
+
+  test("a capture's body always says final; a void's path and body", () => {
+    assert.equal(encodeCaptureRequest({}), '{"final":true}');
+    assert.equal(encodeCaptureRequest({ amount_cents: 10000n, final: false }), '{"amount_cents":10000,"final":false}');
+    assert.equal(encodeCaptureRequest({ amount_cents: null, final: null }), '{"final":true}');
+    assert.throws(() => encodeCaptureRequest({ amountCents: 1 }), TypeError);
+    assert.throws(() => encodeCaptureRequest({ final: "no" }), TypeError);
+    assert.throws(() => encodeCaptureRequest({ amount_cents: 1.5 }), RangeError);
+    assert.equal(capturesPath(CHARGE.id), `/v1/charges/${CHARGE.id}/captures`);
+    assert.equal(voidPath("../x?y"), "/v1/charges/..%2Fx%3Fy/void");
+    assert.throws(() => voidPath(""), TypeError);
+  });
+
+  test("every status: the 409s another step settles are retried, the refusals final", () => {
+    const cases = [
+      [201, null, "result", "result"],
+      [409, t("request-in-flight"), "retry", "retry"],
+      [409, t("authorization-closed"), "retry", "retry"],
+      [409, t("capture-pending"), "retry", "retry"],
+      [503, t("outcome-unknown"), "retry", "retry"],
+      [503, t("step-under-review"), "retry", "retry"],
+      [502, null, "retry", "retry"],
+      [429, null, "retry", "retry"],
+      [422, t("capture-failed"), "step-failed", "api-error"],
+      [422, t("void-failed"), "api-error", "step-failed"],
+      [422, t("capture-exceeds-authorization"), "capture-exceeds", "api-error"],
+      [422, t("charge-not-authorized"), "not-authorized", "not-authorized"],
+      [422, t("idempotency-key-reused"), "key-reused", "key-reused"],
+      [410, t("key-expired"), "key-expired", "key-expired"],
+      [402, t("charge-declined"), "api-error", "api-error"],
+      [404, t("not-found"), "api-error", "api-error"],
+    ];
+    for (const [status, type, capture, voided] of cases) {
+      assert.equal(classifyCaptureStatus(status, type), capture, `capture ${status} ${type}`);
+      assert.equal(classifyVoidStatus(status, type), voided, `void ${status} ${type}`);
+    }
+  });
+
+  test("what each answer carries", () => {
+    const ok = decideCapture({ status: 201, bodyText: JSON.stringify(CAPTURE), retryAfter: null });
+    assert.deepEqual(ok, { kind: "result", step: CAPTURE });
+    assert.deepEqual(decideVoid({ status: 201, bodyText: JSON.stringify(VOID), retryAfter: null }), { kind: "result", step: VOID });
+    const refused = { ...CAPTURE, status: "failed", failure_reason: "exceeds_authorization" };
+    const failed = decideCapture({ status: 422, bodyText: problem("capture-failed", { capture: refused }), retryAfter: null });
+    assert.deepEqual([failed.kind, failed.step], ["step-failed", refused]);
+    const voidFailed = decideVoid({ status: 422, bodyText: problem("void-failed", { void: VOID }), retryAfter: null });
+    assert.deepEqual([voidFailed.kind, voidFailed.step], ["step-failed", VOID]);
+    const exceeds = decideCapture({ status: 422, bodyText: problem("capture-exceeds-authorization", { remaining_cents: 15000 }), retryAfter: null });
+    assert.deepEqual([exceeds.kind, exceeds.remainingCents], ["capture-exceeds", 15000]);
+    const closed = decideCapture({ status: 409, bodyText: problem("authorization-closed"), retryAfter: null });
+    assert.deepEqual([closed.kind, closed.retryAfterMs], ["retry", null]);
+    const pending = decideVoid({ status: 409, bodyText: problem("capture-pending"), retryAfter: "1" });
+    assert.deepEqual([pending.kind, pending.retryAfterMs], ["retry", 1000]);
+    for (const [decideStep, status, body] of [
+      [decideCapture, 201, JSON.stringify(VOID)],
+      [decideVoid, 201, JSON.stringify(CHARGE)],
+      [decideCapture, 422, problem("capture-failed")],
+      [decideVoid, 422, problem("void-failed")],
+    ]) {
+      const d = decideStep({ status, bodyText: body, retryAfter: null });
+      assert.equal(d.kind, "api-error", `${status} ${body}`);
+      assert.match(d.reason, /holds no (capture|void)/);
+    }
+    assert.equal(parseCapture({ ...CAPTURE, final: undefined }), null);
+    assert.equal(parseVoid({ ...VOID, amount_cents: "1" }), null);
+  });
+
+  test("a step's give-up speaks of it", () => {
+    assert.match(gaveUpMessage("k", 2, "status 409 from http://a", "capture"), /the capture may have happened\): capture again .* without capturing twice/);
+    assert.match(gaveUpMessage("k", 2, "status 409 from http://a", "void"), /void again with the same key to learn it without voiding twice/);
+    assert.match(gaveUpMessage("k", 1, "timed out", "authorize"), /the authorization may have happened\): authorize again/);
   });
 });

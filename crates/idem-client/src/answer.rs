@@ -1,8 +1,10 @@
 //! What one payment intent sends and what it gets back.
 //!
-//! [`ChargeRequest`] is the JSON body of `POST /v1/charges`; it is encoded once
-//! per intent so every attempt carries the same bytes. [`ChargeAnswer`] is the
-//! final answer with the full history of [`Attempt`]s that led to it.
+//! [`ChargeRequest`] is the JSON body of `POST /v1/charges` (an authorization
+//! sends it with `"capture": false`), [`RefundRequest`] and [`CaptureRequest`]
+//! those of a refund and a capture of a charge; each is encoded once per intent
+//! so every attempt carries the same bytes. [`ChargeAnswer`] is the final
+//! answer with the full history of [`Attempt`]s that led to it.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -37,6 +39,40 @@ pub struct RefundRequest {
     /// Free text kept with the refund. Left out when `None`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+}
+
+/// The body of `POST /v1/charges` for an authorization: the charge's fields
+/// and `"capture": false`, in that order.
+#[derive(serde::Serialize)]
+pub(crate) struct AuthorizationRequest<'a> {
+    #[serde(flatten)]
+    pub(crate) charge: &'a ChargeRequest,
+    pub(crate) capture: bool,
+}
+
+/// The body of `POST /v1/charges/{id}/captures`: what to capture of an
+/// authorized charge. [`CaptureRequest::default`] is a final capture of all
+/// the authorization has left.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CaptureRequest {
+    /// Minor units (1 ..= 10_000_000_000). Left out when `None`: the server
+    /// captures all the authorization has left when it claims the capture.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub amount_cents: Option<i64>,
+    /// `true` (the default): this capture closes the authorization and
+    /// releases what remains; `false` leaves the rest capturable by later
+    /// captures. Always sent, so the body says what the caller meant.
+    #[serde(rename = "final")]
+    pub final_capture: bool,
+}
+
+impl Default for CaptureRequest {
+    fn default() -> Self {
+        Self {
+            amount_cents: None,
+            final_capture: true,
+        }
+    }
 }
 
 /// How one attempt ended.
@@ -74,7 +110,10 @@ pub struct Attempt {
     pub elapsed: Duration,
 }
 
-/// The final answer to one intent (a charge or a refund).
+/// The final answer to one intent (a charge, an authorization, a refund, a
+/// capture or a void): the status and the exact body, which the caller reads
+/// as the contract says (`201` with the charge, refund, capture or void; a
+/// problem document otherwise).
 #[derive(Debug, Clone)]
 pub struct ChargeAnswer {
     /// The idempotency key used for every attempt (unquoted).
@@ -88,7 +127,8 @@ pub struct ChargeAnswer {
     pub replayed: bool,
     /// `Idempotency-TTL` on the final answer: how much longer the server
     /// honours the key (it replays this answer until then). Present on every
-    /// stored outcome (`201`, `402`, `502` `acquirer-rejected`).
+    /// stored outcome (`201`, `402`, `502` `acquirer-rejected`, and a step's
+    /// `422` `refund-failed`, `capture-failed` or `void-failed`).
     pub idempotency_ttl: Option<Duration>,
     /// Every attempt in order, the final one last.
     pub attempts: Vec<Attempt>,

@@ -6,7 +6,8 @@
 //! body; attempt `i` goes to `endpoints[i % len]`; no wait and no attempt runs
 //! past `max_elapsed`; only `409`, `429`, `503`, `504`, a `502` that is not
 //! idem's stored `acquirer-rejected`, timeouts and connection failures are
-//! retried.
+//! retried. Every operation (a charge, an authorization, a refund, a capture,
+//! a void) runs this one loop; they differ only in their path and body.
 
 use std::fmt;
 use std::sync::Arc;
@@ -15,7 +16,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use reqwest::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 
-use crate::answer::{Attempt, AttemptOutcome, ChargeAnswer, ChargeRequest, RefundRequest};
+use crate::answer::{
+    Attempt, AttemptOutcome, AuthorizationRequest, CaptureRequest, ChargeAnswer, ChargeRequest,
+    RefundRequest,
+};
 use crate::error::ClientError;
 use crate::policy::{backoff_delay, is_retryable, parse_seconds, prefer_wait_secs, RetryPolicy};
 
@@ -152,20 +156,99 @@ impl Client {
         charge_id: &str,
         request: &RefundRequest,
     ) -> Result<ChargeAnswer, ClientError> {
-        if charge_id.is_empty()
-            || !charge_id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
-        {
-            return Err(ClientError::Build(format!(
-                "{charge_id:?} is not a charge id (ch_ and letters and digits)"
-            )));
-        }
+        let path = charge_path(charge_id, "refunds")?;
         let body = serde_json::to_vec(request)
             .map(Bytes::from)
             .map_err(|e| ClientError::Build(format!("encoding the refund request: {e}")))?;
-        self.intent(key, &format!("{CHARGES_PATH}/{charge_id}/refunds"), body)
-            .await
+        self.intent(key, &path, body).await
+    }
+
+    /// One authorization intent (the first step of a two-step payment):
+    /// `POST /v1/charges` with the charge's fields and `"capture": false`,
+    /// under a fresh random key reused on every attempt, as for a charge. Its
+    /// `201` is the charge with `status: authorized`; capture it with
+    /// [`Client::capture`] or release it with [`Client::void`].
+    pub async fn authorize(&self, request: &ChargeRequest) -> Result<ChargeAnswer, ClientError> {
+        let key = uuid::Uuid::new_v4().to_string();
+        self.authorize_with_key(&key, request).await
+    }
+
+    /// One authorization intent under a caller-chosen key (same retry
+    /// behaviour; the same key and request finish an authorization that
+    /// ended in [`ClientError::GaveUp`] without authorizing twice).
+    pub async fn authorize_with_key(
+        &self,
+        key: &str,
+        request: &ChargeRequest,
+    ) -> Result<ChargeAnswer, ClientError> {
+        let authorization = AuthorizationRequest {
+            charge: request,
+            capture: false,
+        };
+        let body = serde_json::to_vec(&authorization)
+            .map(Bytes::from)
+            .map_err(|e| ClientError::Build(format!("encoding the authorization: {e}")))?;
+        self.intent(key, CHARGES_PATH, body).await
+    }
+
+    /// One capture intent of the authorized charge `charge_id`: a fresh
+    /// random key, reused on every attempt, as for a charge.
+    ///
+    /// Every `409` is retried as a charge's is: `request-in-flight` (this
+    /// key's first attempt is at the acquirer), and `authorization-closed`
+    /// (a final capture or a void of the charge is pending at the acquirer;
+    /// nothing is stored under this key, and once that step settles a retry
+    /// gets its final answer: this capture, or `422` `charge-not-authorized`).
+    /// The refusals (`422` `capture-exceeds-authorization`,
+    /// `charge-not-authorized`) and the acquirer's `422` `capture-failed`
+    /// (stored) are final answers, returned after one attempt.
+    pub async fn capture(
+        &self,
+        charge_id: &str,
+        request: &CaptureRequest,
+    ) -> Result<ChargeAnswer, ClientError> {
+        let key = uuid::Uuid::new_v4().to_string();
+        self.capture_with_key(&key, charge_id, request).await
+    }
+
+    /// One capture intent under a caller-chosen key (same retry behaviour;
+    /// the same key and request finish a capture that ended in
+    /// [`ClientError::GaveUp`] without capturing twice).
+    pub async fn capture_with_key(
+        &self,
+        key: &str,
+        charge_id: &str,
+        request: &CaptureRequest,
+    ) -> Result<ChargeAnswer, ClientError> {
+        let path = charge_path(charge_id, "captures")?;
+        let body = serde_json::to_vec(request)
+            .map(Bytes::from)
+            .map_err(|e| ClientError::Build(format!("encoding the capture request: {e}")))?;
+        self.intent(key, &path, body).await
+    }
+
+    /// One void intent of the authorized charge `charge_id` (it releases
+    /// what the authorization still holds; the body is `{}`): a fresh random
+    /// key, reused on every attempt, as for a charge. A `409`
+    /// `capture-pending` (captures of the charge are pending at the acquirer)
+    /// and `authorization-closed` are retried as a capture's are: nothing is
+    /// stored under the key, and once the other step settles a retry gets
+    /// this void, or its final refusal.
+    pub async fn void(&self, charge_id: &str) -> Result<ChargeAnswer, ClientError> {
+        let key = uuid::Uuid::new_v4().to_string();
+        self.void_with_key(&key, charge_id).await
+    }
+
+    /// One void intent under a caller-chosen key (same retry behaviour; the
+    /// same key finishes a void that ended in [`ClientError::GaveUp`] without
+    /// voiding twice).
+    pub async fn void_with_key(
+        &self,
+        key: &str,
+        charge_id: &str,
+    ) -> Result<ChargeAnswer, ClientError> {
+        let path = charge_path(charge_id, "void")?;
+        self.intent(key, &path, Bytes::from_static(b"{}")).await
     }
 
     /// The attempt loop of one intent: `body` POSTed to `path` of each
@@ -340,6 +423,22 @@ impl Endpoint {
     }
 }
 
+/// `/v1/charges/{charge_id}/{operation}`, for an id of idem's shape (`ch_`
+/// and letters and digits): anything else could name another route, and is
+/// refused before any attempt.
+fn charge_path(charge_id: &str, operation: &str) -> Result<String, ClientError> {
+    if charge_id.is_empty()
+        || !charge_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    {
+        return Err(ClientError::Build(format!(
+            "{charge_id:?} is not a charge id (ch_ and letters and digits)"
+        )));
+    }
+    Ok(format!("{CHARGES_PATH}/{charge_id}/{operation}"))
+}
+
 /// The key as an RFC 8941 string: `"` + key with `"` and `\` escaped + `"`.
 /// Such a string holds only printable ASCII (0x20..=0x7E); anything else is refused.
 fn quoted_key(key: &str) -> Result<HeaderValue, ClientError> {
@@ -436,6 +535,52 @@ mod tests {
                 "http://127.0.0.1:8080/v1/charges",
                 "http://10.0.0.1:8080/base/v1/charges"
             ]
+        );
+    }
+
+    #[test]
+    fn operations_on_a_charge_name_it_and_no_other_route() {
+        assert_eq!(
+            charge_path("ch_4f9QzXk2LmP8rT1vWb6yNc3d", "captures").unwrap(),
+            "/v1/charges/ch_4f9QzXk2LmP8rT1vWb6yNc3d/captures"
+        );
+        assert_eq!(
+            charge_path("ch_1", "void").unwrap(),
+            "/v1/charges/ch_1/void"
+        );
+        for bad in ["", "ch_1/../x", "ch 1", "ch_1?x=1", "ch_é"] {
+            assert!(
+                matches!(charge_path(bad, "void"), Err(ClientError::Build(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_authorization_is_the_charge_with_capture_false() {
+        let charge = ChargeRequest {
+            order_id: 7,
+            amount_cents: 25_000,
+            currency: None,
+            description: Some("d".into()),
+        };
+        let body = serde_json::to_string(&AuthorizationRequest {
+            charge: &charge,
+            capture: false,
+        })
+        .unwrap();
+        assert_eq!(
+            body,
+            r#"{"order_id":7,"amount_cents":25000,"description":"d","capture":false}"#
+        );
+        let capture = |request: CaptureRequest| serde_json::to_string(&request).unwrap();
+        assert_eq!(capture(CaptureRequest::default()), r#"{"final":true}"#);
+        assert_eq!(
+            capture(CaptureRequest {
+                amount_cents: Some(10_000),
+                final_capture: false
+            }),
+            r#"{"amount_cents":10000,"final":false}"#
         );
     }
 

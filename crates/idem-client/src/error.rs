@@ -19,9 +19,12 @@ pub enum ClientError {
     Build(String),
     /// Retries exhausted (attempts or time) without a final answer.
     ///
-    /// The charge may still have happened (a timeout or a `503` leaves the
-    /// outcome unknown). Retry later with the same `key` through
-    /// [`crate::Client::charge_with_key`] to learn it without charging twice.
+    /// The charge (or the refund, authorization, capture or void) may still
+    /// have happened (a timeout or a `503` leaves the outcome unknown). Retry
+    /// later with the same `key` and request through
+    /// [`crate::Client::charge_with_key`] (or `refund_with_key`,
+    /// `authorize_with_key`, `capture_with_key`, `void_with_key`) to learn it
+    /// without doing it twice.
     #[error("gave up on key {key} after {} attempts: {last}", attempts.len())]
     GaveUp {
         /// The idempotency key every attempt carried: the handle to finish this intent.

@@ -8,8 +8,13 @@
 //! never undercuts the server's `Retry-After`, asks an in-flight duplicate to
 //! wait for the first attempt's outcome (`Prefer: wait`), spreads attempts over
 //! the given instances, and never runs past its time budget. [`Client::refund`]
-//! is one refund intent under the same discipline (its own key, made once).
-//! It behaves as the
+//! is one refund intent under the same discipline (its own key, made once), and
+//! so are the steps of a two-step payment: [`Client::authorize`] (a charge
+//! with `"capture": false`), [`Client::capture`] (part or all of what it
+//! holds, [`CaptureRequest`]) and [`Client::void`] (release the rest). A `409`
+//! that another step of the same authorization settles (`authorization-closed`,
+//! `capture-pending`) is retried like an in-flight one; a refusal (`422`) is
+//! the final answer. It behaves as the
 //! Python and TypeScript clients do (`clients/README.md`), and all three pass one
 //! conformance suite (`clients/conformance/`).
 //!
@@ -34,6 +39,28 @@
 //! # }
 //! ```
 //!
+//! Two steps: authorize at checkout, capture in parts as the order ships, void
+//! the rest. Each call is its own intent with its own key (store the keys of
+//! real intents beside the order first, and use the `_with_key` calls).
+//!
+//! ```no_run
+//! # async fn demo(client: idem_client::Client, request: idem_client::ChargeRequest)
+//! # -> Result<(), idem_client::ClientError> {
+//! use idem_client::CaptureRequest;
+//!
+//! let authorized = client.authorize(&request).await?; // 201: status "authorized"
+//! let charge: serde_json::Value = serde_json::from_slice(&authorized.body).unwrap();
+//! let id = charge["id"].as_str().unwrap();
+//! let part = CaptureRequest {
+//!     amount_cents: Some(10_000),
+//!     final_capture: false,
+//! };
+//! client.capture(id, &part).await?; // 201: the capture, cp_...
+//! client.void(id).await?; // 201: the void, vd_..., releasing the rest
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! Modules: [`policy`] (how long to wait and when to stop), [`answer`] (what one
 //! intent sends and gets back), [`client`] (the attempt loop), [`error`].
 #![forbid(unsafe_code)]
@@ -43,7 +70,9 @@ pub mod client;
 pub mod error;
 pub mod policy;
 
-pub use answer::{Attempt, AttemptOutcome, ChargeAnswer, ChargeRequest, RefundRequest};
+pub use answer::{
+    Attempt, AttemptOutcome, CaptureRequest, ChargeAnswer, ChargeRequest, RefundRequest,
+};
 pub use client::{error_chain, Client};
 pub use error::ClientError;
 pub use policy::{backoff_delay, prefer_wait_secs, RetryPolicy};

@@ -111,7 +111,14 @@ const ACQUIRER_REJECTED: &str = "urn:idem:problem:acquirer-rejected";
 
 /// Whether an answer may turn out differently on a retry.
 ///
-/// `409`: the first attempt is still in flight. `429`: too many requests now.
+/// `409`: the first attempt is still in flight (`request-in-flight`), or
+/// another step of the same authorization is (`authorization-closed`: a final
+/// capture or a void is pending at the acquirer; `capture-pending`, to a
+/// void: captures are). Nothing is stored under the key for any of them, and
+/// what settles the other attempt or step settles the answer: a retry then
+/// gets this intent's outcome, or a final refusal (`422`
+/// `charge-not-authorized`). So every `409` is retried, with no exception to
+/// keep in step with the server. `429`: too many requests now.
 /// `503`: the outcome is unknown or the database is down. `504`, and a `502`
 /// that is not idem's stored `acquirer-rejected`: a gateway lost the answer,
 /// so the outcome is unknown too. Everything else (2xx, `402`, `422`, other
@@ -286,6 +293,33 @@ mod tests {
         assert!(!is_retryable(502, rejected), "idem's stored 502 is final");
         let other = br#"{"type":"urn:idem:problem:internal","status":502}"#;
         assert!(is_retryable(502, other));
+    }
+
+    /// The steps of a two-step payment: a `409` that another step's outcome
+    /// settles is retried, as are the `503`s that leave a step pending; the
+    /// refusals and the acquirer's stored refusals (`422`) are final.
+    #[test]
+    fn step_conflicts_are_retried_and_step_refusals_are_final() {
+        let problem = |kind: &str| format!(r#"{{"type":"urn:idem:problem:{kind}"}}"#);
+        for kind in [
+            "request-in-flight",
+            "authorization-closed",
+            "capture-pending",
+        ] {
+            assert!(is_retryable(409, problem(kind).as_bytes()), "{kind}");
+        }
+        for kind in ["outcome-unknown", "step-under-review"] {
+            assert!(is_retryable(503, problem(kind).as_bytes()), "{kind}");
+        }
+        for kind in [
+            "capture-exceeds-authorization",
+            "charge-not-authorized",
+            "capture-failed",
+            "void-failed",
+            "idempotency-key-reused",
+        ] {
+            assert!(!is_retryable(422, problem(kind).as_bytes()), "{kind}");
+        }
     }
 
     #[test]

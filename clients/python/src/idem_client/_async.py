@@ -9,21 +9,25 @@ from typing import Any, ClassVar, Optional, Sequence, Tuple, Type, TypeVar, Unio
 
 import httpx
 
-from ._core import Call, ChargeCall, Config, RefundCall, Send, Sleep
-from ._types import ChargeResult, RefundReason, RefundResult, RetryPolicy
+from ._core import AuthorizeCall, CaptureCall, Call, ChargeCall, Config, RefundCall, Send, Sleep, VoidCall
+from ._types import CaptureResult, ChargeResult, RefundReason, RefundResult, RetryPolicy, VoidResult
 
 R = TypeVar("R")
 
 
 class AsyncClient:
     """The asyncio twin of :class:`Client`, with the same behaviour and API
-    (``await client.charge(...)``, ``await client.refund(...)``). Close it
+    (``await client.charge(...)``, ``await client.refund(...)``,
+    ``await client.authorize(...)``, ``capture``, ``void``). Close it
     with ``await client.aclose()`` or ``async with``; an ``http_client`` given
     to it stays open, as its owner's.
     """
 
     _call_type: ClassVar[Type[ChargeCall]] = ChargeCall
     _refund_call_type: ClassVar[Type[RefundCall]] = RefundCall
+    _authorize_call_type: ClassVar[Type[ChargeCall]] = AuthorizeCall
+    _capture_call_type: ClassVar[Type[CaptureCall]] = CaptureCall
+    _void_call_type: ClassVar[Type[VoidCall]] = VoidCall
 
     def __init__(
         self,
@@ -83,6 +87,60 @@ class AsyncClient:
             amount_cents=amount_cents,
             reason=reason,
             description=description,
+            idempotency_key=idempotency_key,
+            now=time.monotonic(),
+        )
+        return await self._run(call)
+
+    async def authorize(
+        self,
+        *,
+        order_id: int,
+        amount_cents: int,
+        currency: Optional[str] = None,
+        description: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> ChargeResult:
+        """Authorizes ``amount_cents`` for ``order_id``, to capture later
+        (see :meth:`Client.authorize`)."""
+        call = self._authorize_call_type(
+            self._config,
+            order_id=order_id,
+            amount_cents=amount_cents,
+            currency=currency,
+            description=description,
+            idempotency_key=idempotency_key,
+            now=time.monotonic(),
+        )
+        return await self._run(call)
+
+    async def capture(
+        self,
+        charge_id: str,
+        amount_cents: Optional[int] = None,
+        *,
+        final: bool = True,
+        idempotency_key: Optional[str] = None,
+    ) -> CaptureResult:
+        """Captures ``amount_cents`` of the authorized charge ``charge_id``
+        (``None``: all it has left): one capture intent (see
+        :meth:`Client.capture`)."""
+        call = self._capture_call_type(
+            self._config,
+            charge_id=charge_id,
+            amount_cents=amount_cents,
+            final=final,
+            idempotency_key=idempotency_key,
+            now=time.monotonic(),
+        )
+        return await self._run(call)
+
+    async def void(self, charge_id: str, *, idempotency_key: Optional[str] = None) -> VoidResult:
+        """Voids the authorized charge ``charge_id``: one void intent (see
+        :meth:`Client.void`)."""
+        call = self._void_call_type(
+            self._config,
+            charge_id=charge_id,
             idempotency_key=idempotency_key,
             now=time.monotonic(),
         )

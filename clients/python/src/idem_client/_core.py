@@ -1,7 +1,8 @@
 """Everything a call decides, and no I/O: the one place of the client's logic.
 
 :class:`Client` and :class:`AsyncClient` are thin loops around a :class:`Call`
-(a :class:`ChargeCall` or a :class:`RefundCall`): they ask it what to do next
+(a :class:`ChargeCall`, :class:`AuthorizeCall`, :class:`RefundCall`,
+:class:`CaptureCall` or :class:`VoidCall`): they ask it what to do next
 (:meth:`Call.next`: send an attempt, sleep, or finish), do it, and tell it how
 the attempt ended (:meth:`Call.answered`, :meth:`Call.timed_out`,
 :meth:`Call.failed`). Time comes in as ``now`` (a monotonic clock, in
@@ -12,9 +13,10 @@ Owned here: the checks on what the caller gives (base URLs, secret, key,
 request), the key's quoting, the body's encoding (once per call), the headers
 (``Prefer: wait``), which answers are final (a result or a typed error) and
 which are retried, the backoff with full jitter under the ``Retry-After``
-floor, the deadline, and the give-up message. A charge and a refund differ
-only in their path, their body and what their final answers mean; the retry
-discipline is :class:`Call`'s, written once.
+floor, the deadline, and the give-up message. A charge, an authorization, a
+refund, a capture and a void differ only in their path, their body and what
+their final answers mean; the retry discipline is :class:`Call`'s, written
+once.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from urllib.parse import quote, urlsplit
 
 from ._errors import (
     ApiError,
+    CaptureExceedsAuthorizationError,
+    CaptureFailedError,
+    ChargeNotAuthorizedError,
     ChargeNotRefundableError,
     GaveUpError,
     IdemError,
@@ -38,8 +43,20 @@ from ._errors import (
     KeyReusedError,
     RefundExceedsCapturedError,
     RefundFailedError,
+    VoidFailedError,
 )
-from ._types import Attempt, Charge, ChargeResult, Refund, RefundResult, RetryPolicy
+from ._types import (
+    Attempt,
+    Capture,
+    CaptureResult,
+    Charge,
+    ChargeResult,
+    Refund,
+    RefundResult,
+    RetryPolicy,
+    Void,
+    VoidResult,
+)
 from ._version import __version__
 
 CHARGES_PATH = "/v1/charges"
@@ -52,11 +69,27 @@ KEY_EXPIRED = PROBLEM + "key-expired"
 REFUND_FAILED = PROBLEM + "refund-failed"
 REFUND_EXCEEDS_CAPTURED = PROBLEM + "refund-exceeds-captured"
 CHARGE_NOT_REFUNDABLE = PROBLEM + "charge-not-refundable"
+CAPTURE_FAILED = PROBLEM + "capture-failed"
+VOID_FAILED = PROBLEM + "void-failed"
+CAPTURE_EXCEEDS_AUTHORIZATION = PROBLEM + "capture-exceeds-authorization"
+CHARGE_NOT_AUTHORIZED = PROBLEM + "charge-not-authorized"
+AUTHORIZATION_CLOSED = PROBLEM + "authorization-closed"
+CAPTURE_PENDING = PROBLEM + "capture-pending"
 
 #: Statuses a retry can change: in flight (``409``), too many requests
 #: (``429``), unknown outcome or unavailable (``503``), a gateway's timeout
 #: (``504``). A ``502`` is retried too unless it is idem's stored
 #: ``acquirer-rejected`` (see :func:`classify`).
+#:
+#: Every ``409`` is retried, whatever its type: ``request-in-flight`` (this
+#: key's first attempt is at the acquirer), and, for a capture or a void,
+#: ``authorization-closed`` (a final capture or a void of the authorization is
+#: pending at the acquirer) and ``capture-pending`` (to a void: captures are).
+#: None stores anything under the key, and each is settled by another
+#: attempt's or step's outcome, which a retry then meets: this intent's own
+#: outcome, or a final refusal (``422`` ``charge-not-authorized``). idem
+#: answers ``409`` exactly for what a retry may change (it answers ``422`` for
+#: what it cannot), so the clients follow the status, not a list of types.
 RETRIED_STATUSES = frozenset({409, 429, 502, 503, 504})
 
 
@@ -105,11 +138,25 @@ def refunds_path(charge_id: str) -> str:
     """``/v1/charges/{charge_id}/refunds``, the id percent-encoded (so that no
     id, however odd, names another route: idem answers ``404`` for one that is
     not of its shape). An empty id is refused, as nothing could be sent."""
+    return _charge_path(charge_id, "refunds", "refunded")
+
+
+def captures_path(charge_id: str) -> str:
+    """``/v1/charges/{charge_id}/captures``, as :func:`refunds_path`."""
+    return _charge_path(charge_id, "captures", "captured")
+
+
+def void_path(charge_id: str) -> str:
+    """``/v1/charges/{charge_id}/void``, as :func:`refunds_path`."""
+    return _charge_path(charge_id, "void", "voided")
+
+
+def _charge_path(charge_id: str, operation: str, done: str) -> str:
     if not isinstance(charge_id, str):
         raise TypeError(f"a charge id is a str, not {type(charge_id).__name__}")
     if not charge_id:
-        raise ValueError("a charge id cannot be empty: which charge is refunded?")
-    return f"{CHARGES_PATH}/{quote(charge_id, safe='')}/refunds"
+        raise ValueError(f"a charge id cannot be empty: which charge is {done}?")
+    return f"{CHARGES_PATH}/{quote(charge_id, safe='')}/{operation}"
 
 
 def parse_endpoints(base_url: Union[str, Sequence[str]]) -> Tuple[Endpoint, ...]:
@@ -156,12 +203,19 @@ def authorization(secret: str) -> str:
 
 
 def encode_body(
-    *, order_id: int, amount_cents: int, currency: Optional[str] = None, description: Optional[str] = None
+    *,
+    order_id: int,
+    amount_cents: int,
+    currency: Optional[str] = None,
+    description: Optional[str] = None,
+    capture: bool = True,
 ) -> bytes:
     """The JSON body of ``POST /v1/charges``, encoded once per call so that every
     attempt carries the very same bytes. ``currency`` and ``description`` are
-    left out when ``None`` (the server reads ``BRL`` for no currency). Ranges
-    and shapes are the server's to judge (``400`` ``invalid-body``)."""
+    left out when ``None`` (the server reads ``BRL`` for no currency). An
+    authorization (``capture=False``) ends with ``"capture":false``; a charge
+    leaves the field out. Ranges and shapes are the server's to judge
+    (``400`` ``invalid-body``)."""
     for name, value in (("order_id", order_id), ("amount_cents", amount_cents)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} is an int, not {type(value).__name__}")
@@ -171,6 +225,10 @@ def encode_body(
             if not isinstance(text, str):
                 raise TypeError(f"{name} is a str or None, not {type(text).__name__}")
             document[name] = text
+    if not isinstance(capture, bool):
+        raise TypeError(f"capture is a bool, not {type(capture).__name__}")
+    if not capture:
+        document["capture"] = False
     return json.dumps(document, separators=(",", ":")).encode("ascii")
 
 
@@ -192,6 +250,26 @@ def encode_refund_body(
                 raise TypeError(f"{name} is a str or None, not {type(text).__name__}")
             document[name] = text
     return json.dumps(document, separators=(",", ":")).encode("ascii")
+
+
+def encode_capture_body(*, amount_cents: Optional[int] = None, final: bool = True) -> bytes:
+    """The JSON body of ``POST /v1/charges/{id}/captures``, encoded once per
+    call. No ``amount_cents`` captures all the authorization has left;
+    ``final`` is always sent (``true``: the capture closes the authorization
+    and releases the rest; ``false``: the rest stays capturable)."""
+    document: Dict[str, Any] = {}
+    if amount_cents is not None:
+        if isinstance(amount_cents, bool) or not isinstance(amount_cents, int):
+            raise TypeError(f"amount_cents is an int or None, not {type(amount_cents).__name__}")
+        document["amount_cents"] = amount_cents
+    if not isinstance(final, bool):
+        raise TypeError(f"final is a bool, not {type(final).__name__}")
+    document["final"] = final
+    return json.dumps(document, separators=(",", ":")).encode("ascii")
+
+
+#: The body of ``POST /v1/charges/{id}/void``: a void names no amount.
+VOID_BODY = b"{}"
 
 
 @dataclass(frozen=True)
@@ -275,6 +353,12 @@ class Verdict(enum.Enum):
     """A refund's stored outcome: the acquirer refused it for good (422)."""
     REFUND_EXCEEDS = "refund-exceeds"
     NOT_REFUNDABLE = "not-refundable"
+    CAPTURE_FAILED = "capture-failed"
+    """A capture's stored outcome: the acquirer refused it for good (422)."""
+    VOID_FAILED = "void-failed"
+    """A void's stored outcome: the acquirer refused it for good (422)."""
+    CAPTURE_EXCEEDS = "capture-exceeds"
+    NOT_AUTHORIZED = "not-authorized"
 
 
 def classify(status: int, problem_type: Optional[str]) -> Verdict:
@@ -315,6 +399,46 @@ def classify_refund(status: int, problem_type: Optional[str]) -> Verdict:
     return classify(status, problem_type)
 
 
+_CAPTURE_REFUSALS = {
+    CAPTURE_FAILED: Verdict.CAPTURE_FAILED,
+    CAPTURE_EXCEEDS_AUTHORIZATION: Verdict.CAPTURE_EXCEEDS,
+    CHARGE_NOT_AUTHORIZED: Verdict.NOT_AUTHORIZED,
+}
+
+_VOID_REFUSALS = {
+    VOID_FAILED: Verdict.VOID_FAILED,
+    CHARGE_NOT_AUTHORIZED: Verdict.NOT_AUTHORIZED,
+}
+
+
+def classify_capture(status: int, problem_type: Optional[str]) -> Verdict:
+    """What an answer to a capture means: as a refund's
+    (:func:`classify_refund`), with the capture ``422``s final
+    (``capture-failed``, ``capture-exceeds-authorization``,
+    ``charge-not-authorized``). Every ``409`` is retried, ``authorization-closed``
+    included (see :data:`RETRIED_STATUSES`)."""
+    return _classify_step(status, problem_type, _CAPTURE_REFUSALS)
+
+
+def classify_void(status: int, problem_type: Optional[str]) -> Verdict:
+    """What an answer to a void means: as a capture's, with its own ``422``s
+    final (``void-failed``, ``charge-not-authorized``); ``capture-pending`` and
+    ``authorization-closed`` (``409``) are retried."""
+    return _classify_step(status, problem_type, _VOID_REFUSALS)
+
+
+def _classify_step(status: int, problem_type: Optional[str], refusals: Mapping[str, Verdict]) -> Verdict:
+    if status == 201:
+        return Verdict.RESULT
+    if status == 422 and problem_type is not None and problem_type in refusals:
+        return refusals[problem_type]
+    if status == 402:
+        return Verdict.API_ERROR
+    if status == 502:
+        return Verdict.RETRY
+    return classify(status, problem_type)
+
+
 def parse_problem(body: bytes) -> Optional[Dict[str, Any]]:
     """The body as a JSON object (a problem document), or ``None``."""
     try:
@@ -342,6 +466,9 @@ def parse_charge(document: Any) -> Optional[Charge]:
         return None
     if d.get("decline_reason") is not None and not text("decline_reason"):
         return None
+    two_step = ("amount_captured_cents", "amount_capturable_cents")
+    if any(d.get(name) is not None and not integer(name) for name in two_step):
+        return None
     return Charge(
         id=d["id"],
         order_id=d["order_id"],
@@ -351,6 +478,8 @@ def parse_charge(document: Any) -> Optional[Charge]:
         acquirer_reference=d["acquirer_reference"],
         decline_reason=d.get("decline_reason"),
         created_at=d["created_at"],
+        amount_captured_cents=d.get("amount_captured_cents"),
+        amount_capturable_cents=d.get("amount_capturable_cents"),
     )
 
 
@@ -385,6 +514,41 @@ def parse_refund(document: Any) -> Optional[Refund]:
         failure_reason=d.get("failure_reason"),
         created_at=d["created_at"],
     )
+
+
+def parse_capture(document: Any) -> Optional[Capture]:
+    """A capture from its JSON object; ``None`` if it is not one. Unknown fields are ignored."""
+    fields = _step_fields(document, "final")
+    return None if fields is None else Capture(**fields)
+
+
+def parse_void(document: Any) -> Optional[Void]:
+    """A void from its JSON object; ``None`` if it is not one. Unknown fields are ignored."""
+    fields = _step_fields(document, None)
+    return None if fields is None else Void(**fields)
+
+
+def _step_fields(document: Any, flag: Optional[str]) -> Optional[Dict[str, Any]]:
+    """A capture's (``flag`` ``"final"``) or a void's fields, checked."""
+    if not isinstance(document, dict):
+        return None
+    d = document
+    names = ("id", "charge_id", "currency", "status", "acquirer_reference", "created_at")
+    amount = d.get("amount_cents")
+    if not all(isinstance(d.get(name), str) for name in names):
+        return None
+    if not isinstance(amount, int) or isinstance(amount, bool):
+        return None
+    if d.get("failure_reason") is not None and not isinstance(d.get("failure_reason"), str):
+        return None
+    fields = {name: d[name] for name in names}
+    fields["amount_cents"] = amount
+    fields["failure_reason"] = d.get("failure_reason")
+    if flag is not None:
+        if not isinstance(d.get(flag), bool):
+            return None
+        fields[flag] = d[flag]
+    return fields
 
 
 def parse_ttl(value: Optional[str]) -> Optional[int]:
@@ -434,7 +598,8 @@ class Sleep:
 
 
 R = TypeVar("R")
-"""What a call returns: :class:`ChargeResult` or :class:`RefundResult`."""
+"""What a call returns: :class:`ChargeResult`, :class:`RefundResult`,
+:class:`CaptureResult` or :class:`VoidResult`."""
 
 
 @dataclass(frozen=True)
@@ -468,9 +633,14 @@ class Call(abc.ABC, Generic[R]):
     """
 
     noun: ClassVar[str]
-    """What the call makes, for messages: ``charge`` or ``refund``."""
+    """What the call makes, for messages: ``charge``, ``refund``,
+    ``authorization``, ``capture`` or ``void``."""
+    verb: ClassVar[str]
+    """What the call does, for messages: ``charge``, ``refund``,
+    ``authorize``, ``capture`` or ``void``."""
     done: ClassVar[str]
-    """What it does, for messages: ``charged`` or ``refunded``."""
+    """What it did, for messages: ``charged``, ``refunded``, ``authorized``,
+    ``captured`` or ``voided``."""
 
     def __init__(
         self,
@@ -599,11 +769,11 @@ class Call(abc.ABC, Generic[R]):
     def _give_up(self, reason: str) -> Finish[R]:
         last = f"{self.attempts[-1]} from {self.attempts[-1].endpoint}; {reason}" if self.attempts else reason
         n = len(self.attempts)
-        noun = self.noun
+        noun, verb = self.noun, self.verb
         message = (
             f"gave up on idempotency key {self.key!r} after {n} attempt{'' if n == 1 else 's'}: {last}. "
-            f"The outcome is unknown: the {noun} may have happened. {noun.capitalize()} again with the same key "
-            f"and the same request to learn it; that never {noun}s twice."
+            f"The outcome is unknown: the {noun} may have happened. {verb.capitalize()} again with the same key "
+            f"and the same request to learn it; that never {verb}s twice."
         )
         self._finish = Finish(error=GaveUpError(message, key=self.key, attempts=self.attempts, last=last))
         return self._finish
@@ -636,9 +806,11 @@ class Call(abc.ABC, Generic[R]):
         if verdict is Verdict.KEY_REUSED and problem is not None:
             charge_id = _optional_str(problem.get("charge_id"))
             refund_id = _optional_str(problem.get("refund_id"))
+            capture_id = _optional_str(problem.get("capture_id"))
+            void_id = _optional_str(problem.get("void_id"))
             fields = problem.get("differing_fields")
             differing = [f for f in fields if isinstance(f, str)] if isinstance(fields, list) else []
-            made = f"refund {refund_id}" if refund_id else f"charge {charge_id}" if charge_id else None
+            made = _made(charge_id, refund_id, capture_id, void_id)
             message = (
                 f"idempotency key {key!r} was first used with another request"
                 + (f" (it differs in {', '.join(differing)})" if differing else "")
@@ -653,19 +825,30 @@ class Call(abc.ABC, Generic[R]):
                 differing_fields=differing,
                 problem=problem,
                 refund_id=refund_id,
+                capture_id=capture_id,
+                void_id=void_id,
             )
             return Finish(error=error)
         if verdict is Verdict.KEY_EXPIRED and problem is not None:
             charge_id = _optional_str(problem.get("charge_id"))
             refund_id = _optional_str(problem.get("refund_id"))
-            made = f"refund {refund_id}" if refund_id else f"charge {charge_id}"
+            capture_id = _optional_str(problem.get("capture_id"))
+            void_id = _optional_str(problem.get("void_id"))
+            made = _made(charge_id, refund_id, capture_id, void_id) or "what it made"
             message = (
                 f"idempotency key {key!r} has expired; this same request made {made} before, "
                 f"and nothing was {self.done} again"
             )
             return Finish(
                 error=KeyExpiredError(
-                    message, key=key, attempts=attempts, charge_id=charge_id, problem=problem, refund_id=refund_id
+                    message,
+                    key=key,
+                    attempts=attempts,
+                    charge_id=charge_id,
+                    problem=problem,
+                    refund_id=refund_id,
+                    capture_id=capture_id,
+                    void_id=void_id,
                 )
             )
         finish = self._outcome(verdict, status, headers, body, problem)
@@ -690,6 +873,16 @@ def _optional_str(value: Any) -> Optional[str]:
     return value if isinstance(value, str) else None
 
 
+def _made(
+    charge_id: Optional[str], refund_id: Optional[str], capture_id: Optional[str], void_id: Optional[str]
+) -> Optional[str]:
+    """What a key made, in words (``refund re_...``), from a problem's ids."""
+    for noun, made in (("refund", refund_id), ("capture", capture_id), ("void", void_id), ("charge", charge_id)):
+        if made:
+            return f"{noun} {made}"
+    return None
+
+
 def _replayed(headers: Mapping[str, str]) -> bool:
     return headers.get("idempotent-replayed", "").strip().lower() == "true"
 
@@ -698,7 +891,10 @@ class ChargeCall(Call[ChargeResult]):
     """One payment intent: ``POST /v1/charges``, one key, one body."""
 
     noun = "charge"
+    verb = "charge"
     done = "charged"
+    capture: ClassVar[bool] = True
+    """``False`` for an authorization: the body says ``"capture":false``."""
 
     def __init__(
         self,
@@ -712,7 +908,13 @@ class ChargeCall(Call[ChargeResult]):
         now: float,
         uniform: Callable[[], float] = random.random,
     ) -> None:
-        body = encode_body(order_id=order_id, amount_cents=amount_cents, currency=currency, description=description)
+        body = encode_body(
+            order_id=order_id,
+            amount_cents=amount_cents,
+            currency=currency,
+            description=description,
+            capture=self.capture,
+        )
         super().__init__(
             config, path=CHARGES_PATH, body=body, idempotency_key=idempotency_key, now=now, uniform=uniform
         )
@@ -748,11 +950,23 @@ class ChargeCall(Call[ChargeResult]):
         )
 
 
+class AuthorizeCall(ChargeCall):
+    """One authorization intent (the first step of a two-step payment):
+    ``POST /v1/charges`` with ``"capture":false``, one key, one body, retried
+    exactly as a charge is. Its ``201`` is the charge, ``authorized``."""
+
+    noun = "authorization"
+    verb = "authorize"
+    done = "authorized"
+    capture = False
+
+
 class RefundCall(Call[RefundResult]):
     """One refund intent: ``POST /v1/charges/{charge_id}/refunds``, one key,
     one body, retried exactly as a charge is."""
 
     noun = "refund"
+    verb = "refund"
     done = "refunded"
 
     def __init__(
@@ -854,3 +1068,194 @@ class RefundCall(Call[RefundResult]):
                 )
             )
         return None
+
+
+class CaptureCall(Call[CaptureResult]):
+    """One capture intent: ``POST /v1/charges/{charge_id}/captures``, one
+    key, one body, retried exactly as a charge is (every ``409`` included:
+    ``authorization-closed`` says a final capture or a void of the
+    authorization is pending, which a retry meets settled)."""
+
+    noun = "capture"
+    verb = "capture"
+    done = "captured"
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        charge_id: str,
+        amount_cents: Optional[int] = None,
+        final: bool = True,
+        idempotency_key: Optional[str] = None,
+        now: float,
+        uniform: Callable[[], float] = random.random,
+    ) -> None:
+        path = captures_path(charge_id)
+        body = encode_capture_body(amount_cents=amount_cents, final=final)
+        super().__init__(config, path=path, body=body, idempotency_key=idempotency_key, now=now, uniform=uniform)
+        self.charge_id = charge_id
+
+    def _classify(self, status: int, problem_type: Optional[str]) -> Verdict:
+        return classify_capture(status, problem_type)
+
+    def _outcome(
+        self,
+        verdict: Verdict,
+        status: int,
+        headers: Mapping[str, str],
+        body: bytes,
+        problem: Optional[Dict[str, Any]],
+    ) -> Optional[Finish[CaptureResult]]:
+        key, attempts = self.key, self.attempts
+        ttl = parse_ttl(headers.get("idempotency-ttl"))
+        if verdict is Verdict.RESULT:
+            capture = parse_capture(parse_problem(body))
+            if capture is None:
+                return Finish(error=self._api_error(status, body, problem, "an answer without its capture"))
+            result = CaptureResult(
+                status=status,
+                capture=capture,
+                key=key,
+                replayed=_replayed(headers),
+                idempotency_ttl=ttl,
+                body=body,
+                attempts=attempts,
+            )
+            return Finish(result=result)
+        if problem is None:
+            return None
+        if verdict is Verdict.CAPTURE_FAILED:
+            refused = parse_capture(problem.get("capture"))
+            if refused is None:
+                return Finish(error=self._api_error(status, body, problem, "an answer without its capture"))
+            message = (
+                f"the acquirer refused capture {refused.id} of charge {refused.charge_id} for good"
+                + (f" ({refused.failure_reason})" if refused.failure_reason else "")
+                + f"; no money moved. That is the stored outcome of idempotency key {key!r}: "
+                "capturing again needs a new key"
+            )
+            return Finish(
+                error=CaptureFailedError(
+                    message,
+                    key=key,
+                    attempts=attempts,
+                    capture=refused,
+                    replayed=_replayed(headers),
+                    idempotency_ttl=ttl,
+                    problem=problem,
+                    body=body,
+                )
+            )
+        if verdict is Verdict.CAPTURE_EXCEEDS:
+            remaining = problem.get("remaining_cents")
+            remaining_cents = remaining if isinstance(remaining, int) and not isinstance(remaining, bool) else None
+            message = (
+                f"the authorization of charge {self.charge_id} has less left to capture than asked"
+                + (f" ({remaining_cents} cents left)" if remaining_cents is not None else "")
+                + f": nothing was captured or stored, and idempotency key {key!r} is still free"
+            )
+            return Finish(
+                error=CaptureExceedsAuthorizationError(
+                    message,
+                    key=key,
+                    attempts=attempts,
+                    charge_id=self.charge_id,
+                    remaining_cents=remaining_cents,
+                    problem=problem,
+                )
+            )
+        if verdict is Verdict.NOT_AUTHORIZED:
+            return Finish(error=_not_authorized(self, problem))
+        return None
+
+
+class VoidCall(Call[VoidResult]):
+    """One void intent: ``POST /v1/charges/{charge_id}/void`` with ``{}``,
+    one key, retried exactly as a charge is (every ``409`` included:
+    ``capture-pending`` says captures of the authorization are pending, which
+    a retry meets settled)."""
+
+    noun = "void"
+    verb = "void"
+    done = "voided"
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        charge_id: str,
+        idempotency_key: Optional[str] = None,
+        now: float,
+        uniform: Callable[[], float] = random.random,
+    ) -> None:
+        path = void_path(charge_id)
+        super().__init__(config, path=path, body=VOID_BODY, idempotency_key=idempotency_key, now=now, uniform=uniform)
+        self.charge_id = charge_id
+
+    def _classify(self, status: int, problem_type: Optional[str]) -> Verdict:
+        return classify_void(status, problem_type)
+
+    def _outcome(
+        self,
+        verdict: Verdict,
+        status: int,
+        headers: Mapping[str, str],
+        body: bytes,
+        problem: Optional[Dict[str, Any]],
+    ) -> Optional[Finish[VoidResult]]:
+        key, attempts = self.key, self.attempts
+        ttl = parse_ttl(headers.get("idempotency-ttl"))
+        if verdict is Verdict.RESULT:
+            void = parse_void(parse_problem(body))
+            if void is None:
+                return Finish(error=self._api_error(status, body, problem, "an answer without its void"))
+            result = VoidResult(
+                status=status,
+                void=void,
+                key=key,
+                replayed=_replayed(headers),
+                idempotency_ttl=ttl,
+                body=body,
+                attempts=attempts,
+            )
+            return Finish(result=result)
+        if problem is None:
+            return None
+        if verdict is Verdict.VOID_FAILED:
+            refused = parse_void(problem.get("void"))
+            if refused is None:
+                return Finish(error=self._api_error(status, body, problem, "an answer without its void"))
+            message = (
+                f"the acquirer refused void {refused.id} of charge {refused.charge_id} for good"
+                + (f" ({refused.failure_reason})" if refused.failure_reason else "")
+                + f"; the authorization is open again. That is the stored outcome of idempotency key {key!r}: "
+                "voiding again needs a new key"
+            )
+            return Finish(
+                error=VoidFailedError(
+                    message,
+                    key=key,
+                    attempts=attempts,
+                    void=refused,
+                    replayed=_replayed(headers),
+                    idempotency_ttl=ttl,
+                    problem=problem,
+                    body=body,
+                )
+            )
+        if verdict is Verdict.NOT_AUTHORIZED:
+            return Finish(error=_not_authorized(self, problem))
+        return None
+
+
+def _not_authorized(call: Union[CaptureCall, VoidCall], problem: Dict[str, Any]) -> ChargeNotAuthorizedError:
+    detail = _optional_str(problem.get("detail"))
+    message = (
+        f"charge {call.charge_id} is not an open authorization, so it cannot be {call.done}"
+        + (f": {detail}" if detail else "")
+        + f" [idempotency key {call.key!r}]"
+    )
+    return ChargeNotAuthorizedError(
+        message, key=call.key, attempts=call.attempts, charge_id=call.charge_id, problem=problem
+    )

@@ -11,8 +11,8 @@ from typing import Any, ClassVar, Optional, Sequence, Tuple, Type, TypeVar, Unio
 
 import httpx
 
-from ._core import Call, ChargeCall, Config, RefundCall, Send, Sleep
-from ._types import ChargeResult, RefundReason, RefundResult, RetryPolicy
+from ._core import AuthorizeCall, CaptureCall, Call, ChargeCall, Config, RefundCall, Send, Sleep, VoidCall
+from ._types import CaptureResult, ChargeResult, RefundReason, RefundResult, RetryPolicy, VoidResult
 
 R = TypeVar("R")
 
@@ -20,8 +20,9 @@ _Answer = Tuple[int, httpx.Headers, bytes]
 
 
 class Client:
-    """A charge and refund client for one merchant (its ``secret``) and one or
-    more idem instances (attempt ``i`` goes to ``base_url[i % n]``).
+    """A charge, refund and two-step (authorize, capture, void) client for one
+    merchant (its ``secret``) and one or more idem instances (attempt ``i``
+    goes to ``base_url[i % n]``).
 
     Thread-safe: one client may serve many threads. Close it (or use it as a
     context manager) to release its connections; an ``http_client`` given to
@@ -30,6 +31,9 @@ class Client:
 
     _call_type: ClassVar[Type[ChargeCall]] = ChargeCall
     _refund_call_type: ClassVar[Type[RefundCall]] = RefundCall
+    _authorize_call_type: ClassVar[Type[ChargeCall]] = AuthorizeCall
+    _capture_call_type: ClassVar[Type[CaptureCall]] = CaptureCall
+    _void_call_type: ClassVar[Type[VoidCall]] = VoidCall
 
     def __init__(
         self,
@@ -108,6 +112,91 @@ class Client:
             amount_cents=amount_cents,
             reason=reason,
             description=description,
+            idempotency_key=idempotency_key,
+            now=time.monotonic(),
+        )
+        return self._run(call)
+
+    def authorize(
+        self,
+        *,
+        order_id: int,
+        amount_cents: int,
+        currency: Optional[str] = None,
+        description: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> ChargeResult:
+        """Authorizes ``amount_cents`` for ``order_id`` (holds it on the card,
+        to capture later): the first step of a two-step payment,
+        ``POST /v1/charges`` with ``"capture": false``. One intent, retried
+        exactly as :meth:`charge` is, under one key.
+
+        Returns the stored outcome as a :class:`ChargeResult`: authorized
+        (``201``, ``result.charge.status == "authorized"``, with
+        ``amount_capturable_cents``), declined or failed; raises as
+        :meth:`charge` does.
+        """
+        call = self._authorize_call_type(
+            self._config,
+            order_id=order_id,
+            amount_cents=amount_cents,
+            currency=currency,
+            description=description,
+            idempotency_key=idempotency_key,
+            now=time.monotonic(),
+        )
+        return self._run(call)
+
+    def capture(
+        self,
+        charge_id: str,
+        amount_cents: Optional[int] = None,
+        *,
+        final: bool = True,
+        idempotency_key: Optional[str] = None,
+    ) -> CaptureResult:
+        """Captures ``amount_cents`` of the authorized charge ``charge_id``
+        (``None``: all the authorization has left). ``final`` (the default)
+        closes the authorization and releases what remains; ``final=False``
+        leaves the rest capturable. One capture intent, retried exactly as
+        :meth:`charge` is, under one key, so idem captures at most once.
+
+        A ``409`` ``authorization-closed`` (a final capture or a void of the
+        charge is pending at the acquirer) is retried too: nothing is stored
+        under the key, and once that step settles a retry gets this capture
+        or a final refusal. Returns the capture the acquirer made; raises
+        :class:`CaptureFailedError` (the acquirer refused it: a stored
+        outcome), :class:`CaptureExceedsAuthorizationError`,
+        :class:`ChargeNotAuthorizedError`, :class:`KeyReusedError`,
+        :class:`KeyExpiredError`, :class:`ApiError` (``404``: no such charge)
+        or :class:`GaveUpError`, each with the ``key``.
+        """
+        call = self._capture_call_type(
+            self._config,
+            charge_id=charge_id,
+            amount_cents=amount_cents,
+            final=final,
+            idempotency_key=idempotency_key,
+            now=time.monotonic(),
+        )
+        return self._run(call)
+
+    def void(self, charge_id: str, *, idempotency_key: Optional[str] = None) -> VoidResult:
+        """Voids the authorized charge ``charge_id``: releases what its
+        authorization still holds (after partial captures, the rest). One void
+        intent, retried exactly as :meth:`charge` is, under one key.
+
+        A ``409`` ``capture-pending`` (captures of the charge are pending at
+        the acquirer) or ``authorization-closed`` is retried too: nothing is
+        stored under the key, and once the other step settles a retry gets
+        this void or a final refusal. Returns the void; raises
+        :class:`VoidFailedError` (the acquirer refused it: a stored outcome),
+        :class:`ChargeNotAuthorizedError`, :class:`KeyReusedError`,
+        :class:`KeyExpiredError`, :class:`ApiError` or :class:`GaveUpError`.
+        """
+        call = self._void_call_type(
+            self._config,
+            charge_id=charge_id,
             idempotency_key=idempotency_key,
             now=time.monotonic(),
         )

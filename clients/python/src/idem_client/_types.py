@@ -1,5 +1,5 @@
-"""The values a caller gives and gets back: the policy, the charge and the
-refund, the attempts, the results."""
+"""The values a caller gives and gets back: the policy, the charge, the
+refund, the capture and the void, the attempts, the results."""
 
 from __future__ import annotations
 
@@ -59,12 +59,21 @@ class Charge:
     amount_cents: int
     currency: str
     status: str
-    """``captured``, ``declined``, ``failed`` (or ``processing``)."""
+    """``captured``, ``declined``, ``failed`` (or ``processing``); for a
+    two-step charge also ``authorized`` (held, capturable) and ``voided``
+    (released with nothing captured)."""
     acquirer_reference: str
     decline_reason: Optional[str]
     """The acquirer's reason when ``status`` is ``declined``, else ``None``."""
     created_at: str
     """When the charge was claimed: RFC 3339, UTC, to the second."""
+    amount_captured_cents: Optional[int] = None
+    """A two-step charge's: the sum of its captures made; ``None`` for a
+    one-step charge (idem leaves the field out)."""
+    amount_capturable_cents: Optional[int] = None
+    """A two-step charge's: what a capture may still take (the authorized
+    amount less the captures made or pending; 0 once the authorization is
+    closed); ``None`` for a one-step charge."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +105,8 @@ class Attempt:
 @dataclass(frozen=True)
 class ChargeResult:
     """The stored outcome of a payment intent: captured (``201``), declined
-    (``402``) or failed with no money moved (``502`` ``acquirer-rejected``).
+    (``402``) or failed with no money moved (``502`` ``acquirer-rejected``);
+    for an authorization, ``201`` is authorized (the amount held).
 
     ``charge.status`` says which; ``status`` is the HTTP status.
     """
@@ -123,6 +133,12 @@ class ChargeResult:
     def captured(self) -> bool:
         """Money moved: the charge's status is ``captured``."""
         return self.charge.status == "captured"
+
+    @property
+    def authorized(self) -> bool:
+        """The amount is held, to capture later: the charge's status is
+        ``authorized`` (the answer to :meth:`~idem_client.Client.authorize`)."""
+        return self.charge.status == "authorized"
 
 
 RefundReason = Literal["requested_by_customer", "duplicate", "fraudulent", "other"]
@@ -171,5 +187,90 @@ class RefundResult:
     """``Idempotency-TTL``: seconds the key is still honoured."""
     body: bytes
     """The answer's body, exactly as read: a replay is byte for byte the first answer."""
+    attempts: List[Attempt]
+    """Every attempt, in order, the final one last."""
+
+
+@dataclass(frozen=True)
+class Capture:
+    """A capture of an authorized charge as idem shows it
+    (``docs/contract/api.md``, "The capture and the void").
+
+    Fields idem may add later are ignored.
+    """
+
+    id: str
+    """``cp_`` and 24 letters and digits."""
+    charge_id: str
+    amount_cents: int
+    currency: str
+    """The charge's currency."""
+    final: bool
+    """It closed the authorization (what it left was released)."""
+    status: str
+    """``succeeded``, ``failed`` (or ``pending``)."""
+    acquirer_reference: str
+    """The capture's own reference at the acquirer, the same on every call."""
+    failure_reason: Optional[str]
+    """The acquirer's reason when ``status`` is ``failed``, else ``None``."""
+    created_at: str
+    """When the capture was claimed: RFC 3339, UTC, to the second."""
+
+
+@dataclass(frozen=True)
+class Void:
+    """A void of an authorized charge as idem shows it: what it released of
+    the authorization. Fields idem may add later are ignored."""
+
+    id: str
+    """``vd_`` and 24 letters and digits."""
+    charge_id: str
+    amount_cents: int
+    """What it released: the authorization's amount less its captures."""
+    currency: str
+    status: str
+    """``succeeded``, ``failed`` (or ``pending``)."""
+    acquirer_reference: str
+    """The void's own reference at the acquirer, the same on every call."""
+    failure_reason: Optional[str]
+    created_at: str
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    """A capture the acquirer made (``201``). One it refused for good is
+    :class:`~idem_client.CaptureFailedError`, also a stored outcome."""
+
+    status: int
+    """The HTTP status: ``201``."""
+    capture: Capture
+    key: str
+    """The idempotency key every attempt carried."""
+    replayed: bool
+    """The answer was stored before (``Idempotent-Replayed: true``)."""
+    idempotency_ttl: Optional[int]
+    """``Idempotency-TTL``: seconds the key is still honoured."""
+    body: bytes
+    """The answer's body, exactly as read."""
+    attempts: List[Attempt]
+    """Every attempt, in order, the final one last."""
+
+
+@dataclass(frozen=True)
+class VoidResult:
+    """A void the acquirer made (``201``): the authorization is released. One
+    it refused for good is :class:`~idem_client.VoidFailedError`."""
+
+    status: int
+    """The HTTP status: ``201``."""
+    void: Void
+    key: str
+    """The idempotency key every attempt carried."""
+    replayed: bool
+    """The answer was stored before (``Idempotent-Replayed: true``)."""
+    idempotency_ttl: Optional[int]
+    """``Idempotency-TTL``: seconds the key is still honoured."""
+    body: bytes
+    """The answer's body, exactly as read."""
     attempts: List[Attempt]
     """Every attempt, in order, the final one last."""

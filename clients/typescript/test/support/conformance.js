@@ -8,6 +8,9 @@ import { isDeepStrictEqual } from "node:util";
 
 import {
   ApiError,
+  CaptureExceedsAuthorizationError,
+  CaptureFailedError,
+  ChargeNotAuthorizedError,
   ChargeNotRefundableError,
   GaveUpError,
   IdemClient,
@@ -16,6 +19,7 @@ import {
   KeyReusedError,
   RefundExceedsCapturedError,
   RefundFailedError,
+  VoidFailedError,
 } from "../../dist/index.js";
 import { REPO_ROOT } from "./env.js";
 
@@ -29,8 +33,24 @@ const POLICY_FIELDS = {
   base_delay_ms: "baseDelayMs",
   max_delay_ms: "maxDelayMs",
 };
-const SCENARIO_FIELDS = new Set(["name", "about", "faults", "endpoints", "policy", "calls", "captures", "refunds"]);
-const CALL_FIELDS = new Set(["id", "op", "refund_of", "order", "amount_cents", "key", "delay_ms", "after", "expect"]);
+/** The ledger's lists counted per order as they are (each entry has its order). */
+const LEDGER_LISTS = ["authorizations", "authorization_captures", "voids"];
+const SCENARIO_FIELDS = new Set(["name", "about", "faults", "endpoints", "policy", "calls", "captures", "refunds", ...LEDGER_LISTS]);
+const CALL_FIELDS = new Set([
+  "id",
+  "op",
+  "refund_of",
+  "capture_of",
+  "void_of",
+  "order",
+  "amount_cents",
+  "final",
+  "key",
+  "delay_ms",
+  "after",
+  "faults",
+  "expect",
+]);
 const EXPECT_FIELDS = new Set([
   "result",
   "replayed",
@@ -38,14 +58,24 @@ const EXPECT_FIELDS = new Set([
   "max_attempts",
   "same_charge_as",
   "same_refund_as",
+  "same_capture_as",
+  "same_void_as",
   "amount_cents",
+  "remaining_cents",
   "ttl_at_most_secs",
   "differing_fields",
 ]);
+/** The operations, and for those on an earlier call's charge, the field naming that call. */
+const OPS = { charge: null, authorize: null, refund: "refund_of", capture: "capture_of", void: "void_of" };
 
-/** A call's operation: `charge` (the default) or `refund`. */
+/** A call's operation: `charge` (the default), `authorize`, `refund`, `capture` or `void`. */
 export function opOf(call) {
   return call.op ?? "charge";
+}
+
+/** The field naming the call whose charge this one refunds, captures or voids; `null` for a charge. */
+function ofField(call) {
+  return OPS[opOf(call)] ?? null;
 }
 
 export function loadSuite() {
@@ -75,16 +105,27 @@ export function policyFor(suitePolicy, scenarioPolicy = {}) {
   return retry;
 }
 
-/** What a call's `charge` or `refund` returned or threw, reduced to the README's outcome. */
+/** What a call's operation returned or threw, reduced to the README's outcome. */
 export function reduceOutcome(settled) {
   if (settled.ok) {
     const r = settled.value;
-    const refund = r.refund ?? null;
+    // A refund, a capture or a void; else the charge (captured, authorized, declined, failed).
+    const [result, made] =
+      r.refund !== undefined
+        ? ["refunded", r.refund]
+        : r.capture !== undefined
+          ? ["captured", r.capture]
+          : r.void !== undefined
+            ? ["voided", r.void]
+            : [r.charge.status, null];
     return {
-      result: refund === null ? r.charge.status : "refunded",
-      charge_id: refund === null ? r.charge.id : refund.charge_id,
-      refund_id: refund?.id ?? null,
-      amount_cents: refund?.amount_cents ?? null,
+      result,
+      charge_id: made === null ? r.charge.id : made.charge_id,
+      refund_id: r.refund?.id ?? null,
+      capture_id: r.capture?.id ?? null,
+      void_id: r.void?.id ?? null,
+      amount_cents: made?.amount_cents ?? null,
+      remaining_cents: null,
       replayed: r.replayed,
       attempts: r.attempts.length,
       key: r.key,
@@ -100,7 +141,10 @@ export function reduceOutcome(settled) {
     result: "rejected",
     charge_id: null,
     refund_id: null,
+    capture_id: null,
+    void_id: null,
     amount_cents: null,
+    remaining_cents: null,
     replayed: null, // an error does not say; no expectation asks it of one
     attempts: e.attempts.length,
     key: e.key,
@@ -119,7 +163,26 @@ export function reduceOutcome(settled) {
     };
   }
   if (e instanceof RefundExceedsCapturedError) {
-    return { ...outcome, result: "refund-exceeds", charge_id: e.chargeId };
+    return { ...outcome, result: "refund-exceeds", charge_id: e.chargeId, remaining_cents: e.remainingCents };
+  }
+  if (e instanceof CaptureFailedError || e instanceof VoidFailedError) {
+    const step = e instanceof CaptureFailedError ? e.capture : e.void;
+    return {
+      ...outcome,
+      result: e instanceof CaptureFailedError ? "capture-failed" : "void-failed",
+      charge_id: step.charge_id,
+      capture_id: e instanceof CaptureFailedError ? step.id : null,
+      void_id: e instanceof VoidFailedError ? step.id : null,
+      amount_cents: step.amount_cents,
+      replayed: e.replayed,
+      idempotency_ttl: e.idempotencyTtl,
+    };
+  }
+  if (e instanceof CaptureExceedsAuthorizationError) {
+    return { ...outcome, result: "capture-exceeds", charge_id: e.chargeId, remaining_cents: e.remainingCents };
+  }
+  if (e instanceof ChargeNotAuthorizedError) {
+    return { ...outcome, result: "not-authorized", charge_id: e.chargeId };
   }
   if (e instanceof ChargeNotRefundableError) {
     return { ...outcome, result: "not-refundable", charge_id: e.chargeId };
@@ -130,11 +193,20 @@ export function reduceOutcome(settled) {
       result: "key-reused",
       charge_id: e.chargeId,
       refund_id: e.refundId,
+      capture_id: e.captureId,
+      void_id: e.voidId,
       differing_fields: [...e.differingFields],
     };
   }
   if (e instanceof KeyExpiredError) {
-    return { ...outcome, result: "key-expired", charge_id: e.chargeId, refund_id: e.refundId };
+    return {
+      ...outcome,
+      result: "key-expired",
+      charge_id: e.chargeId,
+      refund_id: e.refundId,
+      capture_id: e.captureId,
+      void_id: e.voidId,
+    };
   }
   if (e instanceof GaveUpError) {
     return { ...outcome, result: "gave-up", error: e.last };
@@ -172,15 +244,19 @@ export function checkExpectations(expect, outcome, outcomes) {
         }
         break;
       }
-      case "same_refund_as": {
-        const other = outcomes.get(expected)?.refund_id ?? null;
-        if (outcome.refund_id == null || other === null || outcome.refund_id !== other) {
-          miss(field, `call ${expected}'s refund_id ${JSON.stringify(other)}`, outcome.refund_id ?? null);
+      case "same_refund_as":
+      case "same_capture_as":
+      case "same_void_as": {
+        const id = `${field.slice("same_".length, -"_as".length)}_id`;
+        const other = outcomes.get(expected)?.[id] ?? null;
+        if (outcome[id] == null || other === null || outcome[id] !== other) {
+          miss(field, `call ${expected}'s ${id} ${JSON.stringify(other)}`, outcome[id] ?? null);
         }
         break;
       }
       case "amount_cents":
-        if (outcome.amount_cents !== expected) miss(field, expected, outcome.amount_cents ?? null);
+      case "remaining_cents":
+        if (outcome[field] !== expected) miss(field, expected, outcome[field] ?? null);
         break;
       case "ttl_at_most_secs":
         if (outcome.idempotency_ttl == null || !(outcome.idempotency_ttl <= expected)) {
@@ -231,7 +307,9 @@ function show(value) {
 /**
  * Runs one scenario against the environment `env` (conformance-env's JSON)
  * with a client made by `new ClientClass(options)`. Resolves with
- * `{ name, runBase, outcomes, captures, refunds, failures }`; each failure is
+ * `{ name, runBase, outcomes, captures, refunds, ledgerLists, failures }`
+ * (`ledgerLists`: for each of `authorizations`, `authorization_captures` and
+ * `voids` the scenario counts, its entries per order); each failure is
  * `{ scenario, call, field, expected, got, message }` (`call` null for the
  * scenario's own checks) and its message names the scenario, the call, the
  * field and the outcome.
@@ -242,6 +320,7 @@ export async function runScenario({ env, suite, scenario, ClientClass = IdemClie
   const outcomes = new Map();
   const captures = {};
   const refunds = {};
+  const ledgerLists = {};
   const fail = (call, field, expected, got, outcome) => {
     const where = call === null ? `scenario ${show(name)}` : `scenario ${show(name)}, call ${show(call)}`;
     let message = `${where}: ${field}: expected ${show(expected)}, got ${show(got)}`;
@@ -262,19 +341,27 @@ export async function runScenario({ env, suite, scenario, ClientClass = IdemClie
     }
     if (call.after !== undefined && !earlier.has(call.after)) fail(call.id, "after", "the id of an earlier call", call.after);
     const op = opOf(call);
-    if (op === "refund") {
-      const charge = earlier.get(call.refund_of);
-      if (charge === undefined || opOf(charge) !== "charge") {
-        fail(call.id, "refund_of", "the id of an earlier charge call", call.refund_of ?? null);
+    if (!Object.hasOwn(OPS, op)) {
+      fail(call.id, "op", Object.keys(OPS).join(", "), op);
+      continue;
+    }
+    const own = ofField(call);
+    for (const field of ["refund_of", "capture_of", "void_of"]) {
+      if (field !== own && call[field] !== undefined) fail(call.id, field, `none on a ${op}`, call[field]);
+    }
+    if (op !== "capture" && call.final !== undefined) fail(call.id, "final", "none: only a capture has final", call.final);
+    if (op === "void" && call.amount_cents !== undefined) fail(call.id, "amount_cents", "none on a void", call.amount_cents);
+    if (own !== null) {
+      const charges = op === "refund" ? ["charge", "authorize"] : ["authorize"];
+      const charge = earlier.get(call[own]);
+      if (charge === undefined || !charges.includes(opOf(charge))) {
+        fail(call.id, own, `the id of an earlier ${charges.join(" or ")} call`, call[own] ?? null);
       }
-      if (call.order !== undefined) fail(call.id, "order", "none: a refund refunds its refund_of's charge", call.order);
-    } else if (op === "charge") {
-      if (call.refund_of !== undefined) fail(call.id, "refund_of", "none on a charge", call.refund_of);
-      for (const field of ["order", "amount_cents"]) {
-        if (call[field] === undefined) fail(call.id, field, "a charge's", "nothing");
-      }
+      if (call.order !== undefined) fail(call.id, "order", `none: a ${op} takes its ${own}'s charge`, call.order);
     } else {
-      fail(call.id, "op", "charge or refund", op);
+      for (const field of ["order", "amount_cents"]) {
+        if (call[field] === undefined) fail(call.id, field, `a ${op}'s`, "nothing");
+      }
     }
     earlier.set(call.id, call);
   }
@@ -282,7 +369,7 @@ export async function runScenario({ env, suite, scenario, ClientClass = IdemClie
   scenario.endpoints.forEach((endpoint, i) => {
     if (typeof baseUrl[i] !== "string") fail(null, "endpoints", "names the environment gives", endpoint);
   });
-  if (failures.length > 0) return { name, runBase, outcomes, captures, refunds, failures };
+  if (failures.length > 0) return { name, runBase, outcomes, captures, refunds, ledgerLists, failures };
 
   try {
     // 1. The acquirer's faults.
@@ -301,29 +388,34 @@ export async function runScenario({ env, suite, scenario, ClientClass = IdemClie
     const keyOf = (call) => (call.key === undefined ? undefined : `conf-${runBase}-${name}-${call.key}`);
     const ended = new Map();
     const started = Date.now();
-    // A call starts after every call it names (after, refund_of) ended; its
-    // delay counts from the last of those ends.
+    // A call starts after every call it names (after, refund_of, capture_of,
+    // void_of) ended; its delay counts from the last of those ends.
     const run = async (call) => {
-      for (const other of [call.after, call.refund_of].filter((id) => id !== undefined)) {
+      const own = ofField(call);
+      for (const other of [call.after, own === null ? undefined : call[own]].filter((id) => id !== undefined)) {
         await ended.get(other);
       }
       await sleep(call.delay_ms ?? 0);
+      let chargeId = null;
+      if (own !== null) {
+        chargeId = outcomes.get(call[own])?.charge_id ?? null;
+        if (chargeId === null) {
+          outcomes.set(call.id, { result: `never started: call ${call[own]} made no charge` });
+          return;
+        }
+      }
+      if (call.faults !== undefined) await simulator(env, "PUT", "/_sim/faults", call.faults);
+      const options = keyOf(call) === undefined ? {} : { idempotencyKey: keyOf(call) };
       let settled;
       try {
-        if (opOf(call) === "refund") {
-          const chargeId = outcomes.get(call.refund_of)?.charge_id ?? null;
-          if (chargeId === null) {
-            outcomes.set(call.id, { result: `never started: call ${call.refund_of} made no charge` });
-            return;
-          }
-          const options = {};
-          if (call.amount_cents !== undefined) options.amountCents = call.amount_cents;
-          if (keyOf(call) !== undefined) options.idempotencyKey = keyOf(call);
-          settled = { ok: true, value: await client.refund(chargeId, options) };
-        } else {
+        const op = opOf(call);
+        if (op === "charge" || op === "authorize") {
           const request = { order_id: runBase + call.order, amount_cents: call.amount_cents, currency: "BRL" };
-          const options = keyOf(call) === undefined ? {} : { idempotencyKey: keyOf(call) };
-          settled = { ok: true, value: await client.charge(request, options) };
+          settled = { ok: true, value: await client[op](request, options) };
+        } else {
+          if (op !== "void" && call.amount_cents !== undefined) options.amountCents = call.amount_cents;
+          if (op === "capture" && call.final !== undefined) options.final = call.final;
+          settled = { ok: true, value: await client[op](chargeId, options) };
         }
       } catch (error) {
         settled = { ok: false, error };
@@ -403,13 +495,26 @@ export async function runScenario({ env, suite, scenario, ClientClass = IdemClie
       }
     }
     const paid = ledger.refunds ?? []; // absent from an older simulator's ledger
+    // A refund of a two-step charge names its authorization.
+    const held = [...ledger.captures, ...(ledger.authorizations ?? [])];
     for (const [order, count] of Object.entries(scenario.refunds ?? {})) {
       const orderId = runBase + Number(order);
-      const references = new Set(ledger.captures.filter((c) => c.order_id === orderId).map((c) => c.reference));
+      const references = new Set(held.filter((c) => c.order_id === orderId).map((c) => c.reference));
       const got = paid.filter((r) => references.has(r.capture_reference)).length;
       refunds[order] = got;
       if (got !== count) {
         fail(null, "refunds", { [`order ${order} (order_id ${orderId}), captures ${show([...references])}`]: count }, got, all);
+      }
+    }
+    for (const list of LEDGER_LISTS) {
+      const entries = ledger[list] ?? []; // absent from an older simulator's ledger
+      for (const [order, count] of Object.entries(scenario[list] ?? {})) {
+        const orderId = runBase + Number(order);
+        const got = entries.filter((e) => e.order_id === orderId).length;
+        (ledgerLists[list] ??= {})[order] = got;
+        if (got !== count) {
+          fail(null, list, { [`order ${order} (order_id ${orderId})`]: count }, got, all);
+        }
       }
     }
   } catch (error) {
@@ -422,5 +527,5 @@ export async function runScenario({ env, suite, scenario, ClientClass = IdemClie
       fail(null, "faults reset", "PUT /_sim/faults {} to work", String(error));
     }
   }
-  return { name, runBase, outcomes, captures, refunds, failures };
+  return { name, runBase, outcomes, captures, refunds, ledgerLists, failures };
 }

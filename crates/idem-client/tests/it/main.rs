@@ -7,7 +7,9 @@ mod server;
 
 use std::time::{Duration, Instant};
 
-use idem_client::{AttemptOutcome, ChargeAnswer, ChargeRequest, Client, ClientError, RetryPolicy};
+use idem_client::{
+    AttemptOutcome, CaptureRequest, ChargeAnswer, ChargeRequest, Client, ClientError, RetryPolicy,
+};
 use server::{closed_endpoint, Scripted, Step};
 
 const SECRET: &str = "sk_test_idem";
@@ -504,4 +506,232 @@ async fn gives_up_when_max_elapsed_is_spent() {
     assert_eq!(attempts.len(), 1);
     assert_eq!(attempts[0].outcome, AttemptOutcome::Timeout);
     assert!(last.contains("max_elapsed"), "{last}");
+}
+
+// --- Two-step payments: the same discipline, their own paths and bodies ---
+
+const CHARGE_ID: &str = "ch_4f9QzXk2LmP8rT1vWb6yNc3d";
+
+fn problem(status: u16, kind: &str) -> Step {
+    Step::status(status)
+        .header("content-type", "application/problem+json")
+        .body(format!(
+            r#"{{"type":"urn:idem:problem:{kind}","status":{status}}}"#
+        ))
+}
+
+/// An authorization is `POST /v1/charges` with the charge's fields and
+/// `"capture": false`, the same key and bytes on every attempt; its `201`
+/// (the charge, `authorized`) is the answer.
+#[tokio::test]
+async fn an_authorization_is_a_charge_with_capture_false_retried_as_one() {
+    let authorized = r#"{"id":"ch_1","status":"authorized","amount_capturable_cents":25000}"#;
+    let server = Scripted::start(vec![
+        problem(503, "outcome-unknown").header("retry-after", "0"),
+        Step::status(201).body(authorized),
+    ])
+    .await;
+    let answer = client(&[&server.base], fast_policy())
+        .authorize_with_key("auth-1", &request())
+        .await
+        .unwrap();
+    assert_eq!((answer.status, answer.key.as_str()), (201, "auth-1"));
+    assert_eq!(&answer.body[..], authorized.as_bytes());
+    let received = server.received();
+    assert_eq!(received.len(), 2);
+    for r in &received {
+        assert_eq!(
+            (r.method.as_str(), r.path.as_str()),
+            ("POST", "/v1/charges")
+        );
+        assert_eq!(r.idempotency_key.as_deref(), Some("\"auth-1\""));
+        assert_eq!(
+            &r.body[..],
+            br#"{"order_id":123,"amount_cents":25000,"currency":"BRL","description":"pedido 123","capture":false}"#
+        );
+    }
+}
+
+/// A capture goes to its charge's captures with its amount and `final`
+/// (always sent; `true` unless asked otherwise), a void to its charge's void
+/// with `{}`; each is one key, made once, on every attempt, retried on `503`
+/// and an in-flight `409` as a charge is.
+#[tokio::test]
+async fn captures_and_voids_go_to_their_charge_with_one_key_and_one_body() {
+    let capture = r#"{"id":"cp_1","charge_id":"ch_1","amount_cents":10000,"final":false}"#;
+    let server = Scripted::start(vec![
+        problem(503, "outcome-unknown").header("retry-after", "0"),
+        problem(409, "request-in-flight").header("retry-after", "0"),
+        Step::status(201).body(capture),
+    ])
+    .await;
+    let c = client(&[&server.base], fast_policy());
+    let part = CaptureRequest {
+        amount_cents: Some(10_000),
+        final_capture: false,
+    };
+    let answer = c.capture(CHARGE_ID, &part).await.unwrap();
+    assert_eq!(answer.status, 201);
+    assert_eq!(&answer.body[..], capture.as_bytes());
+    assert_eq!(
+        uuid::Uuid::parse_str(&answer.key)
+            .unwrap()
+            .get_version_num(),
+        4
+    );
+    let received = server.received();
+    assert_eq!(received.len(), 3);
+    for r in &received {
+        assert_eq!(r.path, format!("/v1/charges/{CHARGE_ID}/captures"));
+        assert_eq!(r.idempotency_key, Some(format!("\"{}\"", answer.key)));
+        assert_eq!(&r.body[..], br#"{"amount_cents":10000,"final":false}"#);
+        assert_eq!(r.content_type.as_deref(), Some("application/json"));
+    }
+
+    // A final capture of what remains, and a void: each its own key.
+    let all = c
+        .capture_with_key("cap-2", CHARGE_ID, &CaptureRequest::default())
+        .await
+        .unwrap();
+    let void = c.void_with_key("void-1", CHARGE_ID).await.unwrap();
+    let another = c.void(CHARGE_ID).await.unwrap();
+    assert_ne!(void.key, another.key);
+    let received = server.received();
+    let tail: Vec<(&str, Option<&str>, &[u8])> = received[3..]
+        .iter()
+        .map(|r| (r.path.as_str(), r.idempotency_key.as_deref(), &r.body[..]))
+        .collect();
+    let void_path = format!("/v1/charges/{CHARGE_ID}/void");
+    let another_key = format!("\"{}\"", another.key);
+    assert_eq!(
+        tail,
+        [
+            (
+                format!("/v1/charges/{CHARGE_ID}/captures").as_str(),
+                Some("\"cap-2\""),
+                &br#"{"final":true}"#[..]
+            ),
+            (void_path.as_str(), Some("\"void-1\""), &b"{}"[..]),
+            (void_path.as_str(), Some(another_key.as_str()), &b"{}"[..]),
+        ]
+    );
+    assert_eq!((all.key.as_str(), all.attempts.len()), ("cap-2", 1));
+}
+
+/// A `409` that another step of the authorization settles is retried under
+/// the same key: a void that meets a pending capture (`capture-pending`) or
+/// a pending final capture (`authorization-closed`) goes through once it
+/// settles; a capture that meets a settled void then gets the final `422`.
+#[tokio::test]
+async fn a_conflict_with_another_step_is_retried_until_it_settles() {
+    let void = r#"{"id":"vd_1","charge_id":"ch_1","amount_cents":15000}"#;
+    let server = Scripted::start(vec![
+        problem(409, "capture-pending"),
+        problem(409, "authorization-closed"),
+        Step::status(201).body(void),
+    ])
+    .await;
+    let answer = client(&[&server.base], fast_policy())
+        .void_with_key("v-1", CHARGE_ID)
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 201);
+    assert_eq!(
+        outcomes(&answer),
+        [
+            AttemptOutcome::Status(409),
+            AttemptOutcome::Status(409),
+            AttemptOutcome::Status(201)
+        ]
+    );
+    assert!(server
+        .received()
+        .iter()
+        .all(|r| r.idempotency_key.as_deref() == Some("\"v-1\"")));
+
+    let server = Scripted::start(vec![
+        problem(409, "authorization-closed"),
+        problem(422, "charge-not-authorized"),
+        Step::status(201),
+    ])
+    .await;
+    let answer = client(&[&server.base], fast_policy())
+        .capture(CHARGE_ID, &CaptureRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 422);
+    assert_eq!(answer.attempts.len(), 2);
+    assert_eq!(server.received().len(), 2);
+}
+
+/// A conflict that never settles within the policy ends as a give-up with
+/// the key (nothing is stored under it: the same key later gets the answer).
+#[tokio::test]
+async fn a_conflict_that_never_settles_gives_up_with_the_key() {
+    let server = Scripted::start(vec![problem(409, "capture-pending")]).await;
+    let err = client(&[&server.base], fast_policy())
+        .void_with_key("v-2", CHARGE_ID)
+        .await
+        .unwrap_err();
+    let ClientError::GaveUp {
+        key,
+        attempts,
+        last,
+    } = &err
+    else {
+        panic!("expected GaveUp, got {err:?}");
+    };
+    assert_eq!((key.as_str(), attempts.len()), ("v-2", 5));
+    assert!(last.contains("status 409"), "{last}");
+}
+
+/// A step the charge cannot take, and one the acquirer refused for good
+/// (stored), are final answers after one attempt, though a second would
+/// have been a `201`.
+#[tokio::test]
+async fn step_refusals_are_final_after_one_attempt() {
+    for kind in [
+        "capture-exceeds-authorization",
+        "charge-not-authorized",
+        "capture-failed",
+        "idempotency-key-reused",
+    ] {
+        let server = Scripted::start(vec![problem(422, kind), Step::status(201)]).await;
+        let answer = client(&[&server.base], fast_policy())
+            .capture(
+                CHARGE_ID,
+                &CaptureRequest {
+                    amount_cents: Some(25_001),
+                    final_capture: true,
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!((answer.status, answer.attempts.len()), (422, 1), "{kind}");
+        assert_eq!(server.received().len(), 1, "{kind} was retried");
+    }
+    for kind in ["void-failed", "charge-not-authorized"] {
+        let server = Scripted::start(vec![problem(422, kind), Step::status(201)]).await;
+        let answer = client(&[&server.base], fast_policy())
+            .void(CHARGE_ID)
+            .await
+            .unwrap();
+        assert_eq!((answer.status, answer.attempts.len()), (422, 1), "{kind}");
+    }
+}
+
+/// A charge id that could name another route is refused before any attempt.
+#[tokio::test]
+async fn a_bad_charge_id_makes_no_attempt() {
+    let server = Scripted::start(vec![Step::status(201)]).await;
+    let c = client(&[&server.base], fast_policy());
+    for bad in ["", "ch_1/../refunds", "ch_1?x"] {
+        let capture = c.capture(bad, &CaptureRequest::default()).await;
+        assert!(matches!(capture, Err(ClientError::Build(_))), "{bad:?}");
+        assert!(
+            matches!(c.void(bad).await, Err(ClientError::Build(_))),
+            "{bad:?}"
+        );
+    }
+    assert!(server.received().is_empty());
 }

@@ -1,6 +1,7 @@
 //! A scripted stand-in for the idem server: a real HTTP server on 127.0.0.1:0
-//! that answers `POST /v1/charges` from a list of steps and records every
-//! request it receives, so a test can check what went over the wire.
+//! that answers every request (`POST /v1/charges`, a refund, a capture, a
+//! void: any path) from a list of steps and records every request it
+//! receives, so a test can check what went over the wire.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -9,9 +10,8 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use axum::Router;
 
 /// One scripted answer.
@@ -53,6 +53,8 @@ impl Step {
 /// What one request carried.
 #[derive(Debug, Clone)]
 pub struct Received {
+    pub method: Method,
+    pub path: String,
     pub idempotency_key: Option<String>,
     pub authorization: Option<String>,
     pub content_type: Option<String>,
@@ -82,7 +84,7 @@ impl Scripted {
             received: Mutex::default(),
         });
         let app = Router::new()
-            .route("/v1/charges", post(answer))
+            .fallback(answer)
             .with_state(Arc::clone(&script));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -98,9 +100,17 @@ impl Scripted {
     }
 }
 
-async fn answer(State(script): State<Arc<Script>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn answer(
+    State(script): State<Arc<Script>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let text = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
     script.received.lock().unwrap().push(Received {
+        method,
+        path: uri.path().to_owned(),
         idempotency_key: text("idempotency-key"),
         authorization: text("authorization"),
         content_type: text("content-type"),

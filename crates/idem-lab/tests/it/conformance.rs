@@ -2,7 +2,8 @@
 //! as `clients/conformance/README.md` says) run with the Rust client,
 //! `idem-client`, against `idem-lab conformance-env` as a real process: one
 //! `idem serve`, the simulator, a lossy and a refusing endpoint. The Python
-//! and TypeScript clients run the same file (`scripts/test-clients`). A client
+//! and TypeScript clients run the same file (`clients/python/check`,
+//! `clients/typescript/check`). A client
 //! that makes a new key on every retry fails it.
 
 use std::collections::{BTreeMap, HashMap};
@@ -11,7 +12,8 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use idem_client::{
-    backoff_delay, ChargeAnswer, ChargeRequest, Client, ClientError, RefundRequest, RetryPolicy,
+    backoff_delay, CaptureRequest, ChargeAnswer, ChargeRequest, Client, ClientError, RefundRequest,
+    RetryPolicy,
 };
 use idem_core::store::Backend;
 use idem_testkit::run::{admin_url, test_backend};
@@ -54,28 +56,57 @@ struct Scenario {
     policy: Policy,
     calls: Vec<Call>,
     captures: BTreeMap<String, usize>,
-    /// Refunds in the ledger per order's capture.
+    /// Refunds in the ledger per order's capture (or authorization).
     #[serde(default)]
     refunds: BTreeMap<String, usize>,
+    /// Authorizations in the ledger per order.
+    #[serde(default)]
+    authorizations: BTreeMap<String, usize>,
+    /// Captures of an authorization in the ledger per order.
+    #[serde(default)]
+    authorization_captures: BTreeMap<String, usize>,
+    /// Voids in the ledger per order.
+    #[serde(default)]
+    voids: BTreeMap<String, usize>,
 }
 
 #[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
 struct Call {
     id: String,
-    /// `charge` (absent) or `refund`.
+    /// `charge` (absent), `authorize`, `refund`, `capture` or `void`.
     op: Option<String>,
     /// A refund's call: the earlier call whose charge it refunds.
     refund_of: Option<String>,
-    /// A charge's order (a refund has none).
+    /// A capture's call: the earlier authorize call whose charge it captures.
+    capture_of: Option<String>,
+    /// A void's call: the earlier authorize call whose charge it voids.
+    void_of: Option<String>,
+    /// A charge's order (a refund, capture or void has none).
     order: Option<i64>,
-    /// A charge's amount; a refund's, or absent for all that is left.
+    /// A charge's amount; a refund's or a capture's, or absent for all that
+    /// is left.
     amount_cents: Option<i64>,
+    /// A capture's `final`; absent: the client's default (`true`).
+    #[serde(rename = "final")]
+    final_capture: Option<bool>,
     key: Option<String>,
     #[serde(default)]
     delay_ms: u64,
     after: Option<String>,
+    /// The simulator's faults from this call on (`PUT` before it starts).
+    faults: Option<Value>,
     expect: Expect,
+}
+
+impl Call {
+    /// The earlier call whose charge this one refunds, captures or voids.
+    fn of(&self) -> Option<&String> {
+        self.refund_of
+            .as_ref()
+            .or(self.capture_of.as_ref())
+            .or(self.void_of.as_ref())
+    }
 }
 
 #[derive(Deserialize, Clone)]
@@ -87,7 +118,10 @@ struct Expect {
     max_attempts: Option<usize>,
     same_charge_as: Option<String>,
     same_refund_as: Option<String>,
+    same_capture_as: Option<String>,
+    same_void_as: Option<String>,
     amount_cents: Option<i64>,
+    remaining_cents: Option<i64>,
     ttl_at_most_secs: Option<u64>,
     differing_fields: Option<Vec<String>>,
 }
@@ -96,7 +130,20 @@ struct Expect {
 #[derive(Debug, Clone)]
 enum What {
     Charge(ChargeRequest),
+    Authorize(ChargeRequest),
     Refund(String, RefundRequest),
+    Capture(String, CaptureRequest),
+    Void(String),
+}
+
+impl What {
+    /// The charge a refund, capture or void names.
+    fn charge_id(&self) -> Option<&str> {
+        match self {
+            Self::Charge(_) | Self::Authorize(_) => None,
+            Self::Refund(id, _) | Self::Capture(id, _) | Self::Void(id) => Some(id),
+        }
+    }
 }
 
 /// What a call came to, reduced as the suite's README says.
@@ -105,7 +152,10 @@ struct Outcome {
     result: &'static str,
     charge_id: Option<String>,
     refund_id: Option<String>,
+    capture_id: Option<String>,
+    void_id: Option<String>,
     amount_cents: Option<i64>,
+    remaining_cents: Option<i64>,
     replayed: bool,
     attempts: usize,
     key: String,
@@ -242,23 +292,24 @@ async fn run_scenario(
     };
 
     // Each call on its own task; one that waits for another watches its end
-    // (and a refund, the charge that call made).
+    // (and a refund, capture or void, the charge that call made).
     let start = Instant::now();
     let mut ended = HashMap::new();
     let mut tasks = Vec::new();
     for call in &scenario.calls {
         let (tx, rx) = tokio::sync::watch::channel(None::<Option<String>>);
         ended.insert(call.id.clone(), rx);
-        // A call waits for its `after` and its `refund_of` (a refund takes
-        // the charge of the latter); its delay counts from the later end.
+        // A call waits for its `after` and its `refund_of`, `capture_of` or
+        // `void_of` (whose charge it takes); its delay counts from the later
+        // end.
         let after = call.after.as_ref().map(|id| ended[id].clone());
-        let refund_of = call.refund_of.as_ref().map(|id| ended[id].clone());
+        let of = call.of().map(|id| ended[id].clone());
         let key = call
             .key
             .as_ref()
             .map(|k| format!("conf-{run_base}-{}-{k}", scenario.name));
-        let refund = call.op.as_deref() == Some("refund");
-        let call_waits = call.after.is_some() || call.refund_of.is_some();
+        let op = call.op.clone().unwrap_or_else(|| "charge".into());
+        let call_waits = call.after.is_some() || call.of().is_some();
         let charge = ChargeRequest {
             order_id: run_base + call.order.unwrap_or_default(),
             amount_cents: call.amount_cents.unwrap_or_default(),
@@ -269,11 +320,21 @@ async fn run_scenario(
             amount_cents: call.amount_cents,
             ..RefundRequest::default()
         };
+        let capture_request = CaptureRequest {
+            amount_cents: call.amount_cents,
+            final_capture: call
+                .final_capture
+                .unwrap_or(CaptureRequest::default().final_capture),
+        };
+        let call_faults = call
+            .faults
+            .clone()
+            .map(|f| (http.clone(), faults.clone(), f));
         let (caller, delay) = (caller.clone(), Duration::from_millis(call.delay_ms));
         tasks.push(tokio::spawn(async move {
             let mut charge_of_earlier = None;
-            if let Some(mut refund_of) = refund_of {
-                if let Ok(done) = refund_of.wait_for(Option::is_some).await {
+            if let Some(mut of) = of {
+                if let Ok(done) = of.wait_for(Option::is_some).await {
                     charge_of_earlier = done.clone().flatten();
                 }
             }
@@ -285,10 +346,22 @@ async fn run_scenario(
             } else {
                 tokio::time::sleep_until((start + delay).into()).await;
             }
-            let what = if refund {
-                What::Refund(charge_of_earlier.unwrap_or_default(), refund_request)
-            } else {
-                What::Charge(charge)
+            if let Some((http, url, body)) = call_faults {
+                http.put(&url)
+                    .json(&body)
+                    .send()
+                    .await
+                    .and_then(|r| r.error_for_status())
+                    .expect("setting a call's faults");
+            }
+            let earlier = charge_of_earlier.unwrap_or_default();
+            let what = match op.as_str() {
+                "charge" => What::Charge(charge),
+                "authorize" => What::Authorize(charge),
+                "refund" => What::Refund(earlier, refund_request),
+                "capture" => What::Capture(earlier, capture_request),
+                "void" => What::Void(earlier),
+                other => panic!("an op this runner does not know: {other:?}"),
             };
             let outcome = caller.call(key.as_deref(), &what).await;
             let _ = tx.send(Some(outcome.charge_id.clone()));
@@ -337,8 +410,23 @@ async fn run_scenario(
                 fail("refund_id", format!("call {other}'s, {theirs:?}"));
             }
         }
+        if let Some(other) = &e.same_capture_as {
+            let theirs = &outcomes[other].capture_id;
+            if got.capture_id.is_none() || got.capture_id != *theirs {
+                fail("capture_id", format!("call {other}'s, {theirs:?}"));
+            }
+        }
+        if let Some(other) = &e.same_void_as {
+            let theirs = &outcomes[other].void_id;
+            if got.void_id.is_none() || got.void_id != *theirs {
+                fail("void_id", format!("call {other}'s, {theirs:?}"));
+            }
+        }
         if e.amount_cents.is_some() && e.amount_cents != got.amount_cents {
             fail("amount_cents", format!("{:?}", e.amount_cents));
+        }
+        if e.remaining_cents.is_some() && e.remaining_cents != got.remaining_cents {
+            fail("remaining_cents", format!("{:?}", e.remaining_cents));
         }
         if let Some(most) = e.ttl_at_most_secs {
             if got.idempotency_ttl.is_none_or(|ttl| ttl > most) {
@@ -377,10 +465,13 @@ async fn run_scenario(
     let refunds = ledger["refunds"].as_array().unwrap_or(&empty);
     for (order, want) in &scenario.refunds {
         let order_id = run_base + order.parse::<i64>().expect("an order number");
+        // A refund of a two-step charge names its authorization.
+        let authorizations = ledger["authorizations"].as_array().unwrap_or(&empty);
         let references: Vec<&Value> = ledger["captures"]
             .as_array()
             .expect("captures")
             .iter()
+            .chain(authorizations)
             .filter(|c| c["order_id"] == order_id)
             .map(|c| &c["reference"])
             .collect();
@@ -392,6 +483,26 @@ async fn run_scenario(
             failures.push(format!(
                 "order {order}: expected {want} refund(s) in the ledger, got {got}"
             ));
+        }
+    }
+    for (list, what, counts) in [
+        ("authorizations", "authorization", &scenario.authorizations),
+        (
+            "authorization_captures",
+            "authorization capture",
+            &scenario.authorization_captures,
+        ),
+        ("voids", "void", &scenario.voids),
+    ] {
+        let entries = ledger[list].as_array().unwrap_or(&empty);
+        for (order, want) in counts {
+            let order_id = run_base + order.parse::<i64>().expect("an order number");
+            let got = entries.iter().filter(|e| e["order_id"] == order_id).count();
+            if got != *want {
+                failures.push(format!(
+                    "order {order}: expected {want} {what}(s) in the ledger, got {got}"
+                ));
+            }
         }
     }
     put(&serde_json::json!({}))
@@ -433,13 +544,16 @@ struct Caller {
 impl Caller {
     async fn call(&self, key: Option<&str>, what: &What) -> Outcome {
         match self.flavour {
-            Flavour::IdemClient => reduce(match key {
-                Some(key) => send(&self.client, key, what).await,
-                None => {
-                    let key = uuid::Uuid::new_v4().to_string();
-                    send(&self.client, &key, what).await
-                }
-            }),
+            Flavour::IdemClient => reduce(
+                match key {
+                    Some(key) => send(&self.client, key, what).await,
+                    None => {
+                        let key = uuid::Uuid::new_v4().to_string();
+                        send(&self.client, &key, what).await
+                    }
+                },
+                what,
+            ),
             Flavour::NewKeyPerRetry => self.new_key_per_retry(key, what).await,
         }
     }
@@ -466,7 +580,7 @@ impl Caller {
                 },
             )
             .unwrap();
-            let mut outcome = reduce(send(&one, &key, what).await);
+            let mut outcome = reduce(send(&one, &key, what).await, what);
             attempts += outcome.attempts;
             outcome.attempts = attempts;
             retry += 1;
@@ -485,11 +599,15 @@ impl Caller {
 async fn send(client: &Client, key: &str, what: &What) -> Result<ChargeAnswer, ClientError> {
     match what {
         What::Charge(request) => client.charge_with_key(key, request).await,
+        What::Authorize(request) => client.authorize_with_key(key, request).await,
         What::Refund(charge_id, request) => client.refund_with_key(key, charge_id, request).await,
+        What::Capture(charge_id, request) => client.capture_with_key(key, charge_id, request).await,
+        What::Void(charge_id) => client.void_with_key(key, charge_id).await,
     }
 }
 
-fn reduce(answer: Result<ChargeAnswer, ClientError>) -> Outcome {
+/// What `what`'s answer came to, as the suite's README reduces it.
+fn reduce(answer: Result<ChargeAnswer, ClientError>, what: &What) -> Outcome {
     let answer = match answer {
         Ok(answer) => answer,
         Err(ClientError::GaveUp { key, attempts, .. }) => {
@@ -503,50 +621,103 @@ fn reduce(answer: Result<ChargeAnswer, ClientError>) -> Outcome {
         Err(e) => panic!("the client could not make the call: {e}"),
     };
     let body: Value = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
-    let kind = body["type"].as_str().unwrap_or_default();
-    let refund = body["id"].as_str().is_some_and(|id| id.starts_with("re_"));
-    let (result, charge_id, refund_id) = match (answer.status, kind) {
-        (201, _) if refund => ("refunded", body["charge_id"].as_str(), body["id"].as_str()),
-        (201, _) => ("captured", body["id"].as_str(), None),
-        (402, _) => ("declined", body["charge"]["id"].as_str(), None),
-        (502, "urn:idem:problem:acquirer-rejected") => {
-            ("failed", body["charge"]["id"].as_str(), None)
-        }
-        (422, "urn:idem:problem:refund-failed") => (
-            "refund-failed",
-            body["refund"]["charge_id"].as_str(),
-            body["refund"]["id"].as_str(),
-        ),
-        (422, "urn:idem:problem:refund-exceeds-captured") => ("refund-exceeds", None, None),
-        (422, "urn:idem:problem:charge-not-refundable") => ("not-refundable", None, None),
-        (422, _) => (
-            "key-reused",
-            body["charge_id"].as_str(),
-            body["refund_id"].as_str(),
-        ),
-        (410, _) => (
-            "key-expired",
-            body["charge_id"].as_str(),
-            body["refund_id"].as_str(),
-        ),
-        _ => ("rejected", None, None),
-    };
-    Outcome {
-        result,
-        charge_id: charge_id.map(str::to_owned),
-        refund_id: refund_id.map(str::to_owned),
-        amount_cents: refund.then(|| body["amount_cents"].as_i64()).flatten(),
+    let kind = body["type"]
+        .as_str()
+        .and_then(|t| t.strip_prefix("urn:idem:problem:"))
+        .unwrap_or_default();
+    let text = |v: &Value| v.as_str().map(str::to_owned);
+    let mut outcome = Outcome {
         replayed: answer.replayed,
         attempts: answer.attempts.len(),
-        key: answer.key,
         idempotency_ttl: answer.idempotency_ttl.map(|d| d.as_secs()),
-        differing_fields: body["differing_fields"].as_array().map(|fields| {
-            fields
-                .iter()
-                .filter_map(|f| f.as_str().map(str::to_owned))
-                .collect()
-        }),
+        ..Outcome::default()
+    };
+    // What a refund, capture or void (the answer's body, or the problem's
+    // `refund`, `capture`, `void`) says of itself.
+    let made = |made: &Value, outcome: &mut Outcome| {
+        let id = made["id"].as_str().unwrap_or_default();
+        let slot = match id.get(..3) {
+            Some("re_") => &mut outcome.refund_id,
+            Some("cp_") => &mut outcome.capture_id,
+            _ => &mut outcome.void_id,
+        };
+        *slot = Some(id.to_owned());
+        outcome.charge_id = text(&made["charge_id"]);
+        outcome.amount_cents = made["amount_cents"].as_i64();
+    };
+    let step = matches!(what, What::Refund(..) | What::Capture(..) | What::Void(_));
+    outcome.result = match (answer.status, kind) {
+        (201, _) if step => {
+            made(&body, &mut outcome);
+            match what {
+                What::Refund(..) => "refunded",
+                What::Capture(..) => "captured",
+                _ => "voided",
+            }
+        }
+        (201, _) => {
+            outcome.charge_id = text(&body["id"]);
+            match body["status"].as_str() {
+                Some("captured") => "captured",
+                Some("authorized") => "authorized",
+                _ => "rejected",
+            }
+        }
+        (402, "charge-declined") => {
+            outcome.charge_id = text(&body["charge"]["id"]);
+            "declined"
+        }
+        (502, "acquirer-rejected") => {
+            outcome.charge_id = text(&body["charge"]["id"]);
+            "failed"
+        }
+        (422, "refund-failed") => {
+            made(&body["refund"], &mut outcome);
+            "refund-failed"
+        }
+        (422, "capture-failed") => {
+            made(&body["capture"], &mut outcome);
+            "capture-failed"
+        }
+        (422, "void-failed") => {
+            made(&body["void"], &mut outcome);
+            "void-failed"
+        }
+        (422, "refund-exceeds-captured" | "capture-exceeds-authorization") => {
+            outcome.remaining_cents = body["remaining_cents"].as_i64();
+            if kind == "refund-exceeds-captured" {
+                "refund-exceeds"
+            } else {
+                "capture-exceeds"
+            }
+        }
+        (422, "charge-not-refundable") => "not-refundable",
+        (422, "charge-not-authorized") => "not-authorized",
+        (422, "idempotency-key-reused") | (410, "key-expired") => {
+            outcome.charge_id = text(&body["charge_id"]);
+            outcome.refund_id = text(&body["refund_id"]);
+            outcome.capture_id = text(&body["capture_id"]);
+            outcome.void_id = text(&body["void_id"]);
+            outcome.differing_fields = body["differing_fields"].as_array().map(|fields| {
+                fields
+                    .iter()
+                    .filter_map(|f| f.as_str().map(str::to_owned))
+                    .collect()
+            });
+            if answer.status == 422 {
+                "key-reused"
+            } else {
+                "key-expired"
+            }
+        }
+        _ => "rejected",
+    };
+    // A refusal of a refund, capture or void names the charge it was of.
+    if step && outcome.charge_id.is_none() && outcome.result != "rejected" {
+        outcome.charge_id = what.charge_id().map(str::to_owned);
     }
+    outcome.key = answer.key;
+    outcome
 }
 
 #[tokio::test]
@@ -561,10 +732,20 @@ async fn the_rust_client_passes_every_scenario() {
         results.iter().any(|(name, _)| name.starts_with("refund")),
         "refunds are in the suite"
     );
+    let ops: Vec<&str> = suite
+        .scenarios
+        .iter()
+        .flat_map(|s| &s.calls)
+        .filter_map(|c| c.op.as_deref())
+        .collect();
+    for op in ["authorize", "capture", "void"] {
+        assert!(ops.contains(&op), "{op} is in the suite");
+    }
 }
 
 /// The suite can fail: a client that makes a new key on every retry charges
-/// twice wherever a retry follows an attempt whose outcome it never learnt.
+/// (refunds, captures an authorization) twice wherever a retry follows an
+/// attempt whose outcome it never learnt.
 #[tokio::test]
 async fn a_client_that_makes_a_new_key_on_retry_fails_the_suite() {
     let env = Env::start();
@@ -594,6 +775,16 @@ async fn a_client_that_makes_a_new_key_on_retry_fails_the_suite() {
         "refund-answer-lost: {:?}",
         failures["refund-answer-lost"]
     );
+    // And a capture of an authorization retried after a timeout, or after
+    // its answer was lost, takes from the authorization twice.
+    for caught in ["capture-timeout-then-retry", "two-step-answers-lost"] {
+        let captured_twice = failures[caught].iter().any(|f| {
+            f.split_once("expected 1 authorization capture(s) in the ledger, got ")
+                .and_then(|(_, got)| got.parse::<usize>().ok())
+                .is_some_and(|got| got >= 2)
+        });
+        assert!(captured_twice, "{caught}: {:?}", failures[caught]);
+    }
     assert!(
         failures["first-try"].is_empty(),
         "{:?}",
