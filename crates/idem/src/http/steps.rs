@@ -79,6 +79,12 @@ use idem_core::problem::{Problem, PROBLEM_JSON};
             key was first used with another request. `capture-failed`: the acquirer refused \
             the capture for good; `capture` holds it, its amount is the authorization's again. \
             Stored as the key's outcome.", body = Problem, content_type = PROBLEM_JSON),
+        (status = PAYLOAD_TOO_LARGE, description = "`body-too-large`. Nothing stored.",
+            body = Problem, content_type = PROBLEM_JSON),
+        (status = UNSUPPORTED_MEDIA_TYPE, description = "`unsupported-media-type`. Nothing stored.",
+            body = Problem, content_type = PROBLEM_JSON),
+        (status = GATEWAY_TIMEOUT, description = "`timeout`: a backstop no working path reaches.",
+            body = Problem, content_type = PROBLEM_JSON),
         (status = INTERNAL_SERVER_ERROR, description = INTERNAL_DESCRIPTION, body = Problem,
             content_type = PROBLEM_JSON),
         (status = SERVICE_UNAVAILABLE, description = "`outcome-unknown`: the capture stays \
@@ -157,6 +163,12 @@ pub async fn capture(
             stored), `idempotency-key-reused`, or `void-failed`: the acquirer refused the void \
             for good (`void` holds it); the authorization is open again.",
             body = Problem, content_type = PROBLEM_JSON),
+        (status = PAYLOAD_TOO_LARGE, description = "`body-too-large`. Nothing stored.",
+            body = Problem, content_type = PROBLEM_JSON),
+        (status = UNSUPPORTED_MEDIA_TYPE, description = "`unsupported-media-type`. Nothing stored.",
+            body = Problem, content_type = PROBLEM_JSON),
+        (status = GATEWAY_TIMEOUT, description = "`timeout`: a backstop no working path reaches.",
+            body = Problem, content_type = PROBLEM_JSON),
         (status = INTERNAL_SERVER_ERROR, description = INTERNAL_DESCRIPTION, body = Problem,
             content_type = PROBLEM_JSON),
         (status = SERVICE_UNAVAILABLE, description = "`outcome-unknown` (the void stays \
@@ -204,6 +216,11 @@ pub async fn void(
             body = Problem, content_type = PROBLEM_JSON),
         (status = INTERNAL_SERVER_ERROR, description = INTERNAL_DESCRIPTION, body = Problem,
             content_type = PROBLEM_JSON),
+        (status = SERVICE_UNAVAILABLE, description = "`service-unavailable` or `overloaded`.",
+            body = Problem, content_type = PROBLEM_JSON,
+            headers(("Retry-After" = inline(RetryAfter), description = "Seconds to wait before retrying."))),
+        (status = GATEWAY_TIMEOUT, description = "`timeout`: a backstop.", body = Problem,
+            content_type = PROBLEM_JSON),
     ),
 )]
 pub async fn get_capture(
@@ -229,6 +246,11 @@ pub async fn get_capture(
         (status = NOT_FOUND, description = "`not-found`: no such void, or another merchant's.",
             body = Problem, content_type = PROBLEM_JSON),
         (status = INTERNAL_SERVER_ERROR, description = INTERNAL_DESCRIPTION, body = Problem,
+            content_type = PROBLEM_JSON),
+        (status = SERVICE_UNAVAILABLE, description = "`service-unavailable` or `overloaded`.",
+            body = Problem, content_type = PROBLEM_JSON,
+            headers(("Retry-After" = inline(RetryAfter), description = "Seconds to wait before retrying."))),
+        (status = GATEWAY_TIMEOUT, description = "`timeout`: a backstop.", body = Problem,
             content_type = PROBLEM_JSON),
     ),
 )]
@@ -271,6 +293,11 @@ async fn get(
         (status = NOT_FOUND, description = "`not-found`: no such charge, or another merchant's.",
             body = Problem, content_type = PROBLEM_JSON),
         (status = INTERNAL_SERVER_ERROR, description = INTERNAL_DESCRIPTION, body = Problem,
+            content_type = PROBLEM_JSON),
+        (status = SERVICE_UNAVAILABLE, description = "`service-unavailable` or `overloaded`.",
+            body = Problem, content_type = PROBLEM_JSON,
+            headers(("Retry-After" = inline(RetryAfter), description = "Seconds to wait before retrying."))),
+        (status = GATEWAY_TIMEOUT, description = "`timeout`: a backstop.", body = Problem,
             content_type = PROBLEM_JSON),
     ),
 )]
