@@ -28,7 +28,7 @@ fn expression(name: &str) -> Option<&'static str> {
         "order_id" => ":n",
         "amount_cents" => "25000",
         "currency" => "'BRL'",
-        "description" | "decline_reason" | "traceparent" => "null::text",
+        "description" | "decline_reason" | "traceparent" | "capture_method" => "null::text",
         "reference" => "('ref_pgb' || :client_id || '_' || :n)",
         "attempt" => "1",
         "response_status" => "201",

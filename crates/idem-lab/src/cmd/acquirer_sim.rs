@@ -27,8 +27,10 @@ pub(crate) struct Args {
     /// none, error-before, error-after, hang, drop-after, status:N (answer
     /// status N without capturing), a lie: wrong-amount, wrong-currency,
     /// wrong-order (capture that, and say so), refuse-paid (a refund, a
-    /// capture of an authorization or a void already made answers 422), or
-    /// lenient-refunds (refunds paid past what the capture has left).
+    /// capture of an authorization or a void already made answers 422),
+    /// lenient-refunds (refunds paid past what the capture has left), or
+    /// lenient-captures (captures of an authorization made past what it has
+    /// left).
     #[arg(long, env = "IDEM_SIM_FAULT", default_value_t = Fault::None)]
     pub(crate) fault: Fault,
     /// Apply the fault to this many calls only (default: every call).

@@ -40,7 +40,7 @@ enum Command {
     /// Load a deployment (one it starts, or --url) and print throughput and latency.
     Bench(bench::Args),
     /// Check the promise against a deployment: charge under faults, judge
-    /// nine invariants against the acquirer's ledger (docs/verify.md).
+    /// twelve invariants against the acquirer's ledger (docs/verify.md).
     Verify(verify::Args),
     /// Serve one of the article's wrong strategies on an address.
     TeachingServer(teaching_server::Args),

@@ -31,7 +31,9 @@ pub(crate) struct Args {
     #[arg(long)]
     allow_real_charges: bool,
     /// Intents to charge, once each; one captured charge in ten is also
-    /// refunded, by three refund intents that race for what it has left.
+    /// refunded, by three refund intents that race for what it has left, and
+    /// one charge in ten is only authorized, then captured in parts by
+    /// captures that race for it, or voided by a void that races a capture.
     #[arg(long, default_value_t = 400)]
     intents: usize,
     /// Intents sent at once.

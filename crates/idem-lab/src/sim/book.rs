@@ -3,8 +3,9 @@
 //! paid back from a capture only while the capture has that much left: the
 //! acquirer's own sum rule, which a lenient book (the `lenient-refunds`
 //! fault) leaves to its caller. Captures of an authorization keep the same
-//! kind of rule: together never above what it holds, and none once a final
-//! capture or a void has closed it.
+//! kind of rule: together never above what it holds (unless lenient: the
+//! `lenient-captures` fault), and none once a final capture or a void has
+//! closed it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
@@ -517,13 +518,15 @@ impl Book {
     /// reference (of a capture of either kind) gets its first outcome again
     /// (or a mismatch). A new one moves `moved` (`request` unless a fault
     /// lies) if the authorization exists, is not closed, is in its currency
-    /// and has that much left after its earlier captures; a final one then
-    /// closes it and releases the rest. Else it is refused, and the refusal
-    /// is remembered as its outcome.
+    /// and has that much left after its earlier captures (unless `lenient`:
+    /// then whatever it has left); a final one then closes it and releases
+    /// the rest, if any. Else it is refused, and the refusal is remembered
+    /// as its outcome.
     pub fn capture_authorization(
         &mut self,
         request: AuthorizationCaptureRequest,
         moved: AuthorizationCaptureRequest,
+        lenient: bool,
         traceparent: Option<String>,
     ) -> Recorded<AuthorizationCaptureOutcome> {
         if let Some((first, outcome)) = self
@@ -553,14 +556,16 @@ impl Book {
                 closed: Some(why), ..
             }) => refused(why),
             Some(hold) if hold.currency != request.currency => refused(refusal::CURRENCY_MISMATCH),
-            Some(hold) if moved.amount_cents > hold.amount_cents - hold.captured_cents => {
+            Some(hold)
+                if !lenient && moved.amount_cents > hold.amount_cents - hold.captured_cents =>
+            {
                 refused(refusal::EXCEEDS_AUTHORIZATION)
             }
             Some(hold) => {
                 hold.captured_cents += moved.amount_cents;
                 let released_cents = if moved.final_capture {
                     hold.closed = Some(refusal::AUTHORIZATION_CAPTURED);
-                    hold.amount_cents - hold.captured_cents
+                    (hold.amount_cents - hold.captured_cents).max(0)
                 } else {
                     0
                 };
@@ -648,7 +653,7 @@ impl Book {
                 closed: Some(why), ..
             }) => refused(why),
             Some(hold) => {
-                let released_cents = hold.amount_cents - hold.captured_cents;
+                let released_cents = (hold.amount_cents - hold.captured_cents).max(0);
                 hold.closed = Some(refusal::AUTHORIZATION_VOIDED);
                 self.voids.push(LedgerVoid {
                     void_id: void_id.clone(),
@@ -969,7 +974,7 @@ mod tests {
         request: AuthorizationCaptureRequest,
     ) -> AuthorizationCaptureOutcome {
         let moved = request.clone();
-        match book.capture_authorization(request, moved, None) {
+        match book.capture_authorization(request, moved, false, None) {
             Recorded::Outcome(o) => o,
             Recorded::Mismatch => panic!("a mismatch"),
         }
@@ -1138,6 +1143,46 @@ mod tests {
     }
 
     #[test]
+    fn a_lenient_book_captures_past_the_authorization_but_never_once_closed() {
+        let mut book = Book::default();
+        authorize(&mut book, authorization("a1", 100), false);
+        let lenient = |book: &mut Book, request: AuthorizationCaptureRequest| {
+            let moved = request.clone();
+            match book.capture_authorization(request, moved, true, None) {
+                Recorded::Outcome(o) => o,
+                Recorded::Mismatch => panic!("a mismatch"),
+            }
+        };
+        assert_eq!(
+            part_came_to(&lenient(&mut book, part("c1", "a1", 60, false))),
+            Ok(0)
+        );
+        assert_eq!(
+            part_came_to(&lenient(&mut book, part("c2", "a1", 61, false))),
+            Ok(0),
+            "past what the authorization has left: the caller's sum to keep"
+        );
+        assert_eq!(captured_of(&book, "a1"), 121);
+        assert_eq!(
+            part_came_to(&lenient(&mut book, part("c3", "a1", 5, true))),
+            Ok(0),
+            "a final capture releases nothing when nothing remains"
+        );
+        assert_eq!(
+            part_came_to(&lenient(&mut book, part("c4", "a1", 1, false))),
+            Err("authorization_captured"),
+            "closed is closed, lenient or not"
+        );
+        authorize(&mut book, authorization("a2", 100), false);
+        assert_eq!(void_came_to(&void(&mut book, void_of("v1", "a2"))), Ok(100));
+        assert_eq!(
+            part_came_to(&lenient(&mut book, part("c5", "a2", 1, false))),
+            Err("authorization_voided")
+        );
+        assert_eq!(book.ledger().authorization_captures.len(), 3);
+    }
+
+    #[test]
     fn a_void_releases_what_remains_and_closes_the_authorization() {
         let mut book = Book::default();
         authorize(&mut book, authorization("a1", 100), false);
@@ -1249,6 +1294,7 @@ mod tests {
             book.capture_authorization(
                 part("c1", "a1", 40, true),
                 part("c1", "a1", 40, true),
+                false,
                 None
             ),
             Recorded::Mismatch
@@ -1262,6 +1308,7 @@ mod tests {
             book.capture_authorization(
                 part("one-step", "a1", 10, false),
                 part("one-step", "a1", 10, false),
+                false,
                 None
             ),
             Recorded::Mismatch
@@ -1314,7 +1361,7 @@ mod tests {
         let asked = part("c1", "a1", 50, false);
         let moved = crate::sim::Fault::WrongAmount.captures_of_authorization(&asked);
         let Recorded::Outcome(AuthorizationCaptureOutcome::Captured { echo, .. }) =
-            book.capture_authorization(asked, moved, None)
+            book.capture_authorization(asked, moved, false, None)
         else {
             panic!()
         };
@@ -1324,7 +1371,7 @@ mod tests {
         let moved = crate::sim::Fault::WrongAmount.captures_of_authorization(&asked);
         assert!(
             matches!(
-                book.capture_authorization(asked, moved, None),
+                book.capture_authorization(asked, moved, false, None),
                 Recorded::Outcome(AuthorizationCaptureOutcome::Refused { .. })
             ),
             "a lie still keeps to the sum"

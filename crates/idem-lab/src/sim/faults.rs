@@ -14,7 +14,8 @@ use idem_core::acquirer::protocol::{
 /// either kind, a refund, an authorization, a void). Written the same way
 /// on the command line and in `/_sim/faults`: `none`, `error-before`,
 /// `error-after`, `hang`, `drop-after`, `wrong-amount`, `wrong-currency`,
-/// `wrong-order`, `refuse-paid`, `lenient-refunds`, or `status:N`
+/// `wrong-order`, `refuse-paid`, `lenient-refunds`, `lenient-captures`, or
+/// `status:N`
 /// (`error_before` and the other snake-case spellings are accepted too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -53,6 +54,13 @@ pub enum Fault {
     /// rule is then all that stands between two refunds and an over-refund,
     /// and a broken one shows in the ledger. Captures behave.
     LenientRefunds,
+    /// Capture an authorization even past what it has left after its
+    /// earlier captures, as an acquirer that leaves the sum to its caller
+    /// would: the caller's own sum rule is then all that stands between two
+    /// captures and an over-capture, and a broken one shows in the ledger.
+    /// An authorization closed (by a final capture or a void) still takes no
+    /// capture; refunds and one-step captures behave.
+    LenientCaptures,
 }
 
 impl Fault {
@@ -125,8 +133,8 @@ impl std::str::FromStr for Fault {
         let bad = || {
             format!(
                 "unknown fault {s:?}: use none, error-before, error-after, hang, drop-after, \
-                 wrong-amount, wrong-currency, wrong-order, refuse-paid, lenient-refunds \
-                 or status:N (N from 100 to 599)"
+                 wrong-amount, wrong-currency, wrong-order, refuse-paid, lenient-refunds, \
+                 lenient-captures or status:N (N from 100 to 599)"
             )
         };
         if let Some(code) = s.strip_prefix("status:") {
@@ -146,6 +154,7 @@ impl std::str::FromStr for Fault {
             "wrong-order" => Ok(Self::WrongOrder),
             "refuse-paid" => Ok(Self::RefusePaid),
             "lenient-refunds" => Ok(Self::LenientRefunds),
+            "lenient-captures" => Ok(Self::LenientCaptures),
             _ => Err(bad()),
         }
     }
@@ -164,6 +173,7 @@ impl std::fmt::Display for Fault {
             Self::WrongOrder => f.write_str("wrong-order"),
             Self::RefusePaid => f.write_str("refuse-paid"),
             Self::LenientRefunds => f.write_str("lenient-refunds"),
+            Self::LenientCaptures => f.write_str("lenient-captures"),
             Self::Status(n) => write!(f, "status:{n}"),
         }
     }
@@ -285,6 +295,7 @@ mod tests {
             "wrong-order",
             "refuse-paid",
             "lenient-refunds",
+            "lenient-captures",
             "status:429",
         ] {
             let fault: Fault = text.parse().expect(text);

@@ -181,7 +181,8 @@ impl Booking for CaptureCall {
                     }
                 }
                 let moved = plan.fault.captures_of_authorization(&request);
-                book.capture_authorization(request, moved, traceparent)
+                let lenient = plan.fault == Fault::LenientCaptures;
+                book.capture_authorization(request, moved, lenient, traceparent)
                     .map(CaptureCallOutcome::OfAuthorization)
             }
         }
@@ -354,15 +355,17 @@ async fn book_call<B: Booking>(
             | Fault::WrongCurrency
             | Fault::WrongOrder
             | Fault::RefusePaid
-            | Fault::LenientRefunds => match request.book(&mut sim.lock_book(), &plan, traceparent)
-            {
-                Recorded::Mismatch => Answer::Mismatch,
-                Recorded::Outcome(outcome) => Answer::Outcome(
-                    B::post_status(&outcome),
-                    serde_json::to_vec(&outcome).unwrap_or_default(),
-                    plan.fault,
-                ),
-            },
+            | Fault::LenientRefunds
+            | Fault::LenientCaptures => {
+                match request.book(&mut sim.lock_book(), &plan, traceparent) {
+                    Recorded::Mismatch => Answer::Mismatch,
+                    Recorded::Outcome(outcome) => Answer::Outcome(
+                        B::post_status(&outcome),
+                        serde_json::to_vec(&outcome).unwrap_or_default(),
+                        plan.fault,
+                    ),
+                }
+            }
         };
         if let Answer::Outcome(_, _, Fault::Hang) = answer {
             tokio::time::sleep(plan.hang).await;

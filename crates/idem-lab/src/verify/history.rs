@@ -20,16 +20,20 @@ pub enum Kind {
     Burst,
 }
 
-/// One charge, or one refund of a charge, the run meant to make once.
+/// One charge, one refund of a charge, or one step of a two-step charge (a
+/// capture of its authorization, or its void), the run meant to make once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Intent {
     pub index: usize,
     pub kind: Kind,
     pub key: String,
-    /// The charge's order id; a refund's is the order of the charge it refunds,
-    /// which is how its captures, and their refunds, are found in the ledger.
+    /// The charge's order id; a refund's or a step's is the order of the
+    /// charge it acts on, which is how its captures, and their refunds, or
+    /// its authorization, and its captures and voids, are found in the
+    /// ledger.
     pub order_id: i64,
-    /// What it charges, or refunds.
+    /// What it charges (or authorizes), refunds, or captures; 0 for a void,
+    /// which names no amount.
     pub amount_cents: i64,
     /// The body every request of this intent sends, byte for byte.
     pub body: String,
@@ -37,6 +41,17 @@ pub struct Intent {
     /// for a charge.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refund_of: Option<usize>,
+    /// A charge sent with `"capture": false`: an authorization, which its
+    /// step intents capture and void.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub authorize: bool,
+    /// For a capture intent, the index of the authorization intent it
+    /// captures from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture_of: Option<usize>,
+    /// For a void intent, the index of the authorization intent it voids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub void_of: Option<usize>,
 }
 
 impl Intent {
@@ -44,27 +59,94 @@ impl Intent {
         self.refund_of.is_some()
     }
 
+    pub fn is_capture(&self) -> bool {
+        self.capture_of.is_some()
+    }
+
+    pub fn is_void(&self) -> bool {
+        self.void_of.is_some()
+    }
+
+    /// A capture or a void of an authorization.
+    pub fn is_step(&self) -> bool {
+        self.is_capture() || self.is_void()
+    }
+
+    /// A charge, one-step or an authorization: sent to `POST /v1/charges`.
+    pub fn is_charge(&self) -> bool {
+        !self.is_refund() && !self.is_step()
+    }
+
+    /// The authorization intent a step acts on.
+    pub fn step_of(&self) -> Option<usize> {
+        self.capture_of.or(self.void_of)
+    }
+
+    /// The charge intent a refund or a step acts on.
+    pub fn parent(&self) -> Option<usize> {
+        self.refund_of.or_else(|| self.step_of())
+    }
+
+    /// A capture that closes its authorization (its body's `final`).
+    pub fn is_final_capture(&self) -> bool {
+        self.is_capture()
+            && serde_json::from_str::<serde_json::Value>(&self.body)
+                .ok()
+                .and_then(|b| b.get("final")?.as_bool())
+                .unwrap_or(true)
+    }
+
+    /// What the intent is, in a word: `charge`, `authorization`, `refund`,
+    /// `capture` or `void`.
+    pub fn noun(&self) -> &'static str {
+        if self.is_refund() {
+            "refund"
+        } else if self.is_capture() {
+            "capture"
+        } else if self.is_void() {
+            "void"
+        } else if self.authorize {
+            "authorization"
+        } else {
+            "charge"
+        }
+    }
+
     /// Whether `answer` is the intent's final outcome, what the contract
-    /// stores and replays: for a charge a capture (`201`), a decline (`402`)
-    /// or the acquirer's refusal (`502` `acquirer-rejected`); for a refund
-    /// the money paid back (`201`) or the acquirer's refusal (`422`
-    /// `refund-failed`).
+    /// stores and replays: for a charge a capture or an authorization
+    /// (`201`), a decline (`402`) or the acquirer's refusal (`502`
+    /// `acquirer-rejected`); for a refund, a capture or a void the money
+    /// moved (`201`) or the acquirer's refusal (`422` `refund-failed`,
+    /// `capture-failed`, `void-failed`).
     pub fn is_final(&self, answer: &Request) -> bool {
         let kind = || answer.problem_type();
-        match (self.is_refund(), answer.status) {
-            (false, Some(201 | 402)) | (true, Some(201)) => true,
-            (false, Some(502)) => kind().as_deref() == Some(ACQUIRER_REJECTED),
-            (true, Some(422)) => kind().as_deref() == Some(REFUND_FAILED),
+        let refused = if self.is_refund() {
+            REFUND_FAILED
+        } else if self.is_capture() {
+            CAPTURE_FAILED
+        } else {
+            VOID_FAILED
+        };
+        match (self.is_charge(), answer.status) {
+            (false, Some(201)) | (true, Some(201 | 402)) => true,
+            (true, Some(502)) => kind().as_deref() == Some(ACQUIRER_REJECTED),
+            (false, Some(422)) => kind().as_deref() == Some(refused),
             _ => false,
         }
     }
 
-    /// Whether `answer` ends the intent: its final outcome, or, for a refund,
-    /// the database's refusal of its amount (`422 refund-exceeds-captured`):
-    /// nothing stored, the key left free, and no retry can change it while
-    /// the charge's other refunds hold what it has left.
+    /// Whether `answer` ends the intent: its final outcome, or the
+    /// database's refusal, nothing stored and the key left free, that no
+    /// retry can change: for a refund, more than the charge has left (`422
+    /// refund-exceeds-captured`), while its other refunds hold it; for a
+    /// capture, more than the authorization has left (`422
+    /// capture-exceeds-authorization`); for a capture or a void, an
+    /// authorization already closed (`422 charge-not-authorized`).
     pub fn is_settled_by(&self, answer: &Request) -> bool {
-        self.is_final(answer) || (self.is_refund() && answer.is_past_capture())
+        self.is_final(answer)
+            || (self.is_refund() && answer.is_past_capture())
+            || (self.is_capture() && answer.is_past_authorization())
+            || (self.is_step() && answer.is_not_authorized())
     }
 }
 
@@ -76,6 +158,10 @@ pub enum Purpose {
     Charge,
     /// A refund intent's refund during the workload (a burst's copies included).
     Refund,
+    /// A capture intent's capture during the workload (a burst's copies included).
+    Capture,
+    /// A void intent's void during the workload (a burst's copies included).
+    Void,
     /// The intent's request after the workload, until it settles.
     Settle,
     /// The intent's request once more after it settled, on another URL.
@@ -91,7 +177,12 @@ impl Purpose {
     pub fn sends_the_intent(self) -> bool {
         matches!(
             self,
-            Self::Charge | Self::Refund | Self::Settle | Self::LateReplay
+            Self::Charge
+                | Self::Refund
+                | Self::Capture
+                | Self::Void
+                | Self::Settle
+                | Self::LateReplay
         )
     }
 }
@@ -137,6 +228,18 @@ impl Request {
         self.status == Some(422) && self.problem_type().as_deref() == Some(EXCEEDS_CAPTURED)
     }
 
+    /// A capture refused by idem's database for more than the authorization
+    /// has left (`422 capture-exceeds-authorization`).
+    pub fn is_past_authorization(&self) -> bool {
+        self.status == Some(422) && self.problem_type().as_deref() == Some(EXCEEDS_AUTHORIZATION)
+    }
+
+    /// A capture or a void of a charge that is no open authorization (`422
+    /// charge-not-authorized`): closed by a final capture or a void.
+    pub fn is_not_authorized(&self) -> bool {
+        self.status == Some(422) && self.problem_type().as_deref() == Some(NOT_AUTHORIZED)
+    }
+
     /// A string field of the answer's JSON body (`id`, `acquirer_reference`).
     pub fn json_str(&self, field: &str) -> Option<String> {
         self.json(field)?.as_str().map(str::to_owned)
@@ -167,6 +270,14 @@ pub const ACQUIRER_REJECTED: &str = "urn:idem:problem:acquirer-rejected";
 pub const REFUND_FAILED: &str = "urn:idem:problem:refund-failed";
 /// The `422` of a refund for more than the charge has left: not stored.
 pub const EXCEEDS_CAPTURED: &str = "urn:idem:problem:refund-exceeds-captured";
+/// The stored `422` of a capture the acquirer refused for good.
+pub const CAPTURE_FAILED: &str = "urn:idem:problem:capture-failed";
+/// The stored `422` of a void the acquirer refused for good.
+pub const VOID_FAILED: &str = "urn:idem:problem:void-failed";
+/// The `422` of a capture for more than the authorization has left: not stored.
+pub const EXCEEDS_AUTHORIZATION: &str = "urn:idem:problem:capture-exceeds-authorization";
+/// The `422` of a step of a charge that is no open authorization: not stored.
+pub const NOT_AUTHORIZED: &str = "urn:idem:problem:charge-not-authorized";
 
 /// Hex SHA-256 of an answer's body.
 pub fn digest(body: &[u8]) -> String {
@@ -212,6 +323,14 @@ impl History {
         self.intents
             .iter()
             .filter(move |i| i.refund_of == Some(charge))
+    }
+
+    /// The step intents (captures and voids) of the authorization intent
+    /// `authorization`.
+    pub fn steps_of(&self, authorization: usize) -> impl Iterator<Item = &Intent> {
+        self.intents
+            .iter()
+            .filter(move |i| i.step_of() == Some(authorization))
     }
 
     /// The intent's requests, in the order they were sent.

@@ -2,11 +2,13 @@
 //!
 //! A run makes intents (keys, order ids and descriptions carry its id), sends
 //! them the way real clients do while faults run ([`workload`], [`faults`]),
-//! refunds some of the charges they capture the same way, records every
-//! request and answer ([`history`]), keeps retrying the unsettled ones once
-//! the faults stop, replays the settled ones late, then reads the acquirer's
-//! ledger (its captures and refunds) and judges nine invariants on the history
-//! and the ledger alone ([`invariants`]). [`report`] says the verdicts, with a
+//! refunds some of the charges they capture the same way, captures in parts
+//! and voids some it only authorized, records every request and answer
+//! ([`history`]), keeps retrying the unsettled ones once the faults stop,
+//! replays the settled ones late, then reads the acquirer's ledger (its
+//! captures and refunds, its authorizations, their captures and voids) and
+//! judges twelve invariants on the history and the ledger alone
+//! ([`invariants`]). [`report`] says the verdicts, with a
 //! counterexample for each broken one. docs/verify.md is the operator's guide.
 
 mod client;
@@ -24,7 +26,10 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::progress::{self, Progress};
-use crate::sim::{Ledger, LedgerCapture, LedgerRefund};
+use crate::sim::{
+    Ledger, LedgerAuthorization, LedgerAuthorizationCapture, LedgerCapture, LedgerRefund,
+    LedgerVoid,
+};
 use client::Client;
 use history::History;
 use invariants::{Evidence, Verdict};
@@ -41,7 +46,8 @@ pub struct VerifyConfig {
     pub urls: Vec<String>,
     /// A live secret of the merchant the run charges as.
     pub secret: String,
-    /// The acquirer's captures and refunds, in the simulator's `/_sim/ledger` format.
+    /// The acquirer's captures and refunds (and authorizations, their
+    /// captures and voids), in the simulator's `/_sim/ledger` format.
     pub ledger_url: String,
     /// Charge even when the ledger is not the simulator's.
     pub allow_real_charges: bool,
@@ -87,6 +93,38 @@ impl Outcome {
             runs_captures(&self.ledger, self.report.run_id).collect();
         runs_refunds(&self.ledger, &captures)
             .map(|r| (r, self.on_runs_clock(r.at_micros)))
+            .collect()
+    }
+
+    /// The run's authorizations, on the run's clock (ms), when the ledger
+    /// has times.
+    pub fn authorizations(&self) -> Vec<(&LedgerAuthorization, Option<f64>)> {
+        runs_authorizations(&self.ledger, self.report.run_id)
+            .map(|a| (a, self.on_runs_clock(a.at_micros)))
+            .collect()
+    }
+
+    /// The captures of the run's authorizations, on the run's clock (ms),
+    /// when the ledger has times.
+    pub fn authorization_captures(&self) -> Vec<(&LedgerAuthorizationCapture, Option<f64>)> {
+        let authorizations = runs_authorization_references(&self.ledger, self.report.run_id);
+        self.ledger
+            .authorization_captures
+            .iter()
+            .filter(|c| authorizations.contains(c.authorization_reference.as_str()))
+            .map(|c| (c, self.on_runs_clock(c.at_micros)))
+            .collect()
+    }
+
+    /// The voids of the run's authorizations, on the run's clock (ms), when
+    /// the ledger has times.
+    pub fn voids(&self) -> Vec<(&LedgerVoid, Option<f64>)> {
+        let authorizations = runs_authorization_references(&self.ledger, self.report.run_id);
+        self.ledger
+            .voids
+            .iter()
+            .filter(|v| authorizations.contains(v.authorization_reference.as_str()))
+            .map(|v| (v, self.on_runs_clock(v.at_micros)))
             .collect()
     }
 
@@ -171,10 +209,28 @@ pub async fn run(config: &VerifyConfig, shutdown: CancellationToken) -> anyhow::
     let captures: Vec<&LedgerCapture> = runs_captures(&ledger, run_id).collect();
     let refunds: Vec<LedgerRefund> = runs_refunds(&ledger, &captures).cloned().collect();
     let captures: Vec<LedgerCapture> = captures.into_iter().cloned().collect();
+    let authorizations: Vec<LedgerAuthorization> =
+        runs_authorizations(&ledger, run_id).cloned().collect();
+    let references = runs_authorization_references(&ledger, run_id);
+    let authorization_captures: Vec<LedgerAuthorizationCapture> = ledger
+        .authorization_captures
+        .iter()
+        .filter(|c| references.contains(c.authorization_reference.as_str()))
+        .cloned()
+        .collect();
+    let voids: Vec<LedgerVoid> = ledger
+        .voids
+        .iter()
+        .filter(|v| references.contains(v.authorization_reference.as_str()))
+        .cloned()
+        .collect();
     let verdicts = invariants::judge(&Evidence {
         history: &history,
         captures: &captures,
         refunds: &refunds,
+        authorizations: &authorizations,
+        authorization_captures: &authorization_captures,
+        voids: &voids,
         in_flight_p99: config.in_flight_p99,
     });
     let report = Report::new(
@@ -283,6 +339,22 @@ fn runs_captures(ledger: &Ledger, run: u64) -> impl Iterator<Item = &LedgerCaptu
         .captures
         .iter()
         .filter(move |c| workload::is_runs(run, c.order_id))
+}
+
+/// The authorizations in `ledger` of the run `run` (by their order ids).
+fn runs_authorizations(ledger: &Ledger, run: u64) -> impl Iterator<Item = &LedgerAuthorization> {
+    ledger
+        .authorizations
+        .iter()
+        .filter(move |a| workload::is_runs(run, a.order_id))
+}
+
+/// The references of the run's authorizations: what the captures of them and
+/// the voids in the ledger name.
+fn runs_authorization_references(ledger: &Ledger, run: u64) -> std::collections::HashSet<&str> {
+    runs_authorizations(ledger, run)
+        .map(|a| a.reference.as_str())
+        .collect()
 }
 
 /// The refunds in `ledger` paid back from `captures` (the run's).

@@ -2,7 +2,8 @@
 //! counterexamples with the intent's requests and what the ledger holds for
 //! it), as JSON, and as an HTML page that draws each violating intent on a
 //! time axis. A charge's counterexample for a refund invariant also shows its
-//! refund intents, whose requests tell that story.
+//! refund intents, whose requests tell that story; an authorization's for a
+//! capture or void invariant, its capture and void intents.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -11,7 +12,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::history::{History, Intent, Kind, Request};
-use super::invariants::{what, Verdict, ABOUT_REFUNDS};
+use super::invariants::{what, Verdict, ABOUT_REFUNDS, ABOUT_STEPS};
 use super::{all_hold, Outcome, Phases, VerifyConfig};
 use crate::sim::{LedgerCapture, LedgerRefund};
 use crate::timeline::{
@@ -33,8 +34,13 @@ pub struct Report {
     pub ledger: String,
     /// Charge intents.
     pub intents: usize,
+    /// Of them, those sent with `"capture": false`: authorizations.
+    pub authorizations: usize,
     /// Refund intents sent (those of the charges captured during the workload).
     pub refund_intents: usize,
+    /// Capture and void intents sent (those of the authorizations made during
+    /// the workload).
+    pub step_intents: usize,
     pub requests: usize,
     pub fault_cmd_runs: usize,
     pub fault_cmd_failed: usize,
@@ -58,17 +64,22 @@ impl Report {
         took: Duration,
     ) -> Self {
         let runs = |source: &'static str| history.faults.iter().filter(move |f| f.source == source);
+        let sent = |what: fn(&Intent) -> bool| {
+            history
+                .intents
+                .iter()
+                .filter(|i| what(i) && history.requests.iter().any(|r| r.intent == i.index))
+                .count()
+        };
         Self {
             run: run_id.to_string(),
             run_id,
             urls: config.urls.clone(),
             ledger: config.ledger_url.clone(),
-            intents: history.intents.iter().filter(|i| !i.is_refund()).count(),
-            refund_intents: history
-                .intents
-                .iter()
-                .filter(|i| i.is_refund() && history.requests.iter().any(|r| r.intent == i.index))
-                .count(),
+            intents: history.intents.iter().filter(|i| i.is_charge()).count(),
+            authorizations: history.intents.iter().filter(|i| i.authorize).count(),
+            refund_intents: sent(Intent::is_refund),
+            step_intents: sent(Intent::is_step),
             requests: history.requests.len(),
             fault_cmd_runs: runs("fault-cmd").count(),
             fault_cmd_failed: runs("fault-cmd").filter(|f| !f.ok).count(),
@@ -135,10 +146,12 @@ pub(super) fn text(outcome: &Outcome) -> String {
     );
     let _ = writeln!(
         out,
-        "requests: {} for {} intents and {} refund intents; {} without a final answer when the faults stopped, {} of them settled after; {} late replays\n",
+        "requests: {} for {} intents ({} authorizations), {} refund intents and {} capture and void intents; {} without a final answer when the faults stopped, {} of them settled after; {} late replays\n",
         r.requests,
         r.intents,
+        r.authorizations,
         r.refund_intents,
+        r.step_intents,
         r.unsettled_after_workload,
         r.settled_later,
         r.late_replays
@@ -176,32 +189,43 @@ pub(super) fn text(outcome: &Outcome) -> String {
 }
 
 /// One intent that broke an invariant: why, its requests in time order (for
-/// a charge and a refund invariant, its refund intents' too), what the
-/// ledger holds for it.
+/// a charge and a refund invariant, its refund intents' too; for an
+/// authorization and a capture or void invariant, its step intents'), what
+/// the ledger holds for it.
 fn counterexample_text(outcome: &Outcome, invariant: &str, index: usize, why: &str) -> String {
     let Some(intent) = outcome.history.intents.get(index) else {
         return String::new();
     };
-    let what = match intent.refund_of {
-        Some(charge) => format!("intent {index}, a refund of intent {charge}"),
+    let what = match intent.parent() {
+        Some(charge) => format!("intent {index}, a {} of intent {charge}", intent.noun()),
+        None if intent.authorize => format!("intent {index}, an authorization"),
         None => format!("intent {index}"),
     };
     let mut out = format!(
-        "  {what} (key {}, order {}, {} cents): {why}\n",
-        intent.key, intent.order_id, intent.amount_cents
+        "  {what} (key {}, order {}{}): {why}\n",
+        intent.key,
+        intent.order_id,
+        cents(intent)
     );
     for r in outcome.history.of(index) {
         let _ = writeln!(out, "    {}", request_line(r));
     }
-    for refund in told_by_refunds(outcome, invariant, intent) {
+    for told in told_by(outcome, invariant, intent) {
         let _ = writeln!(
             out,
-            "    refund intent {} (key {}, {} cents):",
-            refund.index, refund.key, refund.amount_cents
+            "    {} intent {} (key {}{}):",
+            told.noun(),
+            told.index,
+            told.key,
+            cents(told)
         );
-        for r in outcome.history.of(refund.index) {
+        for r in outcome.history.of(told.index) {
             let _ = writeln!(out, "      {}", request_line(r));
         }
+    }
+    if intent.authorize || intent.is_step() {
+        out.push_str(&two_step_ledger(outcome, intent.order_id));
+        return out;
     }
     let captures = captures_of(outcome, intent.order_id);
     if captures.is_empty() {
@@ -233,17 +257,102 @@ fn counterexample_text(outcome: &Outcome, invariant: &str, index: usize, why: &s
     out
 }
 
+/// `, 25005 cents` (nothing for a void, which names no amount).
+fn cents(intent: &Intent) -> String {
+    if intent.is_void() {
+        String::new()
+    } else {
+        format!(", {} cents", intent.amount_cents)
+    }
+}
+
+/// What the ledger holds for the authorization of `order_id`: the
+/// authorization, its captures and its voids.
+fn two_step_ledger(outcome: &Outcome, order_id: i64) -> String {
+    let mut out = String::new();
+    let authorizations: Vec<_> = outcome
+        .authorizations()
+        .into_iter()
+        .filter(|(a, _)| a.order_id == order_id)
+        .collect();
+    if authorizations.is_empty() {
+        out.push_str("    ledger: no authorization\n");
+    }
+    for (a, at) in &authorizations {
+        let _ = writeln!(
+            out,
+            "    ledger: {} of {} {} authorized, reference {}{}",
+            a.authorization_id,
+            a.amount_cents,
+            a.currency,
+            a.reference,
+            at_ms(*at)
+        );
+    }
+    let references: Vec<&str> = authorizations
+        .iter()
+        .map(|(a, _)| a.reference.as_str())
+        .collect();
+    for (c, at) in outcome.authorization_captures() {
+        if references.contains(&c.authorization_reference.as_str()) {
+            let _ = writeln!(
+                out,
+                "    ledger: {} of {} {} from {}{}, reference {}{}",
+                c.capture_id,
+                c.amount_cents,
+                c.currency,
+                c.authorization_id,
+                if c.final_capture { ", final" } else { "" },
+                c.reference,
+                at_ms(at)
+            );
+        }
+    }
+    for (v, at) in outcome.voids() {
+        if references.contains(&v.authorization_reference.as_str()) {
+            let _ = writeln!(
+                out,
+                "    ledger: {} of {}, released {} cents, reference {}{}",
+                v.void_id,
+                v.authorization_id,
+                v.released_cents,
+                v.reference,
+                at_ms(at)
+            );
+        }
+    }
+    for (c, at) in captures_of(outcome, order_id) {
+        let _ = writeln!(
+            out,
+            "    ledger: {} of {} {} captured at once, reference {}{}",
+            c.capture_id,
+            c.amount_cents,
+            c.currency,
+            c.reference,
+            at_ms(at)
+        );
+    }
+    out
+}
+
 fn at_ms(at: Option<f64>) -> String {
     at.map_or(String::new(), |ms| format!(" at {ms:.1} ms"))
 }
 
-/// The refund intents that tell a charge's story for a refund invariant
-/// (none for a refund intent, or for another invariant).
-fn told_by_refunds<'a>(outcome: &'a Outcome, invariant: &str, intent: &Intent) -> Vec<&'a Intent> {
-    if intent.is_refund() || !ABOUT_REFUNDS.contains(&invariant) {
+/// The intents that tell a charge's story for a refund invariant (its
+/// refund intents), or an authorization's for a capture or void invariant
+/// (its step intents); none for another intent, or another invariant.
+fn told_by<'a>(outcome: &'a Outcome, invariant: &str, intent: &Intent) -> Vec<&'a Intent> {
+    if !intent.is_charge() {
         return Vec::new();
     }
-    outcome.history.refunds_of(intent.index).collect()
+    if ABOUT_REFUNDS.contains(&invariant) {
+        return outcome.history.refunds_of(intent.index).collect();
+    }
+    if intent.authorize && ABOUT_STEPS.contains(&invariant) {
+        return outcome.history.steps_of(intent.index).collect();
+    }
+    Vec::new()
 }
 
 fn request_line(r: &Request) -> String {
@@ -285,17 +394,38 @@ fn refunds_of(outcome: &Outcome, order_id: i64) -> Vec<(&LedgerRefund, Option<f6
 }
 
 /// The intent as the timeline draws it: its requests (for a charge and a
-/// refund invariant, its refund intents', a lane per client) and where the
-/// money moved (its captures; for a refund, or a charge and a refund
-/// invariant, the refunds).
+/// refund invariant, its refund intents', a lane per client; for an
+/// authorization and a capture or void invariant, its step intents') and
+/// where the money moved (its captures; for a refund, or a charge and a
+/// refund invariant, the refunds; for an authorization, its authorization,
+/// or its captures and voids).
 fn trace(outcome: &Outcome, invariant: &str, index: usize) -> Option<IntentTrace> {
     let intent = outcome.history.intents.get(index)?;
-    let refunds = told_by_refunds(outcome, invariant, intent);
-    let (kind, attempts, money_ms) = if refunds.is_empty() {
+    let told = told_by(outcome, invariant, intent);
+    let (kind, attempts, money_ms) = if told.is_empty() {
         let money: Vec<Option<f64>> = if intent.is_refund() {
             refunds_of(outcome, intent.order_id)
                 .into_iter()
                 .filter(|(f, _)| f.amount_cents == intent.amount_cents)
+                .map(|(_, at)| at)
+                .collect()
+        } else if intent.is_capture() {
+            step_moves(outcome, intent.order_id)
+                .into_iter()
+                .filter(|(cents, _)| *cents == Some(intent.amount_cents))
+                .map(|(_, at)| at)
+                .collect()
+        } else if intent.is_void() {
+            step_moves(outcome, intent.order_id)
+                .into_iter()
+                .filter(|(cents, _)| cents.is_none())
+                .map(|(_, at)| at)
+                .collect()
+        } else if intent.authorize {
+            outcome
+                .authorizations()
+                .into_iter()
+                .filter(|(a, _)| a.order_id == intent.order_id)
                 .map(|(_, at)| at)
                 .collect()
         } else {
@@ -306,18 +436,25 @@ fn trace(outcome: &Outcome, invariant: &str, index: usize) -> Option<IntentTrace
         };
         (intent.kind, spans(outcome, index, 0).0, money)
     } else {
-        // Each refund intent's clients on lanes of their own.
+        // Each refund or step intent's clients on lanes of their own.
         let mut attempts = Vec::new();
         let mut lanes = 0;
-        for refund in refunds {
-            let (mine, clients) = spans(outcome, refund.index, lanes);
+        for other in &told {
+            let (mine, clients) = spans(outcome, other.index, lanes);
             attempts.extend(mine);
             lanes += clients;
         }
-        let money = refunds_of(outcome, intent.order_id)
-            .into_iter()
-            .map(|(_, at)| at)
-            .collect();
+        let money = if intent.authorize {
+            step_moves(outcome, intent.order_id)
+                .into_iter()
+                .map(|(_, at)| at)
+                .collect()
+        } else {
+            refunds_of(outcome, intent.order_id)
+                .into_iter()
+                .map(|(_, at)| at)
+                .collect()
+        };
         (Kind::Burst, attempts, money)
     };
     Some(IntentTrace {
@@ -330,6 +467,22 @@ fn trace(outcome: &Outcome, invariant: &str, index: usize) -> Option<IntentTrace
         captures_ms: money_ms.into_iter().flatten().collect(),
         server: Vec::new(),
     })
+}
+
+/// The ledger's captures (with their amount) and voids (`None`) of the
+/// authorization of `order_id`, each with when it was made.
+fn step_moves(outcome: &Outcome, order_id: i64) -> Vec<(Option<i64>, Option<f64>)> {
+    let captures = outcome
+        .authorization_captures()
+        .into_iter()
+        .filter(|(c, _)| c.order_id == order_id)
+        .map(|(c, at)| (Some(c.amount_cents), at));
+    let voids = outcome
+        .voids()
+        .into_iter()
+        .filter(|(v, _)| v.order_id == order_id)
+        .map(|(_, at)| (None, at));
+    captures.chain(voids).collect()
 }
 
 /// The intent's requests as the timeline's attempts, its clients numbered
@@ -378,13 +531,15 @@ fn html(outcome: &Outcome) -> String {
          .broken{{color:#c0392b;font-weight:bold}}.holds{{color:#1e8449}}\
          pre{{background:#f6f6f6;padding:6px;overflow-x:auto;font-size:12px}}\
          </style></head><body><h1>idem-lab verify: run {run}</h1><p class=\"verdict\">{verdict}</p>\
-         <p>{intents} intents and {refund_intents} refund intents, {requests} requests against {urls}; ledger {ledger}. \
+         <p>{intents} intents ({authorizations} authorizations), {refund_intents} refund intents and {step_intents} capture and void intents, {requests} requests against {urls}; ledger {ledger}. \
          --fault-cmd ran {runs} times ({failed} failed); the simulator's script took {steps} steps.</p>\
          <table><tr><th>invariant</th><th>verdict</th><th>checked</th><th>intents that break it</th></tr>",
         run = escape(&r.run),
         verdict = escape(&r.verdict_line()),
         intents = r.intents,
+        authorizations = r.authorizations,
         refund_intents = r.refund_intents,
+        step_intents = r.step_intents,
         requests = r.requests,
         urls = escape(
             &r.urls
@@ -415,7 +570,9 @@ fn html(outcome: &Outcome) -> String {
         out.push_str(
             "<h2>Counterexamples</h2><p>Each intent that broke an invariant, on the run's clock \
              (ms since it began): one lane per request as the client saw it (for a charge's \
-             refunds, one per refund client), the acquirer's captures (or refunds) below.</p>",
+             refunds, one per refund client; for an authorization's captures and void, one per \
+             capture or void client), the acquirer's captures (or refunds, authorizations, \
+             voids) below.</p>",
         );
         out.push_str(&timeline::legend(false));
     }

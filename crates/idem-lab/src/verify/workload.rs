@@ -2,9 +2,11 @@
 //! contract says (the same key, the next URL, `Retry-After` honoured), some as
 //! bursts of simultaneous copies, some with their key reused for another
 //! amount, some with their key's state read; some captured charges refunded
-//! the same way, with refunds that race for what the charge has left; then,
-//! once the faults stop, the unsettled intents again until they settle; then
-//! a late replay of each.
+//! the same way, with refunds that race for what the charge has left; some
+//! charges only authorized, then captured in parts and voided the same way,
+//! with captures that race for what the authorization has left and a void
+//! that races a capture; then, once the faults stop, the unsettled intents
+//! again until they settle; then a late replay of each.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -43,6 +45,74 @@ const REFUNDED: usize = 5;
 const SMALL_REFUND: i64 = 5;
 const RACED_REFUND: i64 = 60;
 
+/// Every how many charges one is sent with `"capture": false`: an
+/// authorization, captured and voided by its step intents once authorized.
+const AUTHORIZE_EVERY: usize = 10;
+/// Which charge of each [`AUTHORIZE_EVERY`]: neither a burst (those are
+/// `index % 8 == 0`) nor a refunded one ([`REFUNDED`]).
+const AUTHORIZED: usize = 7;
+
+/// One step of an authorization's plan: a capture of so many hundredths of
+/// it (plus `extra` cents), final or not, or its void; sent by one client,
+/// or as a burst.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Planned {
+    Capture {
+        percent: i64,
+        extra: i64,
+        final_capture: bool,
+        burst: bool,
+    },
+    Void {
+        burst: bool,
+    },
+}
+
+/// A capture in an authorization's plan ([`step_plan`]).
+const fn capture(percent: i64, extra: i64, final_capture: bool, burst: bool) -> Planned {
+    Planned::Capture {
+        percent,
+        extra,
+        final_capture,
+        burst,
+    }
+}
+
+/// What each authorization gets once authorized, by turns. Every capture
+/// that is not final, and the void, are sent at once; the final capture once
+/// they all settled.
+///
+/// - The captures race: a small partial capture as a burst, and two of 60 %
+///   (the second a cent more), one client each, which together ask for more
+///   than the authorization: its sum rule decides which is captured, and the
+///   other must be refused `422 capture-exceeds-authorization`. Then a final
+///   capture of 10 %, which fits beside either and closes the authorization.
+/// - A void races a capture: a partial capture of 30 % and a void (a burst)
+///   at once. Whichever the deployment orders first is made; the other waits
+///   (`409`) or is refused. Then a final capture of 5 %, after the void: it
+///   must be refused (`422 charge-not-authorized`), and nothing captured.
+///
+/// Every amount of one authorization differs from its others: the ledger's
+/// captures, which name no intent, are told apart by their amounts.
+fn step_plan(authorization_index: usize) -> &'static [Planned] {
+    const CAPTURES_RACE: [Planned; 4] = [
+        capture(5, 0, false, true),
+        capture(60, 0, false, false),
+        capture(60, 1, false, false),
+        capture(10, 0, true, false),
+    ];
+    const VOID_RACES_A_CAPTURE: [Planned; 3] = [
+        capture(30, 0, false, false),
+        Planned::Void { burst: true },
+        capture(5, 0, true, false),
+    ];
+    if (authorization_index / AUTHORIZE_EVERY).is_multiple_of(2) {
+        &CAPTURES_RACE
+    } else {
+        &VOID_RACES_A_CAPTURE
+    }
+}
+
 /// The first wait between attempts that got no answer, doubled up to
 /// [`MAX_BACKOFF`], with full jitter.
 const BASE_BACKOFF: Duration = Duration::from_millis(20);
@@ -63,14 +133,16 @@ const RAMP_STEP: Duration = Duration::from_millis(10);
 /// How long the late replay of one settled intent may take.
 const REPLAY_PATIENCE: Duration = Duration::from_secs(10);
 
-/// The run's intents: `count` charges, then the refund intents of one charge
-/// in ten (sent only if it is captured). Keys, order ids and descriptions
-/// carry the run's id.
+/// The run's intents: `count` charges (one in ten an authorization only),
+/// then the refund intents of one charge in ten (sent only if it is
+/// captured), then the step intents of each authorization (sent only if it
+/// is authorized). Keys, order ids and descriptions carry the run's id.
 pub fn intents(run: u64, count: usize, duplicates: usize) -> Vec<Intent> {
     let charges: Vec<Intent> = (0..count)
         .map(|index| {
             let order_id = order_base(run) + i64::try_from(index).unwrap_or(0) + 1;
             let amount_cents = 25_000 + i64::try_from(index % 100).unwrap_or(0);
+            let authorize = index % AUTHORIZE_EVERY == AUTHORIZED;
             Intent {
                 index,
                 kind: if duplicates > 1 && index % BURST_EVERY == 0 {
@@ -81,8 +153,11 @@ pub fn intents(run: u64, count: usize, duplicates: usize) -> Vec<Intent> {
                 key: format!("verify-{run}-{index}"),
                 order_id,
                 amount_cents,
-                body: body(order_id, amount_cents, run, index),
+                body: body(order_id, amount_cents, run, index, authorize),
                 refund_of: None,
+                authorize,
+                capture_of: None,
+                void_of: None,
             }
         })
         .collect();
@@ -108,9 +183,83 @@ pub fn intents(run: u64, count: usize, duplicates: usize) -> Vec<Intent> {
             amount_cents,
             body: refund_body(amount_cents, run, charge.index, nth),
             refund_of: Some(charge.index),
+            authorize: false,
+            capture_of: None,
+            void_of: None,
         })
         .collect();
-    charges.into_iter().chain(refunds).collect()
+    let first_step = count + refunds.len();
+    let steps: Vec<Intent> = charges
+        .iter()
+        .filter(|c| c.authorize)
+        .flat_map(|authorization| {
+            step_plan(authorization.index)
+                .iter()
+                .enumerate()
+                .map(move |(nth, planned)| (authorization, nth, *planned))
+        })
+        .enumerate()
+        .map(|(i, (authorization, nth, planned))| {
+            step_intent(run, first_step + i, authorization, nth, planned, duplicates)
+        })
+        .collect();
+    charges.into_iter().chain(refunds).chain(steps).collect()
+}
+
+/// The `nth` step intent of `authorization`, as `planned`.
+fn step_intent(
+    run: u64,
+    index: usize,
+    authorization: &Intent,
+    nth: usize,
+    planned: Planned,
+    duplicates: usize,
+) -> Intent {
+    let kind = |burst: bool| {
+        if duplicates > 1 && burst {
+            Kind::Burst
+        } else {
+            Kind::Retried
+        }
+    };
+    let on = authorization.index;
+    let step = Intent {
+        index,
+        kind: Kind::Retried,
+        key: String::new(),
+        order_id: authorization.order_id,
+        amount_cents: 0,
+        body: "{}".to_owned(),
+        refund_of: None,
+        authorize: false,
+        capture_of: None,
+        void_of: None,
+    };
+    match planned {
+        Planned::Capture {
+            percent,
+            extra,
+            final_capture,
+            burst,
+        } => {
+            let amount_cents = authorization.amount_cents * percent / 100 + extra;
+            Intent {
+                kind: kind(burst),
+                key: format!("verify-{run}-{on}-capture-{nth}"),
+                amount_cents,
+                body: serde_json::json!({"amount_cents": amount_cents, "final": final_capture})
+                    .to_string(),
+                capture_of: Some(on),
+                ..step
+            }
+        }
+        Planned::Void { burst } => Intent {
+            kind: kind(burst),
+            key: format!("verify-{run}-{on}-void-{nth}"),
+            void_of: Some(on),
+            ..step
+        },
+    }
 }
 
 /// The amounts of a charge's refunds ([`SMALL_REFUND`], [`RACED_REFUND`]):
@@ -135,14 +284,17 @@ pub fn is_runs(run: u64, order_id: i64) -> bool {
     order_id > order_base(run) && order_id <= order_base(run) + MAX_INTENTS as i64
 }
 
-fn body(order_id: i64, amount_cents: i64, run: u64, index: usize) -> String {
-    serde_json::json!({
+fn body(order_id: i64, amount_cents: i64, run: u64, index: usize, authorize: bool) -> String {
+    let mut body = serde_json::json!({
         "order_id": order_id,
         "amount_cents": amount_cents,
         "currency": "BRL",
         "description": format!("idem verify run {run}, intent {index}"),
-    })
-    .to_string()
+    });
+    if authorize {
+        body["capture"] = false.into();
+    }
+    body.to_string()
 }
 
 fn refund_body(amount_cents: i64, run: u64, charge: usize, nth: usize) -> String {
@@ -157,18 +309,32 @@ fn refund_body(amount_cents: i64, run: u64, charge: usize, nth: usize) -> String
 /// Where a charge intent's requests go.
 const CHARGES: &str = "/v1/charges";
 
-/// Where the refund intents of the charge `charge_id` go.
-fn refunds_path(charge_id: &str) -> String {
-    format!("/v1/charges/{charge_id}/refunds")
+/// Where an intent's requests go: a charge's to [`CHARGES`], a refund's or
+/// a step's to the charge `charge_id` (`None` until the charge was captured
+/// or authorized).
+fn path_to(intent: &Intent, charge_id: Option<&str>) -> Option<String> {
+    if intent.is_charge() {
+        return Some(CHARGES.to_owned());
+    }
+    let charge_id = charge_id?;
+    let what = if intent.is_refund() {
+        "refunds"
+    } else if intent.is_capture() {
+        "captures"
+    } else {
+        "void"
+    };
+    Some(format!("/v1/charges/{charge_id}/{what}"))
 }
 
-/// Where an intent's requests go; for a refund, `None` until its charge was
-/// captured.
+/// Where an intent's requests go; for a refund or a step, `None` until its
+/// charge was captured or authorized.
 fn path(intent: &Intent, progress: &[Progress]) -> Option<String> {
-    match intent.refund_of {
-        None => Some(CHARGES.to_owned()),
-        Some(charge) => progress.get(charge)?.charge_id.as_deref().map(refunds_path),
-    }
+    let charge_id = match intent.parent() {
+        None => None,
+        Some(charge) => Some(progress.get(charge)?.charge_id.as_deref()?),
+    };
+    path_to(intent, charge_id)
 }
 
 /// The amount a reuse of the intent's key asks for.
@@ -186,7 +352,7 @@ fn reuse_body(intent: &Intent) -> String {
 
 /// Whether the workload reuses this intent's key (charges only).
 pub fn is_reused(intent: &Intent) -> bool {
-    !intent.is_refund() && intent.index % REUSE_EVERY == 3
+    intent.is_charge() && intent.index % REUSE_EVERY == 3
 }
 
 /// How one client's session with an intent ended.
@@ -264,23 +430,25 @@ async fn session(
 /// What the workload learnt about one intent.
 #[derive(Debug, Clone, Default)]
 pub struct Progress {
-    /// Sent during the workload: every charge, and a refund once its charge
-    /// was captured.
+    /// Sent during the workload: every charge, a refund once its charge was
+    /// captured, a step once its charge was authorized.
     pub sent: bool,
     /// The URL that gave the answer that settled it, if one did.
     pub settled_on: Option<usize>,
     /// Refused with a `4xx` a client must not retry: sending it again is no use.
     pub refused: bool,
-    /// A captured charge's id, from its `201`: where its refunds go.
+    /// A captured or authorized charge's id, from its `201`: where its
+    /// refunds, or its captures and void, go.
     pub charge_id: Option<String>,
 }
 
 /// The workload: every charge intent, `concurrency` at a time, each followed
-/// by its refund intents once it is captured. `done` counts the charges whose
-/// clients have finished. What it learnt, by intent.
-pub async fn run(
-    client: &Client,
-    intents: &[Intent],
+/// by its refund intents once it is captured, or its step intents once it is
+/// authorized. `done` counts the charges whose clients have finished. What
+/// it learnt, by intent.
+pub async fn run<'a>(
+    client: &'a Client,
+    intents: &'a [Intent],
     concurrency: usize,
     duplicates: usize,
     patience: Duration,
@@ -288,7 +456,7 @@ pub async fn run(
 ) -> Vec<Progress> {
     let permits = Semaphore::new(concurrency.max(1));
     let started = &AtomicUsize::new(0);
-    let charges = intents.iter().filter(|i| !i.is_refund());
+    let charges = intents.iter().filter(|i| i.is_charge());
     let sessions = charges.map(|charge| {
         let permits = &permits;
         async move {
@@ -300,16 +468,20 @@ pub async fn run(
             }
             let progress = send(client, charge, CHARGES, duplicates, patience).await;
             let mut learnt = vec![(charge.index, progress.clone())];
-            if let Some(charge_id) = &progress.charge_id {
-                let path = refunds_path(charge_id);
-                let refunds = intents
+            if let Some(charge_id) = progress.charge_id.as_deref() {
+                let then = |intent: &'a Intent| async move {
+                    let path = path_to(intent, Some(charge_id)).unwrap_or_default();
+                    let progress = send(client, intent, &path, duplicates, patience).await;
+                    (intent.index, progress)
+                };
+                // Its refunds at once; or its steps that race at once, then
+                // its final captures once those settled.
+                let (last, raced): (Vec<&Intent>, Vec<&Intent>) = intents
                     .iter()
-                    .filter(|r| r.refund_of == Some(charge.index))
-                    .map(|refund| async {
-                        let progress = send(client, refund, &path, duplicates, patience).await;
-                        (refund.index, progress)
-                    });
-                learnt.extend(join_all(refunds).await);
+                    .filter(|i| i.parent() == Some(charge.index))
+                    .partition(|i| i.is_final_capture());
+                learnt.extend(join_all(raced.into_iter().map(then)).await);
+                learnt.extend(join_all(last.into_iter().map(then)).await);
             }
             done.fetch_add(1, Ordering::SeqCst);
             learnt
@@ -343,6 +515,10 @@ async fn send(
         body: &intent.body,
         purpose: if intent.is_refund() {
             Purpose::Refund
+        } else if intent.is_capture() {
+            Purpose::Capture
+        } else if intent.is_void() {
+            Purpose::Void
         } else {
             Purpose::Charge
         },
@@ -374,7 +550,7 @@ fn progress_of(intent: &Intent, ends: &[End]) -> Progress {
         match end {
             End::Done(answer) => {
                 progress.settled_on = Some(answer.instance);
-                if !intent.is_refund() && answer.status == Some(201) {
+                if intent.is_charge() && answer.status == Some(201) {
                     progress.charge_id = answer.json_str("id").or(progress.charge_id);
                 }
             }
@@ -525,7 +701,11 @@ mod tests {
         let run = 7;
         let all = intents(run, 20, 5);
         let refunds: Vec<&Intent> = all.iter().filter(|i| i.is_refund()).collect();
-        assert_eq!(all.len(), 20 + 6, "three refunds of charges 5 and 15");
+        assert_eq!(
+            all.len(),
+            20 + 6 + 7,
+            "three refunds of charges 5 and 15, four steps of 7 and three of 17"
+        );
         assert!(all.iter().enumerate().all(|(i, intent)| intent.index == i));
         for refund in &refunds {
             let charge = &all[refund.refund_of.expect("a refund")];
@@ -558,5 +738,85 @@ mod tests {
             Some("/v1/charges/ch_1/refunds")
         );
         assert_eq!(path(&all[5], &progress).as_deref(), Some(CHARGES));
+    }
+
+    #[test]
+    fn one_charge_in_ten_is_authorized_then_captured_in_parts_or_voided() {
+        let run = 7;
+        let all = intents(run, 30, 5);
+        let authorizations: Vec<usize> = all
+            .iter()
+            .filter(|i| i.authorize)
+            .map(|i| i.index)
+            .collect();
+        assert_eq!(authorizations, vec![7, 17, 27]);
+        assert!(all.iter().enumerate().all(|(i, intent)| intent.index == i));
+        let body: serde_json::Value = serde_json::from_str(&all[7].body).expect("json");
+        assert_eq!(body["capture"], false);
+        let one_step: serde_json::Value = serde_json::from_str(&all[6].body).expect("json");
+        assert!(
+            one_step.get("capture").is_none(),
+            "one-step bodies as before"
+        );
+        assert!(all[7].is_charge() && !all[7].is_step());
+        let steps =
+            |a: usize| -> Vec<&Intent> { all.iter().filter(|i| i.step_of() == Some(a)).collect() };
+        // 7: the captures race, then a final capture.
+        let of_7 = steps(7);
+        let amounts: Vec<i64> = of_7.iter().map(|i| i.amount_cents).collect();
+        let authorized = all[7].amount_cents;
+        assert_eq!(amounts, vec![1250, 15004, 15005, 2500], "{authorized}");
+        assert!(
+            amounts[1] + amounts[2] > authorized,
+            "the two big ones race"
+        );
+        assert!(
+            amounts[0] + amounts[2] + amounts[3] <= authorized,
+            "the others fit"
+        );
+        assert_eq!(
+            of_7.iter()
+                .map(|i| i.is_final_capture())
+                .collect::<Vec<_>>(),
+            [false, false, false, true]
+        );
+        assert_eq!(of_7[0].kind, Kind::Burst);
+        assert_eq!(of_7[1].kind, Kind::Retried);
+        assert!(of_7
+            .iter()
+            .all(|i| i.is_capture() && i.order_id == all[7].order_id));
+        assert_eq!(of_7[1].key, format!("verify-{run}-7-capture-1"));
+        let body: serde_json::Value = serde_json::from_str(&of_7[3].body).expect("json");
+        assert_eq!(
+            body,
+            serde_json::json!({"amount_cents": 2500, "final": true})
+        );
+        // 17: a void races a capture, then a final capture after it.
+        let of_17 = steps(17);
+        assert_eq!(
+            of_17
+                .iter()
+                .map(|i| (i.noun(), i.amount_cents))
+                .collect::<Vec<_>>(),
+            [("capture", 7505), ("void", 0), ("capture", 1250)]
+        );
+        assert_eq!(of_17[1].kind, Kind::Burst);
+        assert_eq!(of_17[1].body, "{}");
+        assert!(of_17[2].is_final_capture() && !of_17[0].is_final_capture());
+        assert!(all.iter().filter(|i| i.is_step()).all(|i| !is_reused(i)));
+        assert_eq!(path(of_17[1], &[]), None, "no path until authorized");
+        let mut progress = vec![Progress::default(); all.len()];
+        progress[17].charge_id = Some("ch_9".to_owned());
+        assert_eq!(
+            path(of_17[1], &progress).as_deref(),
+            Some("/v1/charges/ch_9/void")
+        );
+        assert_eq!(
+            path(of_17[0], &progress).as_deref(),
+            Some("/v1/charges/ch_9/captures")
+        );
+        // 27: the captures race again.
+        assert_eq!(steps(27).len(), 4);
+        assert!(intents(run, 7, 5).iter().all(|i| !i.authorize));
     }
 }
