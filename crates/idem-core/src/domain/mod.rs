@@ -33,6 +33,7 @@ pub use refund::{Refund, RefundId, RefundIntent, RefundReason, RefundRequest, Re
 pub use response::StoredResponse;
 pub use step::{
     parse_void_body, CaptureIntent, CaptureRequest, Step, StepId, StepKind, StepStatus, VoidIntent,
+    EXPIRY_KEY_PREFIX,
 };
 pub use subject::SubjectId;
 pub use webhook::{signature_header, WebhookBody, WebhookEvent, WebhookSecret};

@@ -14,6 +14,11 @@ use utoipa::{PartialSchema, ToSchema};
 use super::charge::{from_json_object, AmountCents, Currency, FieldError};
 use super::{AcquirerReference, ChargeId};
 
+/// The key of the void that expires an authorization past its time:
+/// this prefix and the charge's id, one key per charge, whichever instance's
+/// workers send it.
+pub const EXPIRY_KEY_PREFIX: &str = "idem-expiry:";
+
 /// What a step does to its authorization.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]

@@ -20,14 +20,11 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use idem_core::domain::{ChargeId, IdempotencyKey, Merchant, StepKind, SubjectId, VoidIntent};
+use idem_core::domain::{
+    ChargeId, IdempotencyKey, Merchant, StepKind, SubjectId, VoidIntent, EXPIRY_KEY_PREFIX,
+};
 use idem_core::idempotency::{Engine, Outcome, Reconciled};
 use idem_core::store::{Audit, AuditEntry, Orphan, Store, StoreError};
-
-/// The key of an expired authorization's void: `idem-expiry:` and the
-/// charge's id (a merchant sending that very key for another request makes
-/// the expiry wait on it, and says so in the log).
-pub const EXPIRY_KEY_PREFIX: &str = "idem-expiry:";
 
 /// The reconciler's name in the audit trail.
 pub const RECONCILER_ACTOR: &str = "reconciler";
@@ -210,12 +207,23 @@ impl Reconciler {
                 tracing::info!("authorization past its time voided");
                 report.expired += 1;
             }
-            Ok(outcome) => {
-                tracing::info!(
+            // Another instance's void in flight, or one whose outcome is
+            // unknown (the reconciler's next): the next pass looks again.
+            Ok(outcome @ (Outcome::InFlight { .. } | Outcome::Unknown { .. })) => {
+                tracing::debug!(
                     outcome = outcome.label(),
-                    "authorization past its time: void not made now"
+                    "void of an expired authorization pending"
                 );
-                report.expired += 1;
+                report.skipped += 1;
+            }
+            // Refused by the acquirer, or the key taken by another request:
+            // nothing voided; said once per pass, not counted as expired.
+            Ok(outcome) => {
+                tracing::warn!(
+                    outcome = outcome.label(),
+                    "authorization past its time: not voided"
+                );
+                report.errors += 1;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "could not void an authorization past its time");

@@ -2,7 +2,7 @@
 //! columns the key statements select with it.
 
 use super::PgStore;
-use crate::domain::{AcquirerReference, Charge, ChargeId, Merchant};
+use crate::domain::{AcquirerReference, Charge, ChargeId, Merchant, EXPIRY_KEY_PREFIX};
 use crate::store::model::{
     ChargeDetail, ChargeFilter, ChargeRecord, ChargeSummary, KeyDetail, NewWebhook,
     ProcessingStats, StuckCharge,
@@ -60,13 +60,22 @@ const KEY_DETAIL_SQL: &str = "
        and (idempotency_key = $2 or ($2 is null and state = 'in_flight'))";
 
 /// `$1` the authorizations' time to live in ms, `$2` limit.
-const EXPIRED_AUTHORIZATIONS_SQL: &str = "select c.merchant_id, m.name, c.id
+const EXPIRED_AUTHORIZATIONS_SQL: &str = const_format::concatcp!(
+    "select c.merchant_id, m.name, c.id
        from charges c join merchants m on m.id = c.merchant_id
       where c.status = 'authorized' and c.created_at <= now() - $1 * interval '1 millisecond'
         and c.capture_closed_by is null and c.capture_reserved_cents = c.captured_cents
         and c.review_since is null
+        -- An expiry's void the acquirer refused is final for its key: a
+        -- person decides (the charge keeps its status), no pass asks again.
+        and not exists (select 1 from authorization_steps s
+                         where s.charge_id = c.id and s.kind = 'void' and s.status = 'failed'
+                           and s.idempotency_key = '",
+    EXPIRY_KEY_PREFIX,
+    "' || c.id)
       order by c.created_at
-      limit $2";
+      limit $2"
+);
 
 impl Charges for PgStore {
     async fn expired_authorizations(
