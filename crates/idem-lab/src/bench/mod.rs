@@ -13,10 +13,16 @@
 //!   acquirer, finalize) of 1 cent, each worker on a captured charge of its
 //!   own, as merchants refund different orders.
 
+mod chart;
+mod open;
 mod pgbench;
 mod queue;
 mod sweep;
 
+pub use open::{
+    arrival, parse_chance, parse_rate, table as arrival_table, AcquirerLatency, ArrivalConfig,
+    ArrivalReport, ArrivalRow, Server,
+};
 pub use sweep::{sweep, table as sweep_table};
 
 use std::collections::BTreeMap;
@@ -427,7 +433,7 @@ impl Load {
 /// the machine's cores with the server and PostgreSQL, so it should cost as
 /// little CPU per request as it can (reqwest's pool and redirect machinery cost
 /// about as much CPU as the server's whole request path).
-struct Connection {
+pub(super) struct Connection {
     sender: hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>,
     path: String,
     host: String,
@@ -435,7 +441,7 @@ struct Connection {
 }
 
 impl Connection {
-    async fn open(url: &str, secret: &str) -> anyhow::Result<Self> {
+    pub(super) async fn open(url: &str, secret: &str) -> anyhow::Result<Self> {
         let parsed = reqwest::Url::parse(url)?;
         let host = format!(
             "{}:{}",
@@ -456,6 +462,12 @@ impl Connection {
     }
 
     async fn send(&mut self, key: &str, order: usize) -> anyhow::Result<u16> {
+        Ok(self.exchange(key, order).await?.status)
+    }
+
+    /// One request and its whole answer: the status, and for an error its
+    /// problem type and `Retry-After`.
+    pub(super) async fn exchange(&mut self, key: &str, order: usize) -> anyhow::Result<Answer> {
         use http_body_util::BodyExt;
         self.sender.ready().await?;
         let request = axum::http::Request::post(&self.path)
@@ -472,9 +484,38 @@ impl Connection {
             )))?;
         let response = self.sender.send_request(request).await?;
         let status = response.status().as_u16();
-        response.into_body().collect().await?;
-        Ok(status)
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let body = response.into_body().collect().await?.to_bytes();
+        let problem = (status >= 400)
+            .then(|| serde_json::from_slice::<serde_json::Value>(&body).ok())
+            .flatten()
+            .and_then(|p| {
+                Some(
+                    p.get("type")?
+                        .as_str()?
+                        .rsplit([':', '/'])
+                        .next()?
+                        .to_owned(),
+                )
+            });
+        Ok(Answer {
+            status,
+            problem,
+            retry_after,
+        })
     }
+}
+
+/// What a server answered one request.
+pub(super) struct Answer {
+    pub(super) status: u16,
+    /// The last segment of a problem+json error's `type` (`outcome-unknown`).
+    pub(super) problem: Option<String>,
+    pub(super) retry_after: Option<Duration>,
 }
 
 /// What one load worker measured.

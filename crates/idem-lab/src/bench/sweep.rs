@@ -6,6 +6,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use super::chart::{self, Axes, Series};
 use super::{run, BenchConfig, BenchResult};
 
 /// Runs the bench at each of `levels` clients (a fresh deployment each), with
@@ -66,12 +67,6 @@ pub fn table(results: &[BenchResult]) -> String {
     out
 }
 
-/// Chart geometry: each panel's size and margins, in SVG units.
-const WIDTH: f64 = 520.0;
-const HEIGHT: f64 = 300.0;
-const MARGIN: f64 = 56.0;
-/// Room on the right for the series' names.
-const RIGHT: f64 = 80.0;
 const IDEM_COLOUR: &str = "#1f6feb";
 const PGBENCH_COLOUR: &str = "#d1242f";
 
@@ -117,101 +112,38 @@ fn panel(
     idem: impl Fn(&BenchResult) -> Option<f64>,
     pgbench: impl Fn(&BenchResult) -> Option<f64>,
 ) -> String {
-    let xs: Vec<f64> = results
-        .iter()
-        .map(|r| (r.concurrency.max(1) as f64).log2())
-        .collect();
-    let (x_min, x_max) = xs
-        .iter()
-        .fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
-    let y_max = results
-        .iter()
-        .flat_map(|r| [idem(r), pgbench(r)])
-        .flatten()
-        .fold(0.0_f64, f64::max)
-        .max(f64::MIN_POSITIVE)
-        * 1.1;
-    let x_at = |x: f64| {
-        let span = (x_max - x_min).max(1.0);
-        MARGIN + (x - x_min) / span * (WIDTH - MARGIN - RIGHT)
+    let x = |r: &BenchResult| (r.concurrency.max(1) as f64).log2();
+    let line = |value: &dyn Fn(&BenchResult) -> Option<f64>| -> Vec<(f64, f64)> {
+        results
+            .iter()
+            .filter_map(|r| value(r).map(|y| (x(r), y)))
+            .collect()
     };
-    let y_at = |y: f64| HEIGHT - MARGIN - y / y_max * (HEIGHT - 2.0 * MARGIN);
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{HEIGHT}\" \
-         viewBox=\"0 0 {WIDTH} {HEIGHT}\" role=\"img\" aria-label=\"{title}\">\
-         <text x=\"{MARGIN}\" y=\"20\" font-weight=\"bold\">{title}</text>\
-         <line x1=\"{MARGIN}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"#888\"/>\
-         <line x1=\"{MARGIN}\" y1=\"{MARGIN}\" x2=\"{MARGIN}\" y2=\"{b}\" stroke=\"#888\"/>\
-         <text x=\"{cx}\" y=\"{lx}\" text-anchor=\"middle\">clients</text>",
-        b = HEIGHT - MARGIN,
-        r = WIDTH - RIGHT,
-        cx = WIDTH / 2.0,
-        lx = HEIGHT - 14.0,
-    );
-    for (r, x) in results.iter().zip(&xs) {
-        let _ = write!(
-            svg,
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
-            x_at(*x),
-            HEIGHT - MARGIN + 18.0,
-            r.concurrency
-        );
-    }
-    for step in 0..=4 {
-        let y = y_max / 1.1 * f64::from(step) / 4.0;
-        let _ = write!(
-            svg,
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
-            MARGIN - 6.0,
-            y_at(y) + 4.0,
-            if y_max > 100.0 {
-                format!("{y:.0}")
-            } else {
-                format!("{y:.1}")
-            }
-        );
-    }
-    for (name, colour, value) in [
-        (
-            "idem",
-            IDEM_COLOUR,
-            &idem as &dyn Fn(&BenchResult) -> Option<f64>,
-        ),
-        ("pgbench", PGBENCH_COLOUR, &pgbench),
-    ] {
-        let points: Vec<(f64, f64)> = results
+    let axes = Axes {
+        title,
+        x_label: "clients",
+        x_ticks: results
             .iter()
-            .zip(&xs)
-            .filter_map(|(r, x)| value(r).map(|y| (x_at(*x), y_at(y))))
-            .collect();
-        if points.is_empty() {
-            continue;
-        }
-        let path: Vec<String> = points
-            .iter()
-            .map(|(x, y)| format!("{x:.1},{y:.1}"))
-            .collect();
-        let _ = write!(
-            svg,
-            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" points=\"{}\"/>",
-            path.join(" ")
-        );
-        for (x, y) in &points {
-            let _ = write!(
-                svg,
-                "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"3\" fill=\"{colour}\"/>"
-            );
-        }
-        let (lx, ly) = points[points.len() - 1];
-        let _ = write!(
-            svg,
-            "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"{colour}\">{name}</text>",
-            lx + 6.0,
-            ly + 4.0
-        );
-    }
-    svg.push_str("</svg>");
-    svg
+            .map(|r| (x(r), r.concurrency.to_string()))
+            .collect(),
+        log_y: false,
+        rule: None,
+    };
+    chart::panel(
+        &axes,
+        &[
+            Series {
+                name: "idem",
+                colour: IDEM_COLOUR,
+                points: line(&idem),
+            },
+            Series {
+                name: "pgbench",
+                colour: PGBENCH_COLOUR,
+                points: line(&pgbench),
+            },
+        ],
+    )
 }
 
 #[cfg(test)]

@@ -17,9 +17,13 @@ pub(crate) struct Args {
     /// Address to listen on.
     #[arg(long, env = "IDEM_SIM_LISTEN", default_value = "127.0.0.1:9090")]
     pub(crate) listen: SocketAddr,
-    /// Delay before each capture is processed.
+    /// Delay before each call that POSTs is processed (with --latency-p99, the median).
     #[arg(long, env = "IDEM_SIM_LATENCY", value_parser = parse_duration, default_value = "0ms")]
     pub(crate) latency: Duration,
+    /// Draw each call's delay from a lognormal with --latency as its median
+    /// and this as its 99th percentile, as a real acquirer's spread.
+    #[arg(long, env = "IDEM_SIM_LATENCY_P99", value_parser = parse_duration)]
+    pub(crate) latency_p99: Option<Duration>,
     /// Chance, 0.0 to 1.0, that a new one-step capture or authorization is declined.
     #[arg(long, env = "IDEM_SIM_DECLINE_RATE", default_value_t = 0.0, value_parser = parse_rate)]
     pub(crate) decline_rate: f64,
@@ -33,6 +37,10 @@ pub(crate) struct Args {
     /// left).
     #[arg(long, env = "IDEM_SIM_FAULT", default_value_t = Fault::None)]
     pub(crate) fault: Fault,
+    /// Chance, 0.0 to 1.0, that a call with no --fault suffers a random one:
+    /// a timeout (hang), error-before or error-after, one in three each.
+    #[arg(long, env = "IDEM_SIM_FAULT_RATE", default_value_t = 0.0, value_parser = parse_rate)]
+    pub(crate) fault_rate: f64,
     /// Apply the fault to this many calls only (default: every call).
     #[arg(long, env = "IDEM_SIM_FAULT_COUNT")]
     pub(crate) fault_count: Option<u64>,
@@ -61,12 +69,18 @@ fn parse_rate(s: &str) -> Result<f64, String> {
 pub(crate) async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> {
     let faults = Faults {
         latency_ms: u64::try_from(args.latency.as_millis())?,
+        latency_p99_ms: args
+            .latency_p99
+            .map(|p99| u64::try_from(p99.as_millis()))
+            .transpose()?,
         decline_rate: args.decline_rate,
         fault: args.fault,
         fault_count: args.fault_count,
         hang_ms: u64::try_from(args.hang.as_millis())?,
         retry_after_secs: args.retry_after_secs,
+        fault_rate: args.fault_rate,
     };
+    faults.check().map_err(anyhow::Error::msg)?;
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

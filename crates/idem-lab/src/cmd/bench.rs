@@ -41,12 +41,71 @@ pub(crate) struct Args {
     /// pgbench beside idem on PostgreSQL), print a table and write --report.
     #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with = "concurrency")]
     pub(crate) sweep: Option<Vec<usize>>,
-    /// Where --sweep writes its chart (a self-contained HTML page).
-    #[arg(long, default_value = "idem-bench-sweep.html", requires = "sweep")]
-    pub(crate) report: std::path::PathBuf,
+    /// The open model: new charges at each of these rates (per second),
+    /// whatever the answers take, a fresh deployment each, against an
+    /// acquirer with --acquirer-latency and --acquirer-faults; idem, then
+    /// hold-transaction at each rate. Prints a table (the knee under it)
+    /// and writes --report.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        num_args = 1..,
+        value_parser = crate::bench::parse_rate,
+        conflicts_with_all = ["concurrency", "sweep", "url", "vs_pgbench"]
+    )]
+    pub(crate) arrival: Option<Vec<u32>>,
+    /// The acquirer's latency for --arrival: the median and the 99th
+    /// percentile of a lognormal.
+    #[arg(long, default_value = "p50=120ms,p99=380ms", requires = "arrival")]
+    pub(crate) acquirer_latency: crate::bench::AcquirerLatency,
+    /// For --arrival: the chance that an acquirer call times out or
+    /// answers a 5xx (clients retry those with the same key).
+    #[arg(long, default_value = "0.7%", value_parser = crate::bench::parse_chance, requires = "arrival")]
+    pub(crate) acquirer_faults: f64,
+    /// For --arrival: each server's database connections.
+    #[arg(long, default_value_t = 16, requires = "arrival")]
+    pub(crate) db_max_connections: u32,
+    /// For --arrival: the most connections the load generator opens (a
+    /// request due while all are busy waits for one, on the clock).
+    #[arg(long, default_value_t = 1024, requires = "arrival")]
+    pub(crate) connections: usize,
+    /// For --arrival: idem alone, without hold-transaction beside it.
+    #[arg(long, requires = "arrival")]
+    pub(crate) no_hold_transaction: bool,
+    /// Where --sweep or --arrival writes its chart (a self-contained HTML
+    /// page; default idem-bench-sweep.html or idem-bench-arrival.html).
+    #[arg(long)]
+    pub(crate) report: Option<std::path::PathBuf>,
 }
 
 pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.report.is_none() || args.sweep.is_some() || args.arrival.is_some(),
+        "--report is where --sweep or --arrival writes its chart: give one of them"
+    );
+    if let Some(rates) = args.arrival {
+        let config = crate::bench::ArrivalConfig {
+            rates,
+            duration: args.duration,
+            database_url: args.database_url,
+            latency: args.acquirer_latency,
+            fault_rate: args.acquirer_faults,
+            db_connections: args.db_max_connections,
+            connections: args.connections,
+            hold_transaction: !args.no_hold_transaction,
+            report: args
+                .report
+                .unwrap_or_else(|| "idem-bench-arrival.html".into()),
+        };
+        let report = crate::bench::arrival(&config).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            print!("{}", crate::bench::arrival_table(&report));
+            println!("chart: {}", config.report.display());
+        }
+        return Ok(());
+    }
     let pgbench_can_run = args.url.is_none()
         && args.scenario != crate::bench::Scenario::Queue
         && args.scenario != crate::bench::Scenario::Refund
@@ -63,12 +122,15 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         amqp_url: args.amqp_url,
     };
     if let Some(levels) = &args.sweep {
-        let results = crate::bench::sweep(&config, levels, &args.report).await?;
+        let report = args
+            .report
+            .unwrap_or_else(|| "idem-bench-sweep.html".into());
+        let results = crate::bench::sweep(&config, levels, &report).await?;
         if args.json {
             println!("{}", serde_json::to_string(&results)?);
         } else {
             print!("{}", crate::bench::sweep_table(&results));
-            println!("chart: {}", args.report.display());
+            println!("chart: {}", report.display());
         }
         return Ok(());
     }

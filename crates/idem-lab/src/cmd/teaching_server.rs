@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use idem_core::acquirer::AcquirerClient;
+
 use crate::demo::teaching::{self, Teaching};
 
 #[derive(clap::Args, Debug, Clone)]
@@ -29,6 +31,9 @@ pub(crate) struct Args {
     /// How long one call to the acquirer may take.
     #[arg(long, value_parser = idem::cmd::parse_duration, default_value = "10s")]
     acquirer_timeout: Duration,
+    /// Its pool's connections to the database.
+    #[arg(long, default_value_t = 20)]
+    db_max_connections: u32,
 }
 
 pub(crate) async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -38,12 +43,14 @@ pub(crate) async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Resu
         args.strategy.name(),
         listener.local_addr()?
     );
+    let pool =
+        teaching::connect(&args.database_url, args.db_max_connections, args.strategy).await?;
+    let acquirer = AcquirerClient::new(&args.acquirer_url, args.acquirer_timeout, None)?;
     teaching::serve(
         args.strategy,
         listener,
-        &args.database_url,
-        &args.acquirer_url,
-        args.acquirer_timeout,
+        pool,
+        acquirer,
         args.merchant,
         shutdown,
     )

@@ -75,24 +75,31 @@ impl Teaching {
     }
 }
 
-/// One server of `strategy` on `listener` until `shutdown` fires, its table
-/// made on `db_url` if it is not there yet.
-pub async fn serve(
-    strategy: Teaching,
-    listener: tokio::net::TcpListener,
+/// A pool of `connections` on `db_url`, with the strategy's table made if
+/// it is not there yet.
+pub async fn connect(
     db_url: &str,
-    acquirer_url: &str,
-    acquirer_timeout: Duration,
-    merchant: String,
-    shutdown: tokio_util::sync::CancellationToken,
-) -> anyhow::Result<()> {
+    connections: u32,
+    strategy: Teaching,
+) -> anyhow::Result<AnyPool> {
     sqlx::any::install_default_drivers();
     let pool = sqlx::any::AnyPoolOptions::new()
-        .max_connections(20)
+        .max_connections(connections)
         .connect(db_url)
         .await?;
     create_table(&pool, Backend::of_url(db_url)?, strategy).await?;
-    let acquirer = AcquirerClient::new(acquirer_url, acquirer_timeout, None)?;
+    Ok(pool)
+}
+
+/// One server of `strategy` on `listener`, on `pool`, until `shutdown` fires.
+pub async fn serve(
+    strategy: Teaching,
+    listener: tokio::net::TcpListener,
+    pool: AnyPool,
+    acquirer: AcquirerClient,
+    merchant: String,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
     let app = router(strategy, pool, acquirer, merchant, ServerTrace::default());
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())

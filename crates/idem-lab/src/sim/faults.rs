@@ -197,8 +197,13 @@ impl From<Fault> for String {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Faults {
-    /// Delay before each call that POSTs is processed.
+    /// Delay before each call that POSTs is processed: every call's, or with
+    /// `latency_p99_ms` the median of a drawn one.
     pub latency_ms: u64,
+    /// When set, each call's delay is drawn from a lognormal distribution
+    /// whose median is `latency_ms` and whose 99th percentile is this, as a
+    /// real acquirer's latency is spread (at least `latency_ms`).
+    pub latency_p99_ms: Option<u64>,
     /// Chance, 0.0 to 1.0, that a new one-step capture or authorization is
     /// declined (`insufficient_funds`); a capture of an authorization, a
     /// refund and a void are never declined.
@@ -211,6 +216,10 @@ pub struct Faults {
     pub hang_ms: u64,
     /// The `Retry-After` (seconds) a `status:N` fault sends; `null` for none.
     pub retry_after_secs: Option<u64>,
+    /// Chance, 0.0 to 1.0, that a call with no fault set suffers a random
+    /// one, as a real acquirer's calls now and then do: a timeout (`hang`)
+    /// or a 5xx (`error-before` or `error-after`), one in three each.
+    pub fault_rate: f64,
 }
 
 /// Long enough to outlast any sane client timeout.
@@ -220,14 +229,24 @@ impl Default for Faults {
     fn default() -> Self {
         Self {
             latency_ms: 0,
+            latency_p99_ms: None,
             decline_rate: 0.0,
             fault: Fault::None,
             fault_count: None,
             hang_ms: u64::try_from(DEFAULT_HANG.as_millis()).unwrap_or(u64::MAX),
             retry_after_secs: None,
+            fault_rate: 0.0,
         }
     }
 }
+
+/// The standard normal's 99th percentile: a lognormal's p99 is
+/// `exp(mu + Z99 * sigma)`, its median `exp(mu)`.
+const Z99: f64 = 2.326_347_874_040_841;
+
+/// The faults a random fault is drawn from (`fault_rate`): a timeout, a 5xx
+/// before the money moves, a 5xx after.
+const RANDOM_FAULTS: [Fault; 3] = [Fault::Hang, Fault::ErrorBefore, Fault::ErrorAfter];
 
 /// What one call will suffer, drawn from the settings.
 #[derive(Debug, Clone, Copy)]
@@ -238,9 +257,31 @@ pub struct Plan {
     pub fault: Fault,
     pub hang: Duration,
     pub retry_after_secs: Option<u64>,
+    /// The fault was drawn at random (`fault_rate`), not set.
+    pub random_fault: bool,
 }
 
 impl Faults {
+    /// Whether the settings make sense: rates from 0 to 1, a p99 latency
+    /// not below the median.
+    pub fn check(&self) -> Result<(), String> {
+        for (name, rate) in [
+            ("decline_rate", self.decline_rate),
+            ("fault_rate", self.fault_rate),
+        ] {
+            if !(0.0..=1.0).contains(&rate) {
+                return Err(format!("{name} is a chance from 0.0 to 1.0, not {rate}"));
+            }
+        }
+        match self.latency_p99_ms {
+            Some(p99) if p99 < self.latency_ms => Err(format!(
+                "latency_p99_ms ({p99}) is below the median latency_ms ({})",
+                self.latency_ms
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Draws the plan for one call, counting down a limited fault.
     pub fn take(&mut self) -> Plan {
         let fault = match self.fault_count {
@@ -255,12 +296,36 @@ impl Faults {
             self.fault = Fault::None;
             self.fault_count = None;
         }
+        let random_fault = fault == Fault::None
+            && self.fault_rate > 0.0
+            && rand::random::<f64>() < self.fault_rate;
         Plan {
-            latency: Duration::from_millis(self.latency_ms),
+            latency: self.draw_latency(&mut rand::rng()),
             decline: self.decline_rate > 0.0 && rand::random::<f64>() < self.decline_rate,
-            fault,
+            fault: if random_fault {
+                RANDOM_FAULTS[rand::random_range(0..RANDOM_FAULTS.len())]
+            } else {
+                fault
+            },
             hang: Duration::from_millis(self.hang_ms),
             retry_after_secs: self.retry_after_secs,
+            random_fault,
+        }
+    }
+
+    /// One call's delay: `latency_ms`, or a draw from the lognormal that
+    /// has it as its median and `latency_p99_ms` as its 99th percentile.
+    fn draw_latency(&self, rng: &mut impl rand::Rng) -> Duration {
+        let median = self.latency_ms as f64;
+        let spread = match self.latency_p99_ms {
+            Some(p99) if p99 > self.latency_ms && self.latency_ms > 0 => {
+                (p99 as f64 / median).ln() / Z99
+            }
+            _ => return Duration::from_millis(self.latency_ms),
+        };
+        match rand_distr::LogNormal::new(median.ln(), spread) {
+            Ok(lognormal) => Duration::from_secs_f64(rng.sample(lognormal) / 1000.0),
+            Err(_) => Duration::from_millis(self.latency_ms),
         }
     }
 }
@@ -315,6 +380,73 @@ mod tests {
         let json: Faults = serde_json::from_str(r#"{"fault": "status:409"}"#).expect("json");
         assert_eq!(json.fault, Fault::Status(409));
         assert!(serde_json::from_str::<Faults>(r#"{"fault": "status:1"}"#).is_err());
+    }
+
+    #[test]
+    fn a_drawn_latency_has_the_median_and_p99_asked_for() {
+        use rand::SeedableRng;
+        let f = Faults {
+            latency_ms: 120,
+            latency_p99_ms: Some(380),
+            ..Faults::default()
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+        let mut draws: Vec<f64> = (0..100_000)
+            .map(|_| f.draw_latency(&mut rng).as_secs_f64() * 1000.0)
+            .collect();
+        draws.sort_by(f64::total_cmp);
+        let (p50, p99) = (draws[50_000], draws[99_000]);
+        assert!((p50 - 120.0).abs() < 3.0, "p50 {p50}");
+        assert!((p99 - 380.0).abs() < 15.0, "p99 {p99}");
+        // Without a p99, every call waits the same.
+        let fixed = Faults {
+            latency_ms: 120,
+            ..Faults::default()
+        };
+        assert_eq!(fixed.draw_latency(&mut rng), Duration::from_millis(120));
+    }
+
+    #[test]
+    fn a_fault_rate_draws_timeouts_and_5xx_and_never_overrides_a_set_fault() {
+        let mut f = Faults {
+            fault_rate: 1.0,
+            ..Faults::default()
+        };
+        let drawn: Vec<Plan> = (0..300).map(|_| f.take()).collect();
+        assert!(drawn.iter().all(|p| p.random_fault));
+        for fault in RANDOM_FAULTS {
+            assert!(drawn.iter().any(|p| p.fault == fault), "{fault} drawn");
+        }
+        let mut set = Faults {
+            fault_rate: 1.0,
+            fault: Fault::WrongAmount,
+            ..Faults::default()
+        };
+        let plan = set.take();
+        assert_eq!((plan.fault, plan.random_fault), (Fault::WrongAmount, false));
+        assert!(!Faults::default().take().random_fault);
+    }
+
+    #[test]
+    fn settings_out_of_range_are_refused_with_their_name() {
+        let bad = |f: Faults| f.check().expect_err("refused");
+        assert!(bad(Faults {
+            fault_rate: 1.5,
+            ..Faults::default()
+        })
+        .contains("fault_rate"));
+        assert!(bad(Faults {
+            decline_rate: -0.1,
+            ..Faults::default()
+        })
+        .contains("decline_rate"));
+        assert!(bad(Faults {
+            latency_ms: 100,
+            latency_p99_ms: Some(50),
+            ..Faults::default()
+        })
+        .contains("below the median"));
+        assert_eq!(Faults::default().check(), Ok(()));
     }
 
     #[test]

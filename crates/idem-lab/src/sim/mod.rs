@@ -19,8 +19,10 @@
 mod book;
 mod faults;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
@@ -54,14 +56,72 @@ struct Sim {
     /// References whose POST is being processed now: another POST of one of
     /// them is answered `409`, as a real acquirer does.
     in_flight: Arc<Mutex<HashSet<String>>>,
+    watch: Option<Watch>,
+}
+
+/// What a program running the simulator in its own process can read of the
+/// calls it took (`idem-lab bench --arrival`): how long the simulator spent
+/// on each order's POSTs — the acquirer's part of a charge's time, from a
+/// call's arrival to its answer (or to the caller hanging up) — and how many
+/// calls drew a random fault.
+#[derive(Clone, Default)]
+pub struct Watch(Arc<WatchInner>);
+
+#[derive(Default)]
+struct WatchInner {
+    /// A std mutex: held only for a map operation.
+    by_order: Mutex<HashMap<i64, Duration>>,
+    random_faults: AtomicU64,
+}
+
+impl Watch {
+    /// The time the simulator spent so far on POSTs naming `order_id`.
+    pub fn acquirer_time(&self, order_id: i64) -> Duration {
+        let by_order = self.0.by_order.lock().unwrap_or_else(|p| p.into_inner());
+        by_order.get(&order_id).copied().unwrap_or_default()
+    }
+
+    /// How many calls drew a random fault (`Faults::fault_rate`).
+    pub fn random_faults(&self) -> u64 {
+        self.0.random_faults.load(Ordering::Relaxed)
+    }
+
+    fn add(&self, order_id: i64, spent: Duration) {
+        let mut by_order = self.0.by_order.lock().unwrap_or_else(|p| p.into_inner());
+        *by_order.entry(order_id).or_default() += spent;
+    }
+}
+
+/// Adds the time from its making to its drop to an order's total: dropped
+/// when the call's handler ends, whether it answered or the caller left.
+struct Timer {
+    watch: Watch,
+    order_id: i64,
+    since: Instant,
+}
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        self.watch.add(self.order_id, self.since.elapsed());
+    }
 }
 
 /// The simulator's routes: the protocol under `/v1`, its extras under `/_sim`.
 pub fn router(faults: Faults) -> Router {
+    routes(faults, None)
+}
+
+/// The routes, with what they do written down in `watch`.
+pub fn watched_router(faults: Faults, watch: Watch) -> Router {
+    routes(faults, Some(watch))
+}
+
+fn routes(faults: Faults, watch: Option<Watch>) -> Router {
     let sim = Sim {
         faults: Arc::new(Mutex::new(faults)),
         book: Arc::new(Mutex::new(Book::default())),
         in_flight: Arc::default(),
+        watch,
     };
     Router::new()
         .route("/v1/captures", post(book_call::<CaptureCall>))
@@ -96,6 +156,18 @@ pub async fn serve(
     Ok(())
 }
 
+/// Serves plain HTTP on a bound listener until `shutdown` fires, writing
+/// down what it does in `watch`.
+pub async fn serve_watched(
+    listener: TcpListener,
+    faults: Faults,
+    watch: Watch,
+    shutdown: CancellationToken,
+) {
+    let routes = watched_router(faults, watch);
+    idem::http::run_server(listener, routes, HEADER_READ_TIMEOUT, None, shutdown).await;
+}
+
 /// A POST the simulator books: a capture of either kind, a refund, an
 /// authorization or a void. All keep the same rules: the reference is the
 /// `Idempotency-Key`, a second POST while the first is in flight is `409`, a
@@ -103,6 +175,11 @@ pub async fn serve(
 trait Booking: serde::de::DeserializeOwned + Send + 'static {
     type Outcome: serde::Serialize + Send + 'static;
     fn reference(&self) -> &str;
+    /// The order the call names, if it names one (a one-step capture, an
+    /// authorization).
+    fn order_id(&self) -> Option<i64> {
+        None
+    }
     /// Books `self` under `plan` (its decline and its lie).
     fn book(
         self,
@@ -153,6 +230,12 @@ impl Booking for CaptureCall {
         match self {
             Self::OneStep(r) => &r.reference,
             Self::OfAuthorization(r) => &r.reference,
+        }
+    }
+    fn order_id(&self) -> Option<i64> {
+        match self {
+            Self::OneStep(r) => Some(r.order_id),
+            Self::OfAuthorization(_) => None,
         }
     }
     fn book(
@@ -215,6 +298,9 @@ impl Booking for AuthorizationRequest {
     type Outcome = AuthorizationOutcome;
     fn reference(&self) -> &str {
         &self.reference
+    }
+    fn order_id(&self) -> Option<i64> {
+        Some(self.order_id)
     }
     fn book(
         self,
@@ -317,6 +403,15 @@ async fn book_call<B: Booking>(
         Ok(r) => r,
         Err(e) => return (StatusCode::BAD_REQUEST, format!("bad request: {e}")).into_response(),
     };
+    let _timer = sim
+        .watch
+        .clone()
+        .zip(request.order_id())
+        .map(|(watch, order_id)| Timer {
+            watch,
+            order_id,
+            since: Instant::now(),
+        });
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
     let traceparent = headers
         .get("traceparent")
@@ -341,6 +436,9 @@ async fn book_call<B: Booking>(
     let work = tokio::spawn(async move {
         let _in_flight = in_flight;
         let plan = sim.lock_faults().take();
+        if let (true, Some(watch)) = (plan.random_fault, &sim.watch) {
+            watch.0.random_faults.fetch_add(1, Ordering::Relaxed);
+        }
         if !plan.latency.is_zero() {
             tokio::time::sleep(plan.latency).await;
         }
@@ -464,9 +562,12 @@ async fn get_faults(State(sim): State<Sim>) -> Json<Faults> {
     Json(sim.lock_faults().clone())
 }
 
-async fn put_faults(State(sim): State<Sim>, Json(faults): Json<Faults>) -> Json<Faults> {
+async fn put_faults(State(sim): State<Sim>, Json(faults): Json<Faults>) -> Response {
+    if let Err(e) = faults.check() {
+        return (StatusCode::UNPROCESSABLE_ENTITY, e).into_response();
+    }
     *sim.lock_faults() = faults.clone();
-    Json(faults)
+    Json(faults).into_response()
 }
 
 async fn ledger(State(sim): State<Sim>) -> Json<Ledger> {

@@ -115,3 +115,146 @@ async fn sweep_draws_idem_beside_pgbench(on_postgres: bool) {
     assert_eq!(page.matches("<polyline").count(), lines, "{page}");
     assert!(page.contains("idem/pgbench"), "the table under the chart");
 }
+
+/// `idem-lab bench --arrival` with its flags; the report lands in a file of
+/// the test's own, read back and removed.
+async fn arrival(args: &[&str]) -> (serde_json::Value, String) {
+    let report = std::env::temp_dir().join(format!("idem-arrival-{}.html", uuid::Uuid::new_v4()));
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem-lab"))
+        .args(["bench", "--duration", "1s", "--json", "--report"])
+        .arg(&report)
+        .args(args)
+        .env("DATABASE_URL", demo_database_url())
+        .env("IDEM_LOG", "error")
+        .output()
+        .await
+        .expect("run idem-lab bench --arrival");
+    assert!(
+        out.status.success(),
+        "idem-lab bench {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = std::fs::read_to_string(&report).expect("the chart");
+    let _ = std::fs::remove_file(&report);
+    (
+        serde_json::from_slice(&out.stdout).expect("one JSON object"),
+        page,
+    )
+}
+
+/// The open model: each rate against idem and against hold-transaction, an
+/// acquirer with a spread latency and faults; idem's answers are charges and
+/// the faults' 503s only, every intent settles, and the ledger holds one
+/// capture per intent answered 201.
+#[tokio::test]
+async fn the_open_model_runs_each_rate_against_idem_and_hold_transaction() {
+    let _turn = timing_sensitive().await;
+    let (r, page) = arrival(&[
+        "--arrival",
+        "20,60",
+        "--acquirer-latency",
+        "p50=20ms,p99=60ms",
+        "--acquirer-faults",
+        "20%",
+    ])
+    .await;
+    let rows = r["rows"].as_array().expect("rows");
+    let seen: Vec<(&str, u64)> = rows
+        .iter()
+        .map(|row| {
+            (
+                row["server"].as_str().unwrap(),
+                row["offered_per_s"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("idem", 20),
+            ("hold-transaction", 20),
+            ("idem", 60),
+            ("hold-transaction", 60)
+        ],
+        "{r}"
+    );
+    let mut faults = 0;
+    for row in rows.iter().filter(|row| row["server"] == "idem") {
+        assert_eq!(row["unsettled"], 0, "every intent settles: {row}");
+        assert_eq!(row["not_captured_once"], 0, "one capture per intent: {row}");
+        let statuses = row["statuses"].as_object().expect("statuses");
+        assert!(statuses["201"].as_u64().unwrap() > 0, "{row}");
+        for label in statuses.keys() {
+            assert!(
+                ["201", "503 outcome-unknown", "409 request-in-flight"].contains(&label.as_str()),
+                "idem answers charges, and only the faults' 503s (and 409s: a retry meeting \
+                 the reconciler) besides: {row}"
+            );
+        }
+        assert!(row["share_p99_ms"].as_f64().unwrap() <= row["p99_ms"].as_f64().unwrap());
+        faults += row["faults_injected"].as_u64().unwrap();
+    }
+    assert!(faults > 0, "a fifth of the calls fail: {r}");
+    for row in rows {
+        if let Some(busy) = row["most_db_busy"].as_u64() {
+            assert!(busy <= 16, "a pool of 16 connections: {row}");
+        }
+        assert_eq!(
+            row["most_db_busy"].is_u64(),
+            test_backend() == Backend::Postgres,
+            "{row}"
+        );
+    }
+    // The knee is the highest rate served, whatever this machine managed.
+    let served = |server: &str| {
+        rows.iter()
+            .filter(|row| row["server"] == server && row["served"] == true)
+            .map(|row| row["offered_per_s"].as_u64().unwrap())
+            .max()
+    };
+    assert_eq!(r["knee_per_s"].as_u64(), served("idem"), "{r}");
+    assert_eq!(
+        r["hold_transaction_knee_per_s"].as_u64(),
+        served("hold-transaction"),
+        "{r}"
+    );
+    assert_eq!(
+        page.matches("<svg").count(),
+        3,
+        "answered, share, end to end"
+    );
+    assert_eq!(
+        page.matches("<polyline").count(),
+        6,
+        "two servers a panel: {page}"
+    );
+    assert!(page.contains("knee"), "the table under the chart");
+}
+
+/// Latency runs from each request's scheduled time: with one connection and
+/// twice the rate it can carry, requests wait their turn, and that wait is
+/// in the figures (a closed loop, or a clock started at sending, would show
+/// the acquirer's 40 ms).
+#[tokio::test]
+async fn a_request_that_waits_for_a_connection_waits_on_the_clock() {
+    let _turn = timing_sensitive().await;
+    let (r, _) = arrival(&[
+        "--arrival",
+        "50",
+        "--acquirer-latency",
+        "p50=40ms",
+        "--acquirer-faults",
+        "0",
+        "--connections",
+        "1",
+        "--no-hold-transaction",
+    ])
+    .await;
+    let row = &r["rows"][0];
+    assert_eq!(row["most_in_flight"], 1, "{row}");
+    // About 25 a second go through one connection and 50 arrive: by the
+    // window's end (2 s in) a request has waited behind ~50 others.
+    assert!(row["p99_ms"].as_f64().unwrap() > 500.0, "{row}");
+    assert!(row["achieved_per_s"].as_f64().unwrap() < 40.0, "{row}");
+    assert_eq!(row["served"], false, "{row}");
+}
