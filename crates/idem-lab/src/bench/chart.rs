@@ -30,6 +30,9 @@ pub(crate) struct Axes<'a> {
     pub(crate) rule: Option<(f64, &'a str)>,
 }
 
+/// The least room between two x labels' centres.
+const MIN_TICK_GAP: f64 = 34.0;
+
 /// The smallest y a log scale shows: anything lower is drawn there.
 const LOG_FLOOR: f64 = 0.1;
 
@@ -85,11 +88,17 @@ pub(crate) fn panel(axes: &Axes, series: &[Series]) -> String {
         lx = HEIGHT - 14.0,
         x_label = axes.x_label,
     );
+    // A label too close to the last one drawn is left out (its point stays).
+    let mut last_label = f64::MIN;
     for (x, label) in &axes.x_ticks {
+        let at = x_at(*x);
+        if at - last_label < MIN_TICK_GAP {
+            continue;
+        }
+        last_label = at;
         let _ = write!(
             svg,
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{label}</text>",
-            x_at(*x),
+            "<text x=\"{at:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{label}</text>",
             HEIGHT - MARGIN + 18.0,
         );
     }

@@ -602,7 +602,7 @@ fn body(order: usize) -> String {
 }
 
 /// The mean of `idem_store_batch_rows` for `op`, from Prometheus text.
-fn mean_batch_rows(metrics: &str, op: &str) -> Option<f64> {
+pub(super) fn mean_batch_rows(metrics: &str, op: &str) -> Option<f64> {
     let value = |suffix: &str| {
         let prefix = format!(
             "{}_{suffix}{{op=\"{op}\"}} ",

@@ -210,6 +210,10 @@ pub struct ArrivalRow {
     pub not_captured_once: u64,
     /// Acquirer calls that drew a random fault.
     pub faults_injected: u64,
+    /// Claims and finalizes per batch idem sent the database, on average
+    /// over the run (none for hold-transaction).
+    pub claim_batch_rows: Option<f64>,
+    pub finalize_batch_rows: Option<f64>,
     /// Every answer a served one, and the share's p99 under the target.
     pub served: bool,
 }
@@ -333,8 +337,20 @@ async fn run_rate(config: &ArrivalConfig, server: Server, rate: u32) -> anyhow::
         .json()
         .await
         .context("reading the simulator's ledger")?;
+    let metrics = match server {
+        Server::Idem => {
+            reqwest::get(format!("{base}/metrics"))
+                .await?
+                .text()
+                .await?
+        }
+        Server::HoldTransaction => String::new(),
+    };
     drop(started);
-    Ok(measured.row(server, rate, config.duration, &ledger, &watch, most_db_busy))
+    let mut row = measured.row(server, rate, config.duration, &ledger, &watch, most_db_busy);
+    row.claim_batch_rows = super::mean_batch_rows(&metrics, "claim");
+    row.finalize_batch_rows = super::mean_batch_rows(&metrics, "finalize");
+    Ok(row)
 }
 
 fn millis_of(d: Duration) -> u64 {
@@ -677,6 +693,8 @@ impl Measured {
             unsettled,
             not_captured_once,
             faults_injected: watch.random_faults(),
+            claim_batch_rows: None,
+            finalize_batch_rows: None,
             served,
         }
     }
@@ -693,8 +711,8 @@ fn micros(d: Duration) -> u64 {
 /// The rows as a text table.
 pub fn table(report: &ArrivalReport) -> String {
     let mut out = String::from(
-        "server            offered  answered/s  p50 ms  p99 ms  p99.9 ms  share p99  \
-         in flight  db busy  faults  not once  unsettled  served  answers\n",
+        "server            offered  answered/s  p50 ms  p99 ms  p99.9 ms  share p50  share p99  \
+         in flight  db busy  rows/batch  faults  not once  unsettled  served  answers\n",
     );
     for r in &report.rows {
         let answers: Vec<String> = r
@@ -704,16 +722,18 @@ pub fn table(report: &ArrivalReport) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "{:<16} {:>8} {:>11.0} {:>7.1} {:>7.1} {:>9.1} {:>10.1} {:>10} {:>8} {:>7} {:>9} {:>10} {:>7}  {}",
+            "{:<16} {:>8} {:>11.0} {:>7.1} {:>7.1} {:>9.1} {:>10.1} {:>10.1} {:>10} {:>8} {:>11} {:>7} {:>9} {:>10} {:>7}  {}",
             r.server.name(),
             r.offered_per_s,
             r.achieved_per_s,
             r.p50_ms,
             r.p99_ms,
             r.p999_ms,
+            r.share_p50_ms,
             r.share_p99_ms,
             r.most_in_flight,
             r.most_db_busy.map_or_else(|| "-".to_owned(), |n| n.to_string()),
+            r.claim_batch_rows.map_or_else(|| "-".to_owned(), |n| format!("{n:.1}")),
             r.faults_injected,
             r.not_captured_once,
             r.unsettled,
@@ -849,7 +869,8 @@ mod tests {
 
     #[test]
     fn a_chance_reads_as_a_percentage_or_a_fraction() {
-        assert_eq!(parse_chance("0.7%"), Ok(0.007));
+        let close = |s: &str, want: f64| (parse_chance(s).expect(s) - want).abs() < 1e-12;
+        assert!(close("0.7%", 0.007));
         assert_eq!(parse_chance("0.007"), Ok(0.007));
         assert_eq!(parse_chance("0"), Ok(0.0));
         for bad in ["101%", "1.5", "-1%", "x"] {
@@ -892,6 +913,7 @@ mod tests {
                 "merchant": "m", "order_id": o, "amount_cents": 1, "currency": "BRL",
             })).collect::<Vec<_>>(),
             "counts": [],
+            "declines": 0,
         }))
         .expect("a ledger")
     }

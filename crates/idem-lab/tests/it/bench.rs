@@ -7,9 +7,10 @@ use idem_testkit::run::{test_backend, timing_sensitive};
 
 use crate::demo::demo_database_url;
 
-async fn bench(args: &[&str]) -> serde_json::Value {
+/// `idem-lab bench --duration 1s --json` with `args`; what it printed.
+async fn lab_bench(args: &[&std::ffi::OsStr]) -> serde_json::Value {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem-lab"))
-        .args(["bench", "--duration", "1s", "--concurrency", "4", "--json"])
+        .args(["bench", "--duration", "1s", "--json"])
         .args(args)
         .env("DATABASE_URL", demo_database_url())
         .env("IDEM_LOG", "warn")
@@ -21,7 +22,29 @@ async fn bench(args: &[&str]) -> serde_json::Value {
         "idem-lab bench {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("one JSON object")
+    serde_json::from_slice(&out.stdout).expect("one JSON value")
+}
+
+/// A scenario's run at 4 clients.
+async fn bench(args: &[&str]) -> serde_json::Value {
+    let args: Vec<&std::ffi::OsStr> = ["--concurrency", "4"]
+        .iter()
+        .chain(args)
+        .map(std::ffi::OsStr::new)
+        .collect();
+    lab_bench(&args).await
+}
+
+/// A run that draws a chart (`--sweep`, `--arrival`) into a file of the
+/// test's own: what it printed, and the page (the file removed).
+async fn charted(args: &[&str]) -> (serde_json::Value, String) {
+    let report = std::env::temp_dir().join(format!("idem-bench-{}.html", uuid::Uuid::new_v4()));
+    let mut all = vec![std::ffi::OsStr::new("--report"), report.as_os_str()];
+    all.extend(args.iter().map(std::ffi::OsStr::new));
+    let printed = lab_bench(&all).await;
+    let page = std::fs::read_to_string(&report).expect("the chart");
+    let _ = std::fs::remove_file(&report);
+    (printed, page)
 }
 
 #[tokio::test]
@@ -74,72 +97,22 @@ async fn the_bench_measures_each_scenario_and_the_pgbench_ratio() {
 /// `--sweep`: one result per client count, pgbench's beside idem's on
 /// PostgreSQL, and a chart of both with the table under it.
 async fn sweep_draws_idem_beside_pgbench(on_postgres: bool) {
-    let report = std::env::temp_dir().join(format!("idem-sweep-{}.html", uuid::Uuid::new_v4()));
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem-lab"))
-        .args([
-            "bench",
-            "--duration",
-            "1s",
-            "--sweep",
-            "1,3",
-            "--json",
-            "--report",
-        ])
-        .arg(&report)
-        .env("DATABASE_URL", demo_database_url())
-        .env("IDEM_LOG", "warn")
-        .output()
-        .await
-        .expect("run idem-lab bench --sweep");
-    assert!(
-        out.status.success(),
-        "idem-lab bench --sweep: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let results: Vec<serde_json::Value> =
-        serde_json::from_slice(&out.stdout).expect("a JSON array");
+    let (results, page) = charted(&["--sweep", "1,3"]).await;
+    let results = results.as_array().expect("a JSON array");
     let clients: Vec<u64> = results
         .iter()
         .map(|r| r["concurrency"].as_u64().unwrap())
         .collect();
     assert_eq!(clients, [1, 3]);
-    for r in &results {
+    for r in results {
         assert_eq!(r["statuses"].as_object().unwrap().len(), 1, "{r}");
         assert!(r["per_second"].as_f64().unwrap() > 0.0, "{r}");
         assert_eq!(r["pgbench_p99_ms"].as_f64().is_some(), on_postgres, "{r}");
     }
-    let page = std::fs::read_to_string(&report).expect("the chart");
-    let _ = std::fs::remove_file(&report);
     assert_eq!(page.matches("<svg").count(), 2, "throughput and p99");
     let lines = if on_postgres { 4 } else { 2 };
     assert_eq!(page.matches("<polyline").count(), lines, "{page}");
     assert!(page.contains("idem/pgbench"), "the table under the chart");
-}
-
-/// `idem-lab bench --arrival` with its flags; the report lands in a file of
-/// the test's own, read back and removed.
-async fn arrival(args: &[&str]) -> (serde_json::Value, String) {
-    let report = std::env::temp_dir().join(format!("idem-arrival-{}.html", uuid::Uuid::new_v4()));
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem-lab"))
-        .args(["bench", "--duration", "1s", "--json", "--report"])
-        .arg(&report)
-        .args(args)
-        .env("DATABASE_URL", demo_database_url())
-        .env("IDEM_LOG", "error")
-        .output()
-        .await
-        .expect("run idem-lab bench --arrival");
-    assert!(
-        out.status.success(),
-        "idem-lab bench {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let page = std::fs::read_to_string(&report).expect("the chart");
-    let _ = std::fs::remove_file(&report);
-    (
-        serde_json::from_slice(&out.stdout).expect("one JSON object"),
-        page,
-    )
 }
 
 /// The open model: each rate against idem and against hold-transaction, an
@@ -149,7 +122,7 @@ async fn arrival(args: &[&str]) -> (serde_json::Value, String) {
 #[tokio::test]
 async fn the_open_model_runs_each_rate_against_idem_and_hold_transaction() {
     let _turn = timing_sensitive().await;
-    let (r, page) = arrival(&[
+    let (r, page) = charted(&[
         "--arrival",
         "20,60",
         "--acquirer-latency",
@@ -238,7 +211,7 @@ async fn the_open_model_runs_each_rate_against_idem_and_hold_transaction() {
 #[tokio::test]
 async fn a_request_that_waits_for_a_connection_waits_on_the_clock() {
     let _turn = timing_sensitive().await;
-    let (r, _) = arrival(&[
+    let (r, _) = charted(&[
         "--arrival",
         "50",
         "--acquirer-latency",

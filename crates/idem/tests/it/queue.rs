@@ -11,7 +11,7 @@ use idem::queue::{
 };
 use idem_core::store::Backend;
 use idem_lab::sim::Faults;
-use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+use lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueuePurgeOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::BasicProperties;
 
@@ -157,11 +157,12 @@ async fn a_command_delivered_three_times_captures_once_and_answers_each_delivery
     );
 }
 
-/// A `reply_to` queue that refuses every message (`x-overflow: reject-publish`
-/// at length 0): the broker nacks what is published to it.
+/// A `reply_to` queue that holds one message, already there, and refuses any
+/// more (`x-overflow: reject-publish`): the broker nacks what is published to
+/// it until the filler is taken away.
 async fn full_queue(env: &QueueEnv, name: &str) -> String {
     let mut limits = FieldTable::default();
-    limits.insert("x-max-length".into(), AMQPValue::LongInt(0));
+    limits.insert("x-max-length".into(), AMQPValue::LongInt(1));
     limits.insert(
         "x-overflow".into(),
         AMQPValue::LongString("reject-publish".into()),
@@ -170,7 +171,22 @@ async fn full_queue(env: &QueueEnv, name: &str) -> String {
         .channel
         .queue_declare(name.into(), QueueDeclareOptions::durable(), limits)
         .await
-        .expect("a queue that refuses every message");
+        .expect("a queue of one message that refuses any more");
+    let confirm = env
+        .amqp
+        .channel
+        .basic_publish(
+            "".into(),
+            name.into(),
+            BasicPublishOptions::default(),
+            b"filler",
+            BasicProperties::default(),
+        )
+        .await
+        .expect("publish the filler")
+        .await
+        .expect("the filler's confirm");
+    assert!(confirm.is_ack(), "the queue takes its one message");
     name.to_owned()
 }
 
@@ -201,13 +217,15 @@ async fn a_result_the_broker_refuses_waits_in_the_outbox_until_the_broker_takes_
     );
     assert_eq!(env.sim.ledger().await.captures.len(), 1);
 
-    // The queue takes messages again: the relay's next pass delivers it.
+    // The queue takes a message again (its filler taken away, the queue
+    // itself never gone: a result published while no queue has the name
+    // is dropped by the broker, as docs/queue.md says): the relay's next
+    // pass delivers it.
     env.amqp
         .channel
-        .queue_delete(full.as_str().into(), QueueDeleteOptions::default())
+        .queue_purge(full.as_str().into(), QueuePurgeOptions::default())
         .await
-        .expect("delete the full queue");
-    env.amqp.queue(full, None).await;
+        .expect("take the filler away");
     let got = env.amqp.take(full, 1, WITHIN).await;
     assert_eq!(got[0].status(), 201);
     assert_eq!(
