@@ -97,6 +97,18 @@ const BATCHES_AT_ONCE: usize = 1;
 /// transaction) stays short, so the requests behind it do not wait long.
 const BATCH_CAP: usize = 64;
 
+/// Both stores' condition on an expired authorization `c`: no void of its
+/// expiry key (`idem-expiry:` and its id) was refused. A refused one is
+/// final for its key: a person decides (the charge keeps its status), and no
+/// pass asks again.
+const NO_REFUSED_EXPIRY_VOID: &str = const_format::concatcp!(
+    "not exists (select 1 from authorization_steps s
+                  where s.charge_id = c.id and s.kind = 'void' and s.status = 'failed'
+                    and s.idempotency_key = '",
+    crate::domain::EXPIRY_KEY_PREFIX,
+    "' || c.id)"
+);
+
 /// The URL used when none is given: an embedded SQLite file in the working
 /// directory, so that idem runs with nothing installed.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://idem.db";

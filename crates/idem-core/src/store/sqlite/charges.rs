@@ -4,7 +4,7 @@
 use const_format::concatcp;
 
 use super::{SqliteStore, NOW};
-use crate::domain::{AcquirerReference, Charge, ChargeId, Merchant, EXPIRY_KEY_PREFIX};
+use crate::domain::{AcquirerReference, Charge, ChargeId, Merchant};
 use crate::store::model::{
     ChargeDetail, ChargeFilter, ChargeRecord, ChargeSummary, KeyDetail, NewWebhook,
     ProcessingStats, StuckCharge,
@@ -12,6 +12,7 @@ use crate::store::model::{
 use crate::store::ops::Charges;
 use crate::store::rows::ChargeRow;
 use crate::store::StoreError;
+use crate::store::NO_REFUSED_EXPIRY_VOID;
 
 /// The columns of a charge, as selected under the alias `c`, its time as the
 /// RFC 3339 text the domain's timestamps decode from.
@@ -115,13 +116,9 @@ const EXPIRED_AUTHORIZATIONS_SQL: &str = concatcp!(
     " - $1
         and c.capture_closed_by is null and c.capture_reserved_cents = c.captured_cents
         and c.review_since is null
-        -- An expiry's void the acquirer refused is final for its key: a
-        -- person decides (the charge keeps its status), no pass asks again.
-        and not exists (select 1 from authorization_steps s
-                         where s.charge_id = c.id and s.kind = 'void' and s.status = 'failed'
-                           and s.idempotency_key = '",
-    EXPIRY_KEY_PREFIX,
-    "' || c.id)
+        and ",
+    NO_REFUSED_EXPIRY_VOID,
+    "
       order by c.created_at
       limit $2"
 );
