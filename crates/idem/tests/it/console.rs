@@ -706,8 +706,11 @@ async fn a_person_finds_a_capture_by_its_id_and_resolves_it_on_its_charges_page(
     let browser = driver.browser().await;
     let console = format!("http://{admin}");
     sign_in(&browser, &console).await;
+    // The dashboard is loaded after the sign-in's redirect, not when the
+    // click returns: wait for its form rather than look once.
     browser
-        .find(Locator::Css("form#search input[name=q]"))
+        .wait()
+        .for_element(Locator::Css("form#search input[name=q]"))
         .await
         .expect("the search form")
         .send_keys(&id)
