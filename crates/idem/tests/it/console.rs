@@ -3,6 +3,7 @@
 //! a charge awaiting review (and on a refund awaiting review); the API then
 //! replays what the person decided.
 
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -24,8 +25,10 @@ fn program(var: &str, debian: &str) -> String {
     path
 }
 
-/// ChromeDriver on a port of its own, killed when dropped, with the browser
-/// profile it made removed.
+/// ChromeDriver on a port of its own, in a process group of its own with
+/// the browsers it starts, all killed when dropped (a test that fails before
+/// closing its session would otherwise leave Chromium running), with the
+/// browser profile it made removed.
 struct Driver {
     child: Child,
     url: String,
@@ -37,6 +40,7 @@ impl Driver {
         let port = free_port();
         let child = Command::new(program("IDEM_TEST_CHROMEDRIVER", "/usr/bin/chromedriver"))
             .arg(format!("--port={port}"))
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -81,7 +85,8 @@ impl Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.profile);
     }
