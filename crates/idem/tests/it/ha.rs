@@ -275,12 +275,40 @@ async fn a_leader_killed_mid_storm_loses_no_answered_outcome_and_charges_no_inte
     let answered_201 = storm.finals.values().filter(|a| a.status == 201).count();
     assert_one_capture_per_intent(&sim.ledger().await, answered_201);
 
-    // Every outcome idem answered, before the failover or after, is still its
-    // answer: the replay is byte-identical.
+    // Every outcome idem answered, before the failover or after, is stored
+    // on the leader that survived...
+    let db = sqlx::PgPool::connect(&db_url).await.expect("the cluster");
+    let unsettled: Vec<(String, String)> = sqlx::query_as(
+        "select idempotency_key, state from idempotency_keys where state <> 'completed'",
+    )
+    .fetch_all(&db)
+    .await
+    .expect("the key records");
+    assert!(
+        unsettled.is_empty(),
+        "answered but not stored: {unsettled:?}"
+    );
+    db.close().await;
+    // ...and is still its answer: the replay is byte-identical. Replayed as
+    // a client must, following a `409`'s `Retry-After`: an instance that saw
+    // the key in flight within the last second (a retry that met another
+    // instance's attempt) answers from that memory until it ends
+    // (idempotency/memo.rs), and the storm's last answers are that recent.
     for (intent, first) in &storm.finals {
         let key = format!("ha-{intent}");
         let body = body(*intent as i64 + 1, 1000 + *intent as i64);
-        let replay = clients[0].charge(&key, &body).await;
+        let asked = Instant::now();
+        let replay = loop {
+            let replay = clients[0].charge(&key, &body).await;
+            let wait = replay
+                .header("retry-after")
+                .and_then(|s| s.parse::<u64>().ok())
+                .filter(|_| replay.status == 409 && asked.elapsed() < Duration::from_secs(10));
+            match wait {
+                Some(seconds) => tokio::time::sleep(Duration::from_secs(seconds)).await,
+                None => break replay,
+            }
+        };
         assert!(replay.replayed(), "{key}: {replay:?}");
         assert_eq!(
             (replay.status, &replay.body),
