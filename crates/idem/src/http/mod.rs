@@ -35,6 +35,7 @@ use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::load_shed::LoadShedLayer;
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::classify::ServerErrorsFailureClass;
 use tower_http::request_id::{
     MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
@@ -144,6 +145,19 @@ pub fn router_with(mut state: AppState, limits: &Limits, with_metrics: bool) -> 
                             }
                         }
                         access_line.clone().on_response(response, latency, span);
+                    },
+                )
+                // A 5xx is a failure to tower-http, logged at ERROR; here most
+                // are answers by design (an unknown outcome, the database
+                // away), which the access line and the problems' counter
+                // carry. A bug is logged where it happens, with its cause
+                // (`ApiError::Internal`, the panic handler below); what is left
+                // for this hook is a response that failed outright.
+                .on_failure(
+                    |class: ServerErrorsFailureClass, latency: Duration, _span: &tracing::Span| {
+                        if let ServerErrorsFailureClass::Error(error) = class {
+                            tracing::warn!(%error, ?latency, "response failed");
+                        }
                     },
                 ),
         )

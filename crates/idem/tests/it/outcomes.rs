@@ -288,3 +288,66 @@ async fn after_the_ttl_a_key_is_a_new_intent_but_never_while_processing() {
     assert_eq!(db.count("charges").await, 3);
     assert_eq!(sim.ledger().await.captures.len(), 3);
 }
+
+/// What the server logs while this thread's test runs (its tasks run on the
+/// test's one thread: `#[tokio::test]` is single-threaded).
+#[derive(Clone, Default)]
+struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// A `503` idem decides on (here: the acquirer failed after moving the
+/// money, so the outcome is unknown) is an answer, logged as one in the access
+/// line: not an `ERROR`, which an operator's log alert pages on (an error with
+/// a cause, a bug, is logged where it happens).
+#[tokio::test]
+async fn an_unknown_outcome_is_logged_as_an_answer_not_as_an_error() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _capture = tracing::subscriber::set_default(subscriber);
+    let Env {
+        db: _db,
+        sim: _sim,
+        app: _app,
+        client: c,
+    } = Env::start(Faults {
+        fault: Fault::ErrorAfter,
+        fault_count: Some(1),
+        ..Faults::default()
+    })
+    .await;
+
+    let answer = c.charge(&new_key(), &body(1, 100)).await;
+    assert_eq!(answer.status, 503, "{:?}", answer.body);
+    assert_eq!(answer.problem_type(), "urn:idem:problem:outcome-unknown");
+    let logged = logs.text();
+    assert!(
+        logged.lines().any(|line| line.contains("status=503")),
+        "the access line gives the answer: {logged}"
+    );
+    let errors: Vec<&str> = logged
+        .lines()
+        .filter(|line| line.contains(" ERROR "))
+        .collect();
+    assert!(errors.is_empty(), "{errors:#?}");
+}
