@@ -864,6 +864,89 @@ async fn each_refund_outcome_is_delivered_signed_once() {
     assert_eq!(events, 1, "one event for the paid refund");
 }
 
+/// An authorization past its time that the acquirer has already closed (its
+/// own expiry, a void made at its console) refuses the expiry void. The
+/// refusal is final for the charge's expiry key: the charge stays
+/// `authorized` for a person to decide, and no later pass of the reconciler
+/// asks again (the reconciler's errors stay at the one refusal while passes
+/// go on every 100 ms).
+#[tokio::test]
+async fn an_expiry_void_the_acquirer_refuses_is_final_and_not_asked_again() {
+    let db = TestDb::new().await;
+    let sim = TestSim::start(Faults::default()).await;
+    let secret = db.merchant("loja").await;
+    let server = serve(&db, &sim, QUICK, &["--authorization-ttl", "1s"]).await;
+    let c = Client::new(&server.url, &secret);
+    let authorized = c
+        .charge(
+            &new_key(),
+            r#"{"order_id": 1, "amount_cents": 100, "capture": false}"#,
+        )
+        .await;
+    assert_eq!(authorized.status, 201, "{authorized:?}");
+    let id = authorized.json()["id"].as_str().expect("id").to_owned();
+    let (authorization,): (String,) =
+        sqlx::query_as("select acquirer_reference from charges where id = $1")
+            .bind(&id)
+            .fetch_one(&db.pool)
+            .await
+            .expect("the charge");
+    let acquirer = idem_core::acquirer::AcquirerClient::new(&sim.url, Duration::from_secs(2), None)
+        .expect("acquirer client");
+    acquirer
+        .void(&idem_core::acquirer::protocol::VoidRequest {
+            reference: "voided-at-the-acquirer".to_owned(),
+            authorization_reference: authorization,
+            merchant: "loja".to_owned(),
+        })
+        .await
+        .expect("closed at the acquirer, not by idem");
+
+    let expiry_key = format!("idem-expiry:{id}");
+    let started = Instant::now();
+    loop {
+        let status: Option<(String,)> =
+            sqlx::query_as("select status from authorization_steps where idempotency_key = $1")
+                .bind(&expiry_key)
+                .fetch_optional(&db.pool)
+                .await
+                .expect("the expiry void");
+        if status.as_ref().is_some_and(|(s,)| s == "failed") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the expiry void never refused: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let errors = || async {
+        let metrics = c.send(c.raw().get(format!("{}/metrics", server.url))).await;
+        String::from_utf8_lossy(&metrics.body)
+            .lines()
+            .find_map(|l| l.strip_prefix("idem_reconciler_charges_total{result=\"error\"} "))
+            .map(|n| n.parse::<u64>().expect("a count"))
+            .unwrap_or(0)
+    };
+    // The pass counts its errors when it ends, after the step is stored.
+    let after_refusal = loop {
+        let n = errors().await;
+        if n >= 1 {
+            break n;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the refusal never counted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(errors().await, after_refusal, "asked again after a refusal");
+    assert_eq!(c.get_charge(&id).await.json()["status"], "authorized");
+    let voids = sim.ledger().await.voids;
+    assert_eq!(voids.len(), 1, "only the acquirer's own void: {voids:?}");
+}
+
 /// An authorization past `--authorization-ttl` is voided once by the
 /// workers of two instances racing on it, at the acquirer with its own
 /// reference, and announced by a signed `void.succeeded`; one partly
