@@ -27,13 +27,36 @@ impl IdemProcess {
 
     /// Starts the `idem` binary at `bin` (another release's, say) with `ARGS`.
     pub fn spawn_bin(bin: &Path, db_url: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::spawn_logged(bin, db_url, args, env, None)
+    }
+
+    /// [`IdemProcess::spawn_bin`], its log (stderr) at `info` appended to
+    /// `log` when given; otherwise at `warn`, to the test's own stderr.
+    fn spawn_logged(
+        bin: &Path,
+        db_url: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        log: Option<&Path>,
+    ) -> Self {
+        let (level, stderr) = match log {
+            Some(path) => {
+                let file = std::fs::File::options()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .expect("the log file");
+                ("info", Stdio::from(file))
+            }
+            None => ("warn", Stdio::inherit()),
+        };
         let child = Command::new(bin)
             .args(args)
             .env("DATABASE_URL", db_url)
             .envs(env.iter().copied())
-            .env("IDEM_LOG", "warn")
+            .env("IDEM_LOG", level)
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("spawn idem");
         Self { child }
@@ -130,6 +153,13 @@ impl ServeProcess {
         Self::start_bin(bin, db_url, acquirer_url, extra, env).await
     }
 
+    /// [`ServeProcess::start`], its log at `info` appended to `log` (a file
+    /// the test reads), not to the test's stderr.
+    pub async fn start_logged(db: &TestDb, sim: &TestSim, extra: &[&str], log: &Path) -> Self {
+        let bin = Path::new(env!("CARGO_BIN_EXE_idem"));
+        Self::start_bin_logged(bin, &db.url, &sim.url, extra, &[], Some(log)).await
+    }
+
     /// [`ServeProcess::start_on`] with the `idem` binary at `bin`.
     ///
     /// The port is picked free and then bound by the child, so another test
@@ -147,12 +177,23 @@ impl ServeProcess {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
+        Self::start_bin_logged(bin, db_url, acquirer_url, extra, env, None).await
+    }
+
+    async fn start_bin_logged(
+        bin: &Path,
+        db_url: &str,
+        acquirer_url: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        log: Option<&Path>,
+    ) -> Self {
         for _ in 0..5 {
             let port = free_port();
             let listen = format!("127.0.0.1:{port}");
             let mut args = vec!["serve", "--listen", &listen, "--acquirer-url", acquirer_url];
             args.extend_from_slice(extra);
-            let mut process = IdemProcess::spawn_bin(bin, db_url, &args, env);
+            let mut process = IdemProcess::spawn_logged(bin, db_url, &args, env, log);
             let url = format!("http://{listen}");
             let started = Instant::now();
             let http = reqwest::Client::new();
