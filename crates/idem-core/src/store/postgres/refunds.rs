@@ -9,9 +9,11 @@
 //! review), then the refund row. Two refunds of one charge meet at the
 //! charge's row: the second's update waits for the first's commit and
 //! re-checks the guard against what the first reserved, so together they can
-//! never pass the capture. A refusal leaves nothing: the key stays free and
-//! nothing is stored. The finalize is one function too, so that no
-//! transaction waits on the service between two statements.
+//! never pass the capture; a refused claim then locks the row and tries once
+//! more, so that a refusal reports the state that refused it (migration
+//! 0017). A refusal leaves nothing: the key stays free and nothing is stored.
+//! The finalize is one function too, so that no transaction waits on the
+//! service between two statements.
 
 use const_format::concatcp;
 use sqlx::postgres::PgArguments;

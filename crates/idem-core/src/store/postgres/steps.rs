@@ -4,14 +4,16 @@
 //!
 //! As a refund's, the claim is one short transaction committed before the
 //! acquirer is called, and one statement: the function `idem_claim_step`
-//! (migration 0016) inserts the key first, then makes the **guarded update**
-//! of the charge's row (a capture: `capture_reserved_cents + amount <=
-//! amount_cents`, the authorization open; a void: the authorization open and
-//! no capture pending), then the step. Two steps of one charge meet at the
-//! charge's row: the second's update waits for the first's commit and
-//! re-checks its guard against what the first reserved or closed. The
-//! finalize is one function too (`idem_finalize_step`). Steps are rarer than
-//! charges and refunds, so they go alone, not in batches.
+//! (migrations 0016 and 0017) inserts the key first, then makes the **guarded
+//! update** of the charge's row (a capture: `capture_reserved_cents + amount
+//! <= amount_cents`, the authorization open; a void: the authorization open
+//! and no capture pending), then the step. Two steps of one charge meet at
+//! the charge's row: the second's update waits for the first's commit and
+//! re-checks its guard against what the first reserved or closed; a refused
+//! claim then locks the row and tries once more, so that a refusal reports
+//! the state that refused it. The finalize is one function too
+//! (`idem_finalize_step`). Steps are rarer than charges and refunds, so they
+//! go alone, not in batches.
 
 use const_format::concatcp;
 use sqlx::PgConnection;
