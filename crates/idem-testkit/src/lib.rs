@@ -3,6 +3,7 @@
 //!
 //! - [`run`]: the test run's settings: the PostgreSQL server, the store under
 //!   test, and the turns that timing-sensitive tests take;
+//! - [`db`]: a database of a test's own, on either backend;
 //! - [`broker`]: a virtual host of a test's own on the real RabbitMQ.
 //!
 //! A test that cannot reach what it needs fails and says so: it never passes
@@ -10,4 +11,5 @@
 #![forbid(unsafe_code)]
 
 pub mod broker;
+pub mod db;
 pub mod run;

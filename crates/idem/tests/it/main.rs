@@ -24,7 +24,6 @@ mod outcomes;
 mod queue;
 mod race;
 mod recovery;
-mod refunds;
 mod refunds_api;
 mod retention;
 mod rolling;

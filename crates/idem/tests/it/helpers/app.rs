@@ -12,9 +12,9 @@ use idem_lab::sim::Faults;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::db::TestDb;
 use super::http::Client;
 use super::sim::TestSim;
+use idem_testkit::db::TestDb;
 
 /// Engine settings for in-process servers: short enough for tests to wait out.
 pub fn test_config() -> EngineConfig {

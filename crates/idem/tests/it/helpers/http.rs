@@ -214,15 +214,6 @@ impl Client {
     }
 }
 
-/// A fresh random key, as a client makes one per intent.
-pub fn new_key() -> String {
-    uuid::Uuid::new_v4().to_string()
-}
-
-pub fn body(order_id: i64, amount_cents: i64) -> String {
-    format!(r#"{{"order_id": {order_id}, "amount_cents": {amount_cents}}}"#)
-}
-
 /// An HTTP/1.1 answer read off a raw socket.
 #[derive(Debug)]
 pub struct RawAnswer {

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::db::TestDb;
 use super::sim::TestSim;
+use idem_testkit::db::TestDb;
 
 /// A real `idem` child process (killed when dropped).
 pub struct IdemProcess {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::db::TestDb;
+use idem_testkit::db::TestDb;
 
 /// A TCP proxy in front of PostgreSQL that a test can cut and restore, to take
 /// the database away from a running server as a network failure would, or

@@ -2,7 +2,6 @@
 //! sum. A refund's claim inserts its key, reserves its amount against the
 //! charge with a guarded update and makes the refund, in one transaction
 //! committed before any acquirer call; a refusal leaves nothing behind.
-//! Each test runs on PostgreSQL and on SQLite.
 
 use std::time::Duration;
 
@@ -16,7 +15,18 @@ use idem_core::store::{
     Taken,
 };
 
-use crate::helpers::*;
+use idem_testkit::db::*;
+
+crate::on_every_backend!(
+    forty_refunds_of_ten_at_once_reserve_exactly_the_hundred_captured,
+    one_key_sent_ten_times_at_once_is_one_refund,
+    a_refused_refund_gives_its_amount_back_and_a_success_keeps_it,
+    refunds_of_charges_that_cannot_refund_are_refused_and_leave_nothing,
+    a_key_is_one_operations_whatever_it_is_sent_to,
+    an_expired_refund_key_is_swept_and_its_tombstone_names_the_refund,
+    an_expired_refund_key_is_made_anew_only_by_a_refund_the_charge_can_give,
+    a_refunds_lease_is_taken_over_once_and_released_onto_the_refunds_schedule
+);
 
 const LEASE: Duration = Duration::from_secs(30);
 const TTL: Duration = Duration::from_secs(3600);
@@ -159,9 +169,7 @@ async fn settle_for(
 /// Exactly 10 reserve; the other 30 are refused, naming nothing left; the
 /// charge's reservations sum to 100. With the guard replaced by a read of
 /// `refunded_cents` and a write of read + 10, PostgreSQL lets more through.
-#[tokio::test]
-async fn forty_refunds_of_ten_at_once_reserve_exactly_the_hundred_captured() {
-    let db = TestDb::new().await;
+async fn forty_refunds_of_ten_at_once_reserve_exactly_the_hundred_captured(db: TestDb) {
     db.merchant("loja").await;
     let merchant_id = db.merchant_id("loja").await;
     let charge_id = charge(&db, merchant_id, 1, 100, ChargeStatus::Captured).await;
@@ -213,9 +221,7 @@ async fn forty_refunds_of_ten_at_once_reserve_exactly_the_hundred_captured() {
 
 /// Duplicates of one refund (one key, sent at once): one claim, the rest
 /// find it, whatever the amount left; never a refusal for a duplicate.
-#[tokio::test]
-async fn one_key_sent_ten_times_at_once_is_one_refund() {
-    let db = TestDb::new().await;
+async fn one_key_sent_ten_times_at_once_is_one_refund(db: TestDb) {
     db.merchant("loja").await;
     let merchant_id = db.merchant_id("loja").await;
     let charge_id = charge(&db, merchant_id, 1, 100, ChargeStatus::Captured).await;
@@ -248,9 +254,7 @@ async fn one_key_sent_ten_times_at_once_is_one_refund() {
     assert_eq!(refunded_cents(&db, &charge_id).await, 100);
 }
 
-#[tokio::test]
-async fn a_refused_refund_gives_its_amount_back_and_a_success_keeps_it() {
-    let db = TestDb::new().await;
+async fn a_refused_refund_gives_its_amount_back_and_a_success_keeps_it(db: TestDb) {
     db.merchant("loja").await;
     let merchant_id = db.merchant_id("loja").await;
     let charge_id = charge(&db, merchant_id, 1, 100, ChargeStatus::Captured).await;
@@ -318,9 +322,7 @@ async fn a_refused_refund_gives_its_amount_back_and_a_success_keeps_it() {
 }
 
 /// A charge that cannot give money back refuses, and leaves the key free.
-#[tokio::test]
-async fn refunds_of_charges_that_cannot_refund_are_refused_and_leave_nothing() {
-    let db = TestDb::new().await;
+async fn refunds_of_charges_that_cannot_refund_are_refused_and_leave_nothing(db: TestDb) {
     db.merchant("loja").await;
     db.merchant("outra").await;
     let merchant_id = db.merchant_id("loja").await;
@@ -408,9 +410,7 @@ async fn refunds_of_charges_that_cannot_refund_are_refused_and_leave_nothing() {
 /// One key names one operation: a charge's key sent to a refund finds the
 /// charge; a refund's key sent to a refund of another charge finds the
 /// refund, under another fingerprint (the engine answers 422 for both).
-#[tokio::test]
-async fn a_key_is_one_operations_whatever_it_is_sent_to() {
-    let db = TestDb::new().await;
+async fn a_key_is_one_operations_whatever_it_is_sent_to(db: TestDb) {
     db.merchant("loja").await;
     let merchant_id = db.merchant_id("loja").await;
     let key = IdempotencyKey::parse(b"shared").expect("key");
@@ -462,9 +462,7 @@ async fn a_key_is_one_operations_whatever_it_is_sent_to() {
 
 /// An expired refund's key is swept like a charge's, and its tombstone
 /// names the refund.
-#[tokio::test]
-async fn an_expired_refund_key_is_swept_and_its_tombstone_names_the_refund() {
-    let db = TestDb::new().await;
+async fn an_expired_refund_key_is_swept_and_its_tombstone_names_the_refund(db: TestDb) {
     db.merchant("loja").await;
     let merchant_id = db.merchant_id("loja").await;
     let charge_id = charge(&db, merchant_id, 1, 100, ChargeStatus::Captured).await;
@@ -514,9 +512,7 @@ async fn an_expired_refund_key_is_swept_and_its_tombstone_names_the_refund() {
 /// charge cannot give is refused and leaves the old record as it was;
 /// another that it can give makes the key its own, a new refund under the
 /// next attempt. The record a won claim answers is the one stored.
-#[tokio::test]
-async fn an_expired_refund_key_is_made_anew_only_by_a_refund_the_charge_can_give() {
-    let db = TestDb::new().await;
+async fn an_expired_refund_key_is_made_anew_only_by_a_refund_the_charge_can_give(db: TestDb) {
     db.merchant("loja").await;
     let merchant_id = db.merchant_id("loja").await;
     let charge_id = charge(&db, merchant_id, 1, 100, ChargeStatus::Captured).await;
@@ -607,11 +603,9 @@ async fn an_expired_refund_key_is_made_anew_only_by_a_refund_the_charge_can_give
 /// A refund's record is fenced as a charge's: a lease over can be taken
 /// once, a stale holder stores nothing, and a release schedules the
 /// reconciler on the refund in the same write; the reservation stays.
-#[tokio::test]
-async fn a_refunds_lease_is_taken_over_once_and_released_onto_the_refunds_schedule() {
+async fn a_refunds_lease_is_taken_over_once_and_released_onto_the_refunds_schedule(db: TestDb) {
     use idem_core::store::Reschedule;
 
-    let db = TestDb::new().await;
     db.merchant("loja").await;
     let merchant_id = db.merchant_id("loja").await;
     let charge_id = charge(&db, merchant_id, 1, 100, ChargeStatus::Captured).await;

@@ -1,12 +1,13 @@
-//! A database of a test's own (PostgreSQL or SQLite), a disk that fills up, and
-//! a claim to store.
+//! A database of a test's own, on the backend a test names or the one this
+//! run tests ([`crate::run::test_backend`]), and a claim to store: what both
+//! the store's contract suite (idem-core) and the service's suite (idem)
+//! start from.
 
-use std::process::Command;
 use std::time::Duration;
 
+use crate::run::{admin_url, test_backend};
 use idem_core::domain::MerchantSecret;
 use idem_core::store::{Audit, Backend, Store};
-use idem_testkit::run::{admin_url, test_backend};
 use sqlx::Connection;
 
 /// A database of its own for one test, dropped when the test ends: a fresh
@@ -24,6 +25,14 @@ pub struct TestDb {
 impl TestDb {
     pub async fn new() -> Self {
         let db = Self::unmigrated().await;
+        db.store.migrate().await.expect("migrate test db");
+        db
+    }
+
+    /// A migrated database of its own on `backend`, whatever backend this run
+    /// tests.
+    pub async fn on(backend: Backend) -> Self {
+        let db = Self::unmigrated_on(backend, &std::env::temp_dir()).await;
         db.store.migrate().await.expect("migrate test db");
         db
     }
@@ -209,53 +218,12 @@ pub fn new_claim<'a>(
     }
 }
 
-/// A small file system of its own (a tmpfs, mounted as root, as CI runs) that
-/// a test can fill to the last byte and free again: a full disk under a
-/// running server. Unmounted when dropped.
-pub struct SmallDisk {
-    pub dir: std::path::PathBuf,
+/// A fresh random key, as a client makes one per intent.
+pub fn new_key() -> String {
+    uuid::Uuid::new_v4().to_string()
 }
 
-impl SmallDisk {
-    pub fn mount(bytes: u64) -> Self {
-        let dir = std::env::temp_dir().join(format!("idem_disk_{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir).expect("mount point");
-        let status = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
-            .arg(&dir)
-            .status()
-            .expect("run mount");
-        assert!(
-            status.success(),
-            "mounting a {bytes}-byte tmpfs at {} failed: this test needs root (as CI runs)",
-            dir.display()
-        );
-        Self { dir }
-    }
-
-    /// Writes a file until the disk refuses another byte.
-    pub fn fill(&self) {
-        use std::io::Write;
-        let mut filler = std::fs::File::create(self.filler()).expect("filler file");
-        let chunk = vec![0u8; 4096];
-        while filler.write_all(&chunk).is_ok() {}
-        while filler.write_all(&[0]).is_ok() {}
-        let _ = filler.sync_all();
-    }
-
-    /// Gives back what [`SmallDisk::fill`] took.
-    pub fn free(&self) {
-        std::fs::remove_file(self.filler()).expect("remove the filler");
-    }
-
-    fn filler(&self) -> std::path::PathBuf {
-        self.dir.join("filler")
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// A charge request's body.
+pub fn body(order_id: i64, amount_cents: i64) -> String {
+    format!(r#"{{"order_id": {order_id}, "amount_cents": {amount_cents}}}"#)
 }
