@@ -21,10 +21,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, Mutex};
 
+use super::error::StoreError;
 use super::model::{Claim, KeyRecord};
 use super::params::ClaimValues;
 use super::rows::ClaimBatchRow;
-use super::StoreError;
 
 /// The answer for one input of a batch.
 pub(super) enum Batched<T> {

@@ -13,7 +13,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::StoreError;
+use super::error::StoreError;
 
 /// How often, at most, a readiness check probes an unwritable store with a
 /// write of its own.

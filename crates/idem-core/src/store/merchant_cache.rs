@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Store, StoreError};
+use super::error::StoreError;
+use super::Store;
 use crate::domain::Merchant;
 
 /// Longest a found merchant is trusted without asking the database again.

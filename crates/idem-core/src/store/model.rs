@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 
-use super::StoreError;
+use super::error::StoreError;
 use crate::domain::{AmountCents, Refund, RefundRequest, RefundStatus, SubjectId};
 use crate::domain::{Charge, ChargeId, ChargeRequest, ChargeStatus, Merchant, MessageId};
 use crate::domain::{Fingerprint, IdempotencyKey, StoredResponse};
@@ -842,7 +842,7 @@ impl AttemptOutcome {
                 "pending",
                 status(s),
                 Some(error),
-                Some(super::millis(*after)),
+                Some(super::shared::millis(*after)),
             ),
             Self::Failed { status: s, error } => ("failed", status(s), Some(error), None),
         }

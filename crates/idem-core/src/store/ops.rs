@@ -16,8 +16,9 @@
 
 use std::time::Duration;
 
+use super::error::StoreError;
 use super::model::*;
-use super::{Store, StoreError};
+use super::Store;
 use crate::domain::{Charge, ChargeId, IdempotencyKey, Merchant, Refund, RefundId, SecretHash};
 use crate::domain::{Step, StepId};
 

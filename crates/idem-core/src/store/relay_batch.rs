@@ -2,10 +2,10 @@
 //! transaction on PostgreSQL, by a lease on SQLite. The one place above the
 //! backends that knows both holds.
 
+use super::error::StoreError;
 use super::model::OutboxMessage;
 use super::postgres::PgBatch;
 use super::sqlite::SqliteStore;
-use super::StoreError;
 
 /// A batch taken by one relay: its rows are skipped by other relays until
 /// [`OutboxBatch::finish`], or, if the relay dies first, until its transaction

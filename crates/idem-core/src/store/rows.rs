@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use super::error::StoreError;
 use super::model::{
     KeyRecord, KeyState, KeyStatus, MerchantListing, Orphan, Record, RefundRecord, SecretInfo,
     StepRecord,
 };
-use super::StoreError;
 use crate::domain::{
     AcquirerReference, AmountCents, Authorization, Charge, ChargeId, ChargeStatus, Currency,
     Description, Merchant, OrderId, Refund, RefundId, RefundReason, RefundStatus, Step, StepId,

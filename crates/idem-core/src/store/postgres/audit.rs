@@ -5,9 +5,9 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
 use super::PgStore;
+use crate::store::error::StoreError;
 use crate::store::model::{AuditEntry, AuditRecord};
 use crate::store::ops::AuditTrail;
-use crate::store::StoreError;
 
 /// Appends `entry`, in the caller's transaction.
 pub(super) async fn record(

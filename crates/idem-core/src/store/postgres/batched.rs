@@ -29,10 +29,10 @@ use super::keys::{FINALIZE_SETTLED_WRITES, RECORD_COLUMNS};
 use super::pool::PgPool;
 use super::PgStore;
 use crate::store::batch::{self, Batched};
+use crate::store::error::StoreError;
 use crate::store::model::{Claim, NewClaim};
 use crate::store::params::{ClaimRow, ClaimValues, FinalizeRow, Param, Params};
 use crate::store::rows::ClaimBatchRow;
-use crate::store::StoreError;
 
 /// Claims, as [`super::keys::CLAIM_SQL`] does for one: insert first (in key
 /// order, so that two batches inserting the same keys wait for each other in

@@ -3,14 +3,14 @@
 
 use super::PgStore;
 use crate::domain::{AcquirerReference, Charge, ChargeId, Merchant};
+use crate::store::error::StoreError;
 use crate::store::model::{
     ChargeDetail, ChargeFilter, ChargeRecord, ChargeSummary, KeyDetail, NewWebhook,
     ProcessingStats, StuckCharge,
 };
 use crate::store::ops::Charges;
 use crate::store::rows::ChargeRow;
-use crate::store::StoreError;
-use crate::store::NO_REFUSED_EXPIRY_VOID;
+use crate::store::shared::NO_REFUSED_EXPIRY_VOID;
 
 /// The columns of a charge, as selected under the alias `c`.
 pub(super) const CHARGE_COLUMNS: &str =
@@ -83,7 +83,7 @@ impl Charges for PgStore {
         let rows: Vec<(i64, String, String)> = self
             .on_conn(async |db| {
                 sqlx::query_as(EXPIRED_AUTHORIZATIONS_SQL)
-                    .bind(crate::store::millis(ttl))
+                    .bind(crate::store::shared::millis(ttl))
                     .bind(limit)
                     .fetch_all(db)
                     .await

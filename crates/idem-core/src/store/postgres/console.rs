@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use super::{audit, PgStore};
 use crate::domain::SecretHash;
+use crate::store::error::StoreError;
 use crate::store::model::Audit;
 use crate::store::ops::Console;
 use crate::store::said;
-use crate::store::{millis, StoreError};
+use crate::store::shared::millis;
 
 impl Console for PgStore {
     async fn create_admin_token(

@@ -15,11 +15,12 @@ use super::pool::PgPool;
 use super::PgStore;
 use crate::domain::{ChargeId, IdempotencyKey};
 use crate::store::batch::Batched;
+use crate::store::error::StoreError;
 use crate::store::model::{Claim, KeyOwner, KeyRecord, KeyStatus, NewClaim, Orphan, Reschedule};
 use crate::store::ops::Keys;
 use crate::store::params::{arguments, ClaimRow, ClaimValues, FinalizeRow, FinalizeValues};
 use crate::store::rows::{KeyStatusRow, OrphanRow, RecordRow};
-use crate::store::{millis, StoreError};
+use crate::store::shared::millis;
 
 /// A key record's own columns (alias `k`), whatever its subject.
 pub(super) const KEY_COLUMNS: &str =

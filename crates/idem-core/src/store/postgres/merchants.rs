@@ -9,11 +9,12 @@ use sqlx::PgConnection;
 
 use super::{audit, PgStore};
 use crate::domain::{Merchant, SecretHash};
+use crate::store::error::StoreError;
 use crate::store::model::{Audit, MerchantError, MerchantListing, Rotation, SecretMatch};
 use crate::store::ops::Merchants;
 use crate::store::rows::{self, MerchantListingRow};
 use crate::store::said;
-use crate::store::{millis, StoreError};
+use crate::store::shared::millis;
 
 /// The merchant a live secret authenticates, and the seconds that secret has left.
 const BY_SECRET_SQL: &str = "

@@ -22,13 +22,14 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::PgConnection;
 
 use super::batch::Batcher;
+use super::error::StoreError;
 use super::health::Check;
 use super::model::Claim;
+use super::model::PoolStats;
 use super::outbox::ResultRow;
 use super::params::{ClaimRow, FinalizeRow};
-use super::{
-    millis, past_deadline, PoolStats, StoreError, ACQUIRE_TIMEOUT, BATCHES_AT_ONCE, BATCH_CAP,
-    STORE_DEADLINE,
+use super::shared::{
+    millis, past_deadline, ACQUIRE_TIMEOUT, BATCHES_AT_ONCE, BATCH_CAP, STORE_DEADLINE,
 };
 use pool::PgPool;
 

@@ -11,11 +11,12 @@ use const_format::concatcp;
 use super::pool::{PgConn, PgPool};
 use super::PgStore;
 use crate::store::batch::{self, Batched};
+use crate::store::error::StoreError;
 use crate::store::model::{NewResult, OutboxMessage};
 use crate::store::ops::Outbox;
 use crate::store::outbox::ResultRow;
 use crate::store::outbox::{AWAITED_KEY, BATCH_COLUMNS};
-use crate::store::{millis, StoreError};
+use crate::store::shared::millis;
 
 /// Queue commands' results, as many as there are arrays' elements, in their
 /// order. The statement reads no table, so one prepared plan serves every

@@ -27,6 +27,7 @@ use crate::domain::{
     RefundStatus, EVENTS_EXCHANGE,
 };
 use crate::store::batch::{self, Batched};
+use crate::store::error::StoreError;
 use crate::store::model::{
     KeyState, NewRefundClaim, NewWebhook, RefundClaim, RefundDetail, RefundRecord,
     RefundSettlement, Refusal, Reschedule, StuckRefund,
@@ -34,7 +35,7 @@ use crate::store::model::{
 use crate::store::ops::Refunds;
 use crate::store::params::{arguments, Param, Params};
 use crate::store::rows::{RefundRecordRow, RefundRow};
-use crate::store::{millis, StoreError};
+use crate::store::shared::millis;
 
 /// A refund's columns (alias `r`), with its charge's reference (alias `c`).
 const REFUND_COLUMNS: &str = "r.id, r.charge_id, r.amount_cents, r.currency, r.status, r.reason, \

@@ -24,13 +24,14 @@ use crate::domain::{
     AcquirerReference, AmountCents, ChargeId, Currency, IdempotencyKey, Step, StepId, StepKind,
     StepStatus, EVENTS_EXCHANGE,
 };
+use crate::store::error::StoreError;
 use crate::store::model::{
     KeyState, NewStepClaim, NewWebhook, Refusal, Reschedule, StepClaim, StepDetail, StepRecord,
     StepSettlement, Taken,
 };
 use crate::store::ops::Steps;
 use crate::store::rows::{StepRecordRow, StepRow};
-use crate::store::{millis, StoreError};
+use crate::store::shared::millis;
 
 /// A step's columns (alias `s`), with its charge's reference (alias `c`).
 const STEP_COLUMNS: &str = "s.id, s.charge_id, s.amount_cents, s.currency, s.final, s.status, \

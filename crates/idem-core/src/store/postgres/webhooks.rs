@@ -9,13 +9,14 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::{audit, PgStore};
+use crate::store::error::StoreError;
 use crate::store::model::{
     AttemptOutcome, Audit, DeliveryInfo, DueDelivery, EndpointChange, EndpointInfo, MerchantError,
     NewEndpoint,
 };
 use crate::store::ops::Webhooks;
 use crate::store::said;
-use crate::store::{millis, StoreError};
+use crate::store::shared::millis;
 
 const ADD_SQL: &str = "insert into webhook_endpoints (id, merchant_id, url, events, secret)
     select $1, m.id, $3, $4, $5 from merchants m where m.name = $2";

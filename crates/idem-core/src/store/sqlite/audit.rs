@@ -5,9 +5,9 @@ use const_format::concatcp;
 use sqlx::SqliteConnection;
 
 use super::{from_millis, SqliteStore, NOW};
+use crate::store::error::StoreError;
 use crate::store::model::{AuditEntry, AuditRecord};
 use crate::store::ops::AuditTrail;
-use crate::store::StoreError;
 
 const RECORD_SQL: &str = concatcp!(
     "insert into audit_log (at, actor, action, subject, reason, detail) values (",

@@ -22,10 +22,10 @@ use sqlx::sqlite::SqliteConnection;
 use super::keys::{claim_in, finalize_in, RECORD_COLUMNS};
 use super::{SqliteStore, Writer, NOW};
 use crate::store::batch::{self, Batched};
+use crate::store::error::StoreError;
 use crate::store::model::{Claim, NewClaim};
 use crate::store::params::{ClaimRow, ClaimValues, FinalizeRow, FinalizeValues, Param, Params};
 use crate::store::rows::ClaimBatchRow;
-use crate::store::StoreError;
 
 /// A CTE `i` over `$1`, a JSON array of rows (as [`rows_json`] writes them):
 /// a column per parameter, under its name, and `n`, the row's place from 1.

@@ -5,14 +5,14 @@ use const_format::concatcp;
 
 use super::{SqliteStore, NOW};
 use crate::domain::{AcquirerReference, Charge, ChargeId, Merchant};
+use crate::store::error::StoreError;
 use crate::store::model::{
     ChargeDetail, ChargeFilter, ChargeRecord, ChargeSummary, KeyDetail, NewWebhook,
     ProcessingStats, StuckCharge,
 };
 use crate::store::ops::Charges;
 use crate::store::rows::ChargeRow;
-use crate::store::StoreError;
-use crate::store::NO_REFUSED_EXPIRY_VOID;
+use crate::store::shared::NO_REFUSED_EXPIRY_VOID;
 
 /// The columns of a charge, as selected under the alias `c`, its time as the
 /// RFC 3339 text the domain's timestamps decode from.
@@ -130,7 +130,7 @@ impl Charges for SqliteStore {
         limit: i64,
     ) -> Result<Vec<(Merchant, ChargeId)>, StoreError> {
         let rows: Vec<(i64, String, String)> = sqlx::query_as(EXPIRED_AUTHORIZATIONS_SQL)
-            .bind(crate::store::millis(ttl))
+            .bind(crate::store::shared::millis(ttl))
             .bind(limit)
             .fetch_all(&self.pool)
             .await?;

@@ -7,10 +7,11 @@ use const_format::concatcp;
 
 use super::{SqliteStore, NOW};
 use crate::domain::SecretHash;
+use crate::store::error::StoreError;
 use crate::store::model::Audit;
 use crate::store::ops::Console;
 use crate::store::said;
-use crate::store::{millis, StoreError};
+use crate::store::shared::millis;
 
 const CREATE_TOKEN_SQL: &str = concatcp!(
     "insert into admin_tokens (name, token_hash, created_at) values ($1, $2, ",

@@ -14,11 +14,12 @@ use super::webhooks::ENDPOINT_HEARS;
 use super::{SqliteStore, NOW};
 use crate::domain::{ChargeId, Fingerprint, IdempotencyKey, SubjectId};
 use crate::store::batch::Batched;
+use crate::store::error::StoreError;
 use crate::store::model::{Claim, KeyRecord, KeyStatus, NewClaim, Orphan, Reschedule};
 use crate::store::ops::Keys;
 use crate::store::params::{arguments, ClaimRow, ClaimValues, FinalizeRow, FinalizeValues};
 use crate::store::rows::{KeyStatusRow, OrphanRow, RecordRow};
-use crate::store::{millis, StoreError};
+use crate::store::shared::millis;
 
 /// A key record's own columns (alias `k`), whatever its subject.
 pub(super) const KEY_COLUMNS: &str = concatcp!(

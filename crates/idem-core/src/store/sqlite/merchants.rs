@@ -8,11 +8,12 @@ use sqlx::SqliteConnection;
 
 use super::{from_millis, SqliteStore, NOW};
 use crate::domain::{Merchant, SecretHash};
+use crate::store::error::StoreError;
 use crate::store::model::{Audit, MerchantError, MerchantListing, Rotation, SecretMatch};
 use crate::store::ops::Merchants;
 use crate::store::rows::{self, MerchantListingRow};
 use crate::store::said;
-use crate::store::{millis, StoreError};
+use crate::store::shared::millis;
 
 /// `secret_hash` here is the first secret's, read by nothing (see
 /// migrations/sqlite/0005_operators.sql); `merchant_secrets` decides.

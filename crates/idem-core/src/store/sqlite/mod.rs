@@ -33,10 +33,12 @@ use sqlx::sqlite::{
 use sqlx::SqlitePool;
 
 use super::batch::Batcher;
+use super::error::StoreError;
 use super::health::{Check, WriteHealth};
 use super::model::Claim;
+use super::model::PoolStats;
 use super::params::{ClaimRow, FinalizeRow};
-use super::{PoolStats, StoreError, ACQUIRE_TIMEOUT, BATCH_CAP};
+use super::shared::{ACQUIRE_TIMEOUT, BATCH_CAP};
 
 /// How long a SQLite statement waits for another process's write transaction
 /// to end. Every write transaction idem opens is a few statements long (never

@@ -8,10 +8,11 @@ use std::time::Duration;
 use const_format::concatcp;
 
 use super::{SqliteStore, NOW};
+use crate::store::error::StoreError;
 use crate::store::model::{NewResult, OutboxMessage};
 use crate::store::ops::Outbox;
 use crate::store::outbox::{AnswerColumns, AWAITED_KEY, BATCH_COLUMNS};
-use crate::store::{millis, StoreError};
+use crate::store::shared::millis;
 
 /// How long a relay holds its batch before another relay may take it: well
 /// past the relay's confirm timeout (10 s), so a live relay is never

@@ -15,13 +15,14 @@ use super::webhooks::ENDPOINT_HEARS;
 use super::{SqliteStore, NOW};
 use crate::domain::EVENTS_EXCHANGE;
 use crate::domain::{AcquirerReference, ChargeId, IdempotencyKey, Refund, RefundId, RefundStatus};
+use crate::store::error::StoreError;
 use crate::store::model::{
     NewRefundClaim, NewWebhook, RefundClaim, RefundDetail, RefundRecord, RefundSettlement, Refusal,
     Reschedule, StuckRefund, Taken,
 };
 use crate::store::ops::Refunds;
 use crate::store::rows::{RefundRecordRow, RefundRow};
-use crate::store::{millis, StoreError};
+use crate::store::shared::millis;
 
 /// A refund's columns (alias `r`), with its charge's reference (alias `c`).
 const REFUND_COLUMNS: &str = "r.id, r.charge_id, r.amount_cents, r.currency, r.status, r.reason, \

@@ -16,13 +16,13 @@ use super::webhooks::ENDPOINT_HEARS;
 use super::{SqliteStore, NOW};
 use crate::domain::{AcquirerReference, EVENTS_EXCHANGE};
 use crate::domain::{ChargeId, IdempotencyKey, Step, StepId, StepKind, StepStatus};
+use crate::store::error::StoreError;
 use crate::store::model::{
     NewStepClaim, NewWebhook, Refusal, Reschedule, StepClaim, StepDetail, StepRecord,
     StepSettlement, Taken,
 };
 use crate::store::ops::Steps;
 use crate::store::rows::{StepRecordRow, StepRow};
-use crate::store::StoreError;
 
 /// A step's columns (alias `s`), with its charge's reference (alias `c`).
 const STEP_COLUMNS: &str = "s.id, s.charge_id, s.amount_cents, s.currency, s.final, s.status, \
@@ -340,7 +340,7 @@ impl Steps for SqliteStore {
                 .bind(record.attempt)
                 .bind(i64::from(s.response.status))
                 .bind(s.response.body.as_ref())
-                .bind(crate::store::millis(key_ttl))
+                .bind(crate::store::shared::millis(key_ttl))
                 .execute(&mut *tx)
                 .await?;
             if keyed.rows_affected() == 0 {

@@ -10,13 +10,14 @@ use chrono::{DateTime, Utc};
 use const_format::concatcp;
 
 use super::{audit, SqliteStore, NOW};
+use crate::store::error::StoreError;
 use crate::store::model::{
     AttemptOutcome, Audit, DeliveryInfo, DueDelivery, EndpointChange, EndpointInfo, MerchantError,
     NewEndpoint,
 };
 use crate::store::ops::Webhooks;
 use crate::store::said;
-use crate::store::{millis, StoreError};
+use crate::store::shared::millis;
 
 /// Whether the endpoint `we` is enabled and hears the event whose type is
 /// `i.webhook_event_type` (its `events` a JSON array, null for every event).
