@@ -3,8 +3,8 @@
 //! are operations of their own: [`super::step`]).
 
 use super::memo::InFlightMemo;
+use super::operation::Operable;
 use super::operation::{ClaimArgs, Claimed, Final, Finalize, Operation, Said};
-use super::operator::Operable;
 use super::Engine;
 use crate::acquirer::protocol::{AuthorizationRequest, CaptureRequest};
 use crate::acquirer::{AcquirerClient, AcquirerError};

@@ -12,10 +12,9 @@ use crate::acquirer::{AcquirerClient, AcquirerError};
 use crate::domain::{
     AcquirerReference, Fingerprint, IdempotencyKey, Merchant, StoredResponse, SubjectId,
 };
-use crate::store::{AuditEntry, Record, Refusal, Reschedule, Store, StoreError};
+use crate::store::{AuditEntry, KeyDetail, Record, Refusal, Reschedule, Store, StoreError};
 
 use super::memo::InFlightMemo;
-use super::operator::Operable;
 use super::Engine;
 
 /// What the acquirer said for good about one call: the id it gave what it
@@ -162,4 +161,18 @@ pub trait Operation: Clone + Send + Sync + Sized + 'static {
     fn settled(subject: &Self::Subject, outcome: &Final) -> Self::Subject;
     /// The answer stored for a final outcome, replayed byte for byte.
     fn response(settled: &Self::Subject) -> StoredResponse;
+}
+
+/// A charge or a refund as an operator finds it by id, any merchant's.
+#[derive(Debug, Clone)]
+pub struct Operable {
+    pub merchant: Merchant,
+    /// Its status word (`processing`, `pending`, `captured`, ...).
+    pub status: String,
+    /// Not final yet: the acquirer's word, or a person's, is still awaited.
+    pub pending: bool,
+    /// Pending and set aside for a person.
+    pub awaiting_review: bool,
+    /// Its key record, while it exists.
+    pub key: Option<KeyDetail>,
 }

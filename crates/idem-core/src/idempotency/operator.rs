@@ -9,10 +9,10 @@
 use std::time::Duration;
 
 use super::engine::{Approach, Decided};
-use super::operation::{Final, Operation};
+use super::operation::{Final, Operable, Operation};
 use super::{Engine, EngineError, Outcome};
 use crate::domain::{IdempotencyKey, Merchant};
-use crate::store::{Audit, AuditEntry, KeyDetail, Record};
+use crate::store::{Audit, AuditEntry, Record};
 
 /// How a person settles a subject awaiting review, from the acquirer's
 /// records.
@@ -22,20 +22,6 @@ pub enum Resolution {
     Succeeded,
     /// It did not: the stored answer is the one the acquirer's refusal gets.
     Failed,
-}
-
-/// A charge or a refund as an operator finds it by id, any merchant's.
-#[derive(Debug, Clone)]
-pub struct Operable {
-    pub merchant: Merchant,
-    /// Its status word (`processing`, `pending`, `captured`, ...).
-    pub status: String,
-    /// Not final yet: the acquirer's word, or a person's, is still awaited.
-    pub pending: bool,
-    /// Pending and set aside for a person.
-    pub awaiting_review: bool,
-    /// Its key record, while it exists.
-    pub key: Option<KeyDetail>,
 }
 
 /// Why an operator's action was not taken. Nothing was written. `kind` is

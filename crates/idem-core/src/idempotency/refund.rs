@@ -3,8 +3,8 @@
 //! store's claim reserves the amount before the acquirer is called).
 
 use super::memo::InFlightMemo;
+use super::operation::Operable;
 use super::operation::{ClaimArgs, Claimed, Final, Finalize, Operation, Said};
-use super::operator::Operable;
 use super::Engine;
 use crate::acquirer::protocol::RefundRequest as AcquirerRefund;
 use crate::acquirer::{AcquirerClient, AcquirerError};

@@ -9,8 +9,8 @@
 //! answers, its webhooks) is written once below, over [`Step`].
 
 use super::memo::InFlightMemo;
+use super::operation::Operable;
 use super::operation::{ClaimArgs, Claimed, Final, Finalize, Operation, Said};
-use super::operator::Operable;
 use super::Engine;
 use crate::acquirer::protocol::{AuthorizationCaptureRequest, VoidRequest};
 use crate::acquirer::{AcquirerClient, AcquirerError};

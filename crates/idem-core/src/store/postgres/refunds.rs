@@ -19,6 +19,7 @@ use const_format::concatcp;
 use sqlx::postgres::PgArguments;
 use sqlx::PgConnection;
 
+use super::key_space::{refund_record, taken, REFUND_COLUMNS};
 use super::keys::{KEY_COLUMNS, RELEASE_K, RESCHEDULE, TAKE_OVER_K};
 use super::pool::PgPool;
 use super::PgStore;
@@ -36,23 +37,6 @@ use crate::store::ops::Refunds;
 use crate::store::params::{arguments, Param, Params};
 use crate::store::rows::{RefundRecordRow, RefundRow};
 use crate::store::shared::millis;
-
-/// A refund's columns (alias `r`), with its charge's reference (alias `c`).
-const REFUND_COLUMNS: &str = "r.id, r.charge_id, r.amount_cents, r.currency, r.status, r.reason, \
-     r.description, r.acquirer_reference, r.failure_reason, r.created_at, \
-     c.acquirer_reference as capture_reference";
-
-const REFUND_RECORD_SQL: &str = concatcp!(
-    "select ",
-    REFUND_COLUMNS,
-    ", ",
-    KEY_COLUMNS,
-    ", r.review_since is not null as under_review
-       from idempotency_keys k
-       join refunds r on r.id = k.refund_id
-       join charges c on c.id = r.charge_id
-      where k.merchant_id = $1 and k.idempotency_key = $2"
-);
 
 /// A refund's record taken over (as a charge's, by [`TAKE_OVER_K`]).
 const TAKE_OVER_SQL: &str = concatcp!(
@@ -345,7 +329,7 @@ impl PgStore {
             }
             "taken" => {
                 let found = self
-                    .on_conn(async |db| super::steps::taken(db, claim.merchant_id, claim.key).await)
+                    .on_conn(async |db| taken(db, claim.merchant_id, claim.key).await)
                     .await?;
                 match found {
                     Some(t) if !(t.expired() && *t.fingerprint() != claim.fingerprint) => {
@@ -672,19 +656,6 @@ fn won(
         expired: false,
         under_review: false,
     })
-}
-
-pub(super) async fn refund_record(
-    db: &mut PgConnection,
-    merchant_id: i64,
-    key: &IdempotencyKey,
-) -> Result<Option<RefundRecord>, StoreError> {
-    let row: Option<RefundRecordRow> = sqlx::query_as(REFUND_RECORD_SQL)
-        .bind(merchant_id)
-        .bind(key.as_str())
-        .fetch_optional(db)
-        .await?;
-    row.map(RefundRecord::try_from).transpose()
 }
 
 /// The webhook event's deliveries, in the caller's transaction.

@@ -16,8 +16,8 @@
 //! go alone, not in batches.
 
 use const_format::concatcp;
-use sqlx::PgConnection;
 
+use super::key_space::{step_record, taken, STEP_COLUMNS};
 use super::keys::{KEY_COLUMNS, RELEASE_K, RESCHEDULE, TAKE_OVER_K};
 use super::PgStore;
 use crate::domain::{
@@ -27,28 +27,11 @@ use crate::domain::{
 use crate::store::error::StoreError;
 use crate::store::model::{
     KeyState, NewStepClaim, NewWebhook, Refusal, Reschedule, StepClaim, StepDetail, StepRecord,
-    StepSettlement, Taken,
+    StepSettlement,
 };
 use crate::store::ops::Steps;
 use crate::store::rows::{StepRecordRow, StepRow};
 use crate::store::shared::millis;
-
-/// A step's columns (alias `s`), with its charge's reference (alias `c`).
-const STEP_COLUMNS: &str = "s.id, s.charge_id, s.amount_cents, s.currency, s.final, s.status, \
-     s.acquirer_reference, s.failure_reason, s.created_at, \
-     c.acquirer_reference as authorization_reference";
-
-const STEP_RECORD_SQL: &str = concatcp!(
-    "select ",
-    STEP_COLUMNS,
-    ", ",
-    KEY_COLUMNS,
-    ", s.review_since is not null as under_review
-       from idempotency_keys k
-       join authorization_steps s on s.id = k.step_id
-       join charges c on c.id = s.charge_id
-      where k.merchant_id = $1 and k.idempotency_key = $2"
-);
 
 const TAKE_OVER_SQL: &str = concatcp!(
     TAKE_OVER_K,
@@ -389,33 +372,4 @@ fn won(
         expired: false,
         under_review: false,
     })
-}
-
-pub(super) async fn step_record(
-    db: &mut PgConnection,
-    merchant_id: i64,
-    key: &IdempotencyKey,
-) -> Result<Option<StepRecord>, StoreError> {
-    let row: Option<StepRecordRow> = sqlx::query_as(STEP_RECORD_SQL)
-        .bind(merchant_id)
-        .bind(key.as_str())
-        .fetch_optional(db)
-        .await?;
-    row.map(StepRecord::try_from).transpose()
-}
-
-/// Whose the key is: a step's, a refund's or a charge's; `None` if it is gone.
-pub(super) async fn taken(
-    db: &mut PgConnection,
-    merchant_id: i64,
-    key: &IdempotencyKey,
-) -> Result<Option<Taken>, StoreError> {
-    if let Some(record) = step_record(db, merchant_id, key).await? {
-        return Ok(Some(Taken::Step(record)));
-    }
-    if let Some(record) = super::refunds::refund_record(db, merchant_id, key).await? {
-        return Ok(Some(Taken::Refund(record)));
-    }
-    let charge = super::keys::key_record(db, merchant_id, key).await?;
-    Ok(charge.map(Taken::Charge))
 }

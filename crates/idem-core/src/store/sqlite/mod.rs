@@ -15,6 +15,7 @@ mod audit;
 mod batched;
 mod charges;
 mod console;
+mod key_space;
 mod keys;
 mod merchants;
 mod outbox;

@@ -9,8 +9,8 @@
 use const_format::concatcp;
 use sqlx::sqlite::SqliteConnection;
 
-use super::keys::{release_in, take_over_key, tombstone, KeyOf, Subject, KEY_COLUMNS};
-use super::steps::taken;
+use super::key_space::{refund_record, taken, REFUND_COLUMNS};
+use super::keys::{release_in, take_over_key, tombstone, KeyOf, Subject};
 use super::webhooks::ENDPOINT_HEARS;
 use super::{SqliteStore, NOW};
 use crate::domain::EVENTS_EXCHANGE;
@@ -21,26 +21,8 @@ use crate::store::model::{
     Reschedule, StuckRefund, Taken,
 };
 use crate::store::ops::Refunds;
-use crate::store::rows::{RefundRecordRow, RefundRow};
+use crate::store::rows::RefundRow;
 use crate::store::shared::millis;
-
-/// A refund's columns (alias `r`), with its charge's reference (alias `c`).
-const REFUND_COLUMNS: &str = "r.id, r.charge_id, r.amount_cents, r.currency, r.status, r.reason, \
-     r.description, r.acquirer_reference, r.failure_reason, \
-     strftime('%Y-%m-%dT%H:%M:%fZ', r.created_at / 1000.0, 'unixepoch') as created_at, \
-     c.acquirer_reference as capture_reference";
-
-const REFUND_RECORD_SQL: &str = concatcp!(
-    "select ",
-    REFUND_COLUMNS,
-    ", ",
-    KEY_COLUMNS,
-    ", r.review_since is not null as under_review
-       from idempotency_keys k
-       join refunds r on r.id = k.refund_id
-       join charges c on c.id = r.charge_id
-      where k.merchant_id = $1 and k.idempotency_key = $2"
-);
 
 /// As PostgreSQL's: `$1` message id, `$2` exchange, `$3` type, `$4` tenant,
 /// `$5` body, `$6` refund.
@@ -458,19 +440,6 @@ impl Refunds for SqliteStore {
             .await?;
         rows.into_iter().map(Refund::try_from).collect()
     }
-}
-
-pub(super) async fn refund_record(
-    db: &mut SqliteConnection,
-    merchant_id: i64,
-    key: &IdempotencyKey,
-) -> Result<Option<RefundRecord>, StoreError> {
-    let row: Option<RefundRecordRow> = sqlx::query_as(REFUND_RECORD_SQL)
-        .bind(merchant_id)
-        .bind(key.as_str())
-        .fetch_optional(db)
-        .await?;
-    row.map(RefundRecord::try_from).transpose()
 }
 
 /// The webhook event's deliveries, in the caller's write transaction.

@@ -11,7 +11,8 @@
 use const_format::concatcp;
 use sqlx::sqlite::SqliteConnection;
 
-use super::keys::{release_in, take_over_key, tombstone, KeyOf, Subject, KEY_COLUMNS};
+use super::key_space::{step_record, taken, STEP_COLUMNS};
+use super::keys::{release_in, take_over_key, tombstone, KeyOf, Subject};
 use super::webhooks::ENDPOINT_HEARS;
 use super::{SqliteStore, NOW};
 use crate::domain::{AcquirerReference, EVENTS_EXCHANGE};
@@ -22,26 +23,7 @@ use crate::store::model::{
     StepSettlement, Taken,
 };
 use crate::store::ops::Steps;
-use crate::store::rows::{StepRecordRow, StepRow};
-
-/// A step's columns (alias `s`), with its charge's reference (alias `c`).
-const STEP_COLUMNS: &str = "s.id, s.charge_id, s.amount_cents, s.currency, s.final, s.status, \
-     s.acquirer_reference, s.failure_reason, \
-     strftime('%Y-%m-%dT%H:%M:%fZ', s.created_at / 1000.0, 'unixepoch') as created_at, \
-     c.acquirer_reference as authorization_reference";
-
-/// `$1` merchant, `$2` key.
-const STEP_RECORD_SQL: &str = concatcp!(
-    "select ",
-    STEP_COLUMNS,
-    ", ",
-    KEY_COLUMNS,
-    ", s.review_since is not null as under_review
-       from idempotency_keys k
-       join authorization_steps s on s.id = k.step_id
-       join charges c on c.id = s.charge_id
-      where k.merchant_id = $1 and k.idempotency_key = $2"
-);
+use crate::store::rows::StepRow;
 
 /// What a capture without an amount takes: what the authorization has not
 /// reserved (null for a charge captured in one step). `$1` charge, `$2`
@@ -528,19 +510,6 @@ async fn reserve(
         .await?)
 }
 
-pub(super) async fn step_record(
-    db: &mut SqliteConnection,
-    merchant_id: i64,
-    key: &IdempotencyKey,
-) -> Result<Option<StepRecord>, StoreError> {
-    let row: Option<StepRecordRow> = sqlx::query_as(STEP_RECORD_SQL)
-        .bind(merchant_id)
-        .bind(key.as_str())
-        .fetch_optional(db)
-        .await?;
-    row.map(StepRecord::try_from).transpose()
-}
-
 /// The webhook event's deliveries, in the caller's write transaction.
 async fn deliver(
     tx: &mut SqliteConnection,
@@ -557,23 +526,6 @@ async fn deliver(
         .execute(tx)
         .await?;
     Ok(())
-}
-
-/// Whose the key is: a step's, a refund's or a charge's; `None` if it is
-/// gone. Read in the caller's write transaction, it stays so until the commit.
-pub(super) async fn taken(
-    db: &mut SqliteConnection,
-    merchant_id: i64,
-    key: &IdempotencyKey,
-) -> Result<Option<Taken>, StoreError> {
-    if let Some(record) = step_record(db, merchant_id, key).await? {
-        return Ok(Some(Taken::Step(record)));
-    }
-    if let Some(record) = super::refunds::refund_record(db, merchant_id, key).await? {
-        return Ok(Some(Taken::Refund(record)));
-    }
-    let charge = super::keys::key_record(&mut *db, merchant_id, key.as_str()).await?;
-    Ok(charge.map(Taken::Charge))
 }
 
 /// Throwaway checks of migration 0012 and the steps on SQLite (helper's).
