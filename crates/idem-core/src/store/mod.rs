@@ -19,8 +19,9 @@
 //! console), beside its own statements, and [`ops`] gives `Store` a method per
 //! operation that runs it on the backend in use. What is left here is what the
 //! facade decides itself, above both backends: a late retry's answer
-//! ([`Store::claim`]), packing a finalize's values, holding a relay's batch,
-//! opening and closing. What both backends share: the records they take and
+//! ([`Store::claim`]), packing a finalize's values, opening and closing. A
+//! relay's batch is each backend's to hold ([`relay_batch`]: the relay sees
+//! one `OutboxBatch` whatever holds it). What both backends share: the records they take and
 //! give ([`model`]), the rows they read ([`rows`]), the parameters of the
 //! claim and the finalize in their order ([`params`]), what an operator's
 //! change says in the audit trail ([`said`]), and the bounds every part keeps
@@ -47,7 +48,6 @@ use std::time::Duration;
 use crate::domain::{AcquirerReference, IdempotencyKey};
 use params::FinalizeValues;
 use postgres::PgStore;
-use relay_batch::BatchHold;
 use sqlite::SqliteStore;
 
 pub use error::StoreError;
@@ -286,26 +286,5 @@ impl Store {
             Self::Postgres(s) => s.finalize(&values).await,
             Self::Sqlite(s) => s.finalize(&values).await,
         }
-    }
-
-    // The outbox (see [`outbox`]): a relay's batch, held as each backend holds it.
-
-    /// Takes up to `limit` messages ready to publish, oldest first, skipping
-    /// rows another relay holds. A waiting result is ready once its key's
-    /// outcome is stored, and takes that outcome's status and body.
-    pub async fn outbox_batch(&self, limit: i64) -> Result<OutboxBatch, StoreError> {
-        Ok(match self {
-            Self::Postgres(s) => {
-                let (batch, messages) = s.outbox_batch(limit).await?;
-                OutboxBatch {
-                    hold: BatchHold::Postgres(batch),
-                    messages,
-                }
-            }
-            Self::Sqlite(s) => OutboxBatch {
-                messages: s.outbox_batch(limit).await?,
-                hold: BatchHold::Sqlite(s.clone()),
-            },
-        })
     }
 }

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use super::error::StoreError;
 use super::model::*;
+use super::relay_batch::OutboxBatch;
 use super::Store;
 use crate::domain::{Charge, ChargeId, IdempotencyKey, Merchant, Refund, RefundId, SecretHash};
 use crate::domain::{Step, StepId};
@@ -394,6 +395,10 @@ store_ops! {
 
     /// The outbox: results of queue commands, and whether events are written.
     trait Outbox {
+        /// Takes up to `limit` messages ready to publish, oldest first, skipping
+        /// rows another relay holds. A waiting result is ready once its key's
+        /// outcome is stored, and takes that outcome's status and body.
+        fn outbox_batch(&self, limit: i64) -> Result<OutboxBatch, StoreError>;
         /// Writes the result of one delivery of a queue command.
         fn enqueue_result(&self, new: &NewResult<'_>) -> Result<(), StoreError>;
         /// Deletes up to `limit` messages published longer than `retention` ago.

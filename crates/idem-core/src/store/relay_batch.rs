@@ -1,24 +1,31 @@
-//! A relay's batch of outbox rows, held until it is finished: by a row-locking
-//! transaction on PostgreSQL, by a lease on SQLite. The one place above the
-//! backends that knows both holds.
+//! A relay's batch of outbox rows, held until it is finished: each backend
+//! holds it its own way ([`BatchHold`]: a row-locking transaction on
+//! PostgreSQL, a lease on SQLite), and the relay sees only this.
+
+use std::future::Future;
+use std::pin::Pin;
 
 use super::error::StoreError;
 use super::model::OutboxMessage;
-use super::postgres::PgBatch;
-use super::sqlite::SqliteStore;
 
 /// A batch taken by one relay: its rows are skipped by other relays until
-/// [`OutboxBatch::finish`], or, if the relay dies first, until its transaction
-/// ends (PostgreSQL) or its lease runs out (SQLite).
+/// [`OutboxBatch::finish`], or, if the relay dies first, until its hold ends
+/// on its own (a transaction rolled back, a lease run out).
 pub struct OutboxBatch {
-    pub(super) hold: BatchHold,
+    pub(super) hold: Box<dyn BatchHold>,
     pub messages: Vec<OutboxMessage>,
 }
 
-pub(super) enum BatchHold {
-    Postgres(PgBatch),
-    /// The batch is leased; finishing it is a write like any other.
-    Sqlite(SqliteStore),
+/// How a backend holds a batch, and finishes it: marks the rows `published`,
+/// sets aside those in `set_aside` (id, reason), and lets go of every row it
+/// took (`taken`), in one write.
+pub(super) trait BatchHold: Send {
+    fn finish<'a>(
+        self: Box<Self>,
+        taken: &'a [i64],
+        published: &'a [i64],
+        set_aside: &'a [(i64, String)],
+    ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
 }
 
 impl OutboxBatch {
@@ -31,18 +38,7 @@ impl OutboxBatch {
         published: &[i64],
         set_aside: &[(i64, String)],
     ) -> Result<(), StoreError> {
-        match self.hold {
-            BatchHold::Postgres(batch) => {
-                let (ids, reasons): (Vec<i64>, Vec<&str>) = set_aside
-                    .iter()
-                    .map(|(id, reason)| (*id, reason.as_str()))
-                    .unzip();
-                batch.finish(published, &ids, &reasons).await
-            }
-            BatchHold::Sqlite(store) => {
-                let taken: Vec<i64> = self.messages.iter().map(|m| m.id).collect();
-                store.finish_batch(&taken, published, set_aside).await
-            }
-        }
+        let taken: Vec<i64> = self.messages.iter().map(|m| m.id).collect();
+        self.hold.finish(&taken, published, set_aside).await
     }
 }

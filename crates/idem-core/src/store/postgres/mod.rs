@@ -35,7 +35,6 @@ use super::shared::{
 use pool::PgPool;
 
 pub use keys::{CLAIM_SQL, FINALIZE_SQL};
-pub(super) use outbox::PgBatch;
 
 /// PostgreSQL's `statement_timeout` on idem's connections. Every statement
 /// idem runs is short (a claim, a finalize, a batch of at most 1 000 rows), so

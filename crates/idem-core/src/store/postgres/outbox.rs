@@ -4,6 +4,8 @@
 //! deliberately: the rows it locks are the relay's own, no request ever waits
 //! on them, and another relay skips them instead of waiting.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use const_format::concatcp;
@@ -12,10 +14,11 @@ use super::pool::{PgConn, PgPool};
 use super::PgStore;
 use crate::store::batch::{self, Batched};
 use crate::store::error::StoreError;
-use crate::store::model::{NewResult, OutboxMessage};
+use crate::store::model::NewResult;
 use crate::store::ops::Outbox;
 use crate::store::outbox::ResultRow;
 use crate::store::outbox::{AWAITED_KEY, BATCH_COLUMNS};
+use crate::store::relay_batch::{BatchHold, OutboxBatch};
 use crate::store::shared::millis;
 
 /// Queue commands' results, as many as there are arrays' elements, in their
@@ -74,9 +77,13 @@ pub(super) async fn results(pool: &PgPool, rows: Vec<ResultRow>) -> Vec<Batched<
 
 /// A batch's open transaction, on its own connection: its row locks hold the
 /// batch. Dropped unfinished, the connection is closed and the server rolls back.
-pub(in crate::store) struct PgBatch(PgConn);
+struct PgBatch(PgConn);
 
 impl Outbox for PgStore {
+    async fn outbox_batch(&self, limit: i64) -> Result<OutboxBatch, StoreError> {
+        self.take_batch(limit).await
+    }
+
     /// Writes a result, in a batch with the results written at the same
     /// time (one statement, one commit), or alone where its batch failed.
     async fn enqueue_result(&self, new: &NewResult<'_>) -> Result<(), StoreError> {
@@ -148,10 +155,7 @@ impl Outbox for PgStore {
 }
 
 impl PgStore {
-    pub(in crate::store) async fn outbox_batch(
-        &self,
-        limit: i64,
-    ) -> Result<(PgBatch, Vec<OutboxMessage>), StoreError> {
+    async fn take_batch(&self, limit: i64) -> Result<OutboxBatch, StoreError> {
         super::within_deadline(async {
             let mut conn = self.pool.get().await?;
             // `query`, not `raw_sql`: sqlx 0.8's `raw_sql` future is not `Send`
@@ -171,29 +175,38 @@ impl PgStore {
             .bind(limit)
             .fetch_all(conn.raw())
             .await?;
-            Ok((PgBatch(conn), messages))
+            Ok(OutboxBatch {
+                hold: Box::new(PgBatch(conn)),
+                messages,
+            })
         })
         .await
     }
 }
 
-impl PgBatch {
+impl BatchHold for PgBatch {
     /// Marks the published rows, sets aside the refused ones with their
-    /// reasons, and commits, which releases the whole batch.
-    pub(in crate::store) async fn finish(
-        mut self,
-        published: &[i64],
-        aside_ids: &[i64],
-        aside_reasons: &[&str],
-    ) -> Result<(), StoreError> {
-        super::within_deadline(async {
-            self.finish_now(published, aside_ids, aside_reasons).await?;
+    /// reasons, and commits, which releases the whole batch (the rows it
+    /// took are the ones its transaction locked).
+    fn finish<'a>(
+        mut self: Box<Self>,
+        _taken: &'a [i64],
+        published: &'a [i64],
+        set_aside: &'a [(i64, String)],
+    ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>> {
+        Box::pin(super::within_deadline(async move {
+            let (ids, reasons): (Vec<i64>, Vec<&str>) = set_aside
+                .iter()
+                .map(|(id, reason)| (*id, reason.as_str()))
+                .unzip();
+            self.finish_now(published, &ids, &reasons).await?;
             self.0.release();
             Ok(())
-        })
-        .await
+        }))
     }
+}
 
+impl PgBatch {
     async fn finish_now(
         &mut self,
         published: &[i64],

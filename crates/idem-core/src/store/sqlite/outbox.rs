@@ -3,6 +3,8 @@
 //! its batch instead (`claimed_until`, committed at once), and another relay
 //! takes rows only once their lease is over.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use const_format::concatcp;
@@ -12,6 +14,7 @@ use crate::store::error::StoreError;
 use crate::store::model::{NewResult, OutboxMessage};
 use crate::store::ops::Outbox;
 use crate::store::outbox::{AnswerColumns, AWAITED_KEY, BATCH_COLUMNS};
+use crate::store::relay_batch::{BatchHold, OutboxBatch};
 use crate::store::shared::millis;
 
 /// How long a relay holds its batch before another relay may take it: well
@@ -99,6 +102,13 @@ const BACKLOG_SQL: &str = concatcp!(
 );
 
 impl Outbox for SqliteStore {
+    async fn outbox_batch(&self, limit: i64) -> Result<OutboxBatch, StoreError> {
+        Ok(OutboxBatch {
+            messages: self.lease_batch(limit).await?,
+            hold: Box::new(Lease(self.clone())),
+        })
+    }
+
     async fn enqueue_result(&self, new: &NewResult<'_>) -> Result<(), StoreError> {
         let answer = AnswerColumns::of(&new.answer);
         self.write(async |tx| {
@@ -160,10 +170,7 @@ impl Outbox for SqliteStore {
 impl SqliteStore {
     /// Leases and reads a batch in one write transaction, so two relays never
     /// lease the same row; it commits at once, before any publish.
-    pub(in crate::store) async fn outbox_batch(
-        &self,
-        limit: i64,
-    ) -> Result<Vec<OutboxMessage>, StoreError> {
+    async fn lease_batch(&self, limit: i64) -> Result<Vec<OutboxMessage>, StoreError> {
         self.write(async |tx| {
             let taken: Vec<(i64,)> = sqlx::query_as(LEASE_BATCH_SQL)
                 .bind(limit)
@@ -181,7 +188,7 @@ impl SqliteStore {
 
     /// Marks the published rows and sets aside the refused ones with their
     /// reasons; ends the lease of every row of the batch (`taken`).
-    pub(in crate::store) async fn finish_batch(
+    async fn finish_batch(
         &self,
         taken: &[i64],
         published: &[i64],
@@ -203,6 +210,21 @@ impl SqliteStore {
             Ok(())
         })
         .await
+    }
+}
+
+/// A batch held by its lease: finishing it is a write like any other, and a
+/// relay that dies holding it leaves the lease to run out.
+struct Lease(SqliteStore);
+
+impl BatchHold for Lease {
+    fn finish<'a>(
+        self: Box<Self>,
+        taken: &'a [i64],
+        published: &'a [i64],
+        set_aside: &'a [(i64, String)],
+    ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>> {
+        Box::pin(async move { self.0.finish_batch(taken, published, set_aside).await })
     }
 }
 
