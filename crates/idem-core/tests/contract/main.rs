@@ -12,9 +12,11 @@
 //! [`Store`]: idem_core::store::Store
 
 mod keys;
+mod merchants;
 mod outbox;
 mod refunds;
 mod steps;
+mod webhooks;
 
 /// Runs each named test on every backend, each on a database of its own:
 /// `mod postgres` and `mod sqlite`, one `#[tokio::test]` per name in each.
