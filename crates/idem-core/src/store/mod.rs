@@ -13,12 +13,14 @@
 //!   function is one short transaction (one statement on PostgreSQL; on SQLite,
 //!   which cannot write from a CTE, a few statements under `begin immediate`).
 //!
-//! [`Store`] is an enum of the two backends, [`postgres`] and [`sqlite`]. Each
-//! implements the operations one concern at a time (the traits of [`ops`]:
-//! keys, charges, merchants, webhooks, the outbox, the audit trail, the
-//! console), beside its own statements, and [`ops`] gives `Store` a method per
-//! operation that runs it on the backend in use. What is left here is what the
-//! facade decides itself, above both backends: a late retry's answer
+//! [`Store`] holds one backend behind the store's contract ([`ops`]), chosen
+//! by the URL when it is opened ([`Store::connect`], the one place that names
+//! [`postgres`] and [`sqlite`]). Each backend implements the operations one
+//! concern at a time (the traits of [`ops`]: keys, charges, merchants,
+//! webhooks, the outbox, the audit trail, the console, refunds, steps),
+//! beside its own statements, and [`ops`] gives `Store` a method per
+//! operation that runs it on that backend. What is left here is what the
+//! facade decides itself, above every backend: a late retry's answer
 //! ([`Store::claim`]), packing a finalize's values, opening and closing. A
 //! relay's batch is each backend's to hold ([`relay_batch`]: the relay sees
 //! one `OutboxBatch` whatever holds it). What both backends share: the records they take and
@@ -43,6 +45,7 @@ mod said;
 mod shared;
 mod sqlite;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::domain::{AcquirerReference, IdempotencyKey};
@@ -91,20 +94,18 @@ impl Backend {
     }
 }
 
-/// A handle on the database, one of the two backends; cheap to clone.
+/// A handle on the database: one backend behind the store's contract
+/// ([`ops`]), chosen by the URL when the store is opened, the only place
+/// that names the backends; cheap to clone.
 #[derive(Clone)]
-pub enum Store {
-    Postgres(PgStore),
-    Sqlite(SqliteStore),
+pub struct Store {
+    backend: Arc<dyn ops::Backend>,
 }
 
 impl Store {
     /// The database's name in OpenTelemetry's conventions (`db.system.name`).
     pub fn system_name(&self) -> &'static str {
-        match self {
-            Self::Postgres(_) => "postgresql",
-            Self::Sqlite(_) => "sqlite",
-        }
+        self.backend.system_name()
     }
 
     /// Connects a pool, and proves the database answers. No connection ping
@@ -112,38 +113,38 @@ impl Store {
     /// statement itself, which is a 503 anyway, and a ping would add a round
     /// trip to every request.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        Ok(match Backend::of_url(url)? {
-            Backend::Postgres => Self::Postgres(PgStore::connect(url, max_connections).await?),
-            Backend::Sqlite => Self::Sqlite(SqliteStore::connect(url, max_connections).await?),
-        })
+        let store = Self::connect_lazy(url, max_connections)?;
+        store.ping().await?;
+        Ok(store)
     }
 
     /// Like [`Store::connect`], but connects on first use: a server started
     /// while the database is down comes up, answers 503 (readiness red), and
-    /// starts working when the database does, with no restart.
+    /// starts working when the database does, with no restart. The one place
+    /// that knows which backends there are.
     pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        Ok(match Backend::of_url(url)? {
-            Backend::Postgres => Self::Postgres(PgStore::lazy(url, max_connections)?),
-            Backend::Sqlite => Self::Sqlite(SqliteStore::lazy(url, max_connections)?),
-        })
+        let backend: Arc<dyn ops::Backend> = match Backend::of_url(url)? {
+            Backend::Postgres => Arc::new(PgStore::lazy(url, max_connections)?),
+            Backend::Sqlite => Arc::new(SqliteStore::lazy(url, max_connections)?),
+        };
+        Ok(Self { backend })
+    }
+
+    /// The backend, for the operations [`ops`] declares.
+    fn backend(&self) -> &dyn ops::Backend {
+        &*self.backend
     }
 
     /// Creates or upgrades the schema. Safe to run from several processes at
     /// once: sqlx serializes migrations (an advisory lock on PostgreSQL, the
     /// write lock on SQLite).
     pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
-        match self {
-            Self::Postgres(s) => s.migrate().await,
-            Self::Sqlite(s) => s.migrate().await,
-        }
+        self.backend.migrate().await
     }
 
     /// One trivial round trip: is the database answering?
     pub async fn ping(&self) -> Result<(), StoreError> {
-        match self {
-            Self::Postgres(s) => s.ping().await,
-            Self::Sqlite(s) => s.ping().await,
-        }
+        self.backend.ping().await
     }
 
     /// Whether the store can take a charge now: the database answers, and
@@ -151,25 +152,16 @@ impl Store {
     /// per check while it can, one small write now and then while it could not).
     pub async fn ready(&self) -> Result<(), StoreError> {
         self.ping().await?;
-        match self {
-            Self::Postgres(s) => s.writable().await,
-            Self::Sqlite(s) => s.writable().await,
-        }
+        self.backend.writable().await
     }
 
     pub fn pool_stats(&self) -> PoolStats {
-        match self {
-            Self::Postgres(s) => s.pool_stats(),
-            Self::Sqlite(s) => s.pool_stats(),
-        }
+        self.backend.pool_stats()
     }
 
     /// Closes the pool; for SQLite this also checkpoints the write-ahead log.
     pub async fn close(&self) {
-        match self {
-            Self::Postgres(s) => s.close().await,
-            Self::Sqlite(s) => s.close().await,
-        }
+        self.backend.close().await
     }
 
     // The idempotency keys: the article's order. `claim` inserts first (`on
@@ -189,10 +181,7 @@ impl Store {
     /// charge still holds the intent's reference) claims nothing:
     /// [`Claim::Expired`].
     pub async fn claim(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
-        let claimed = match self {
-            Self::Postgres(s) => s.claim(new).await,
-            Self::Sqlite(s) => s.claim(new).await,
-        };
+        let claimed = self.backend.claim(new).await;
         self.late_retry(new, claimed).await
     }
 
@@ -200,10 +189,7 @@ impl Store {
     /// answered as [`Store::claim`] answers it (the property tests compare the
     /// two). Claims of the same key within it are racing requests: one wins.
     pub async fn claim_batch(&self, claims: &[NewClaim<'_>]) -> Vec<Result<Claim, StoreError>> {
-        let answers = match self {
-            Self::Postgres(s) => s.batch_claims(claims).await,
-            Self::Sqlite(s) => s.batch_claims(claims).await,
-        };
+        let answers = self.backend.batch_claims(claims).await;
         let mut out = Vec::with_capacity(claims.len());
         for (new, answer) in claims.iter().zip(answers) {
             out.push(match answer {
@@ -217,10 +203,7 @@ impl Store {
     /// [`Store::claim`] on the one-row path, never batched: what a batch must
     /// agree with (the property tests compare the two).
     pub async fn claim_alone(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
-        let claimed = match self {
-            Self::Postgres(s) => s.claim_alone(new).await,
-            Self::Sqlite(s) => s.claim_alone(new).await,
-        };
+        let claimed = self.backend.claim_alone(new).await;
         self.late_retry(new, claimed).await
     }
 
@@ -236,10 +219,10 @@ impl Store {
             Err(e) if error::is_reference_taken(&e) => {
                 let reference =
                     AcquirerReference::for_intent(new.merchant_id, new.key, &new.fingerprint);
-                let charge_id = match self {
-                    Self::Postgres(s) => s.charge_by_reference(new.merchant_id, &reference).await?,
-                    Self::Sqlite(s) => s.charge_by_reference(new.merchant_id, &reference).await?,
-                };
+                let charge_id = self
+                    .backend
+                    .charge_by_reference(new.merchant_id, &reference)
+                    .await?;
                 return match charge_id {
                     Some(id) => Ok(Claim::Expired(id)),
                     None => Err(e),
@@ -282,9 +265,6 @@ impl Store {
             webhook: settlement.webhook.map(Into::into),
             audit: settlement.audit,
         };
-        match self {
-            Self::Postgres(s) => s.finalize(&values).await,
-            Self::Sqlite(s) => s.finalize(&values).await,
-        }
+        self.backend.finalize(&values).await
     }
 }

@@ -1,31 +1,98 @@
-//! The store's operations, one trait per concern (a table, or what one
-//! reader needs), each implemented by both backends beside the statements it
-//! runs (`postgres/<concern>.rs`, `sqlite/<concern>.rs`). [`store_ops!`]
-//! declares each trait and gives [`Store`] a method per operation that hands
-//! it to the backend in use: a new operation is one line here and two
-//! implementations, and the compiler holds both backends to it.
+//! The store's contract: its operations, one trait per concern (a table, or
+//! what one reader needs), each implemented by every backend beside the
+//! statements it runs (`postgres/<concern>.rs`, `sqlite/<concern>.rs`), and
+//! [`Base`], what the facade builds its own rules on (opening and closing,
+//! the raw claim and finalize). A backend is a [`Backend`]: all of them.
 //!
-//! What the facade does itself (a late retry's answer, packing a finalize,
-//! holding a relay's batch) is in `mod.rs`, over backend methods of their own.
-//!
-//! Why a macro of our own rather than the `enum_dispatch` crate (which svix
-//! uses for the same shape): the dispatch is these twenty lines; it gives
-//! `Store` inherent methods, so callers import no trait; and the traits stay
-//! private to the store, where an `async fn` needs no `Send` promise spelt
-//! out (callers see the concrete futures, whose `Send` the compiler checks).
+//! [`store_ops!`] declares each concern's trait and gives [`Store`] a method
+//! per operation that hands it to the backend the store was opened on: a new
+//! operation is one line here and an implementation per backend, and the
+//! compiler holds every backend to it. The backend is chosen once, by the
+//! URL, when the store is opened (`Store::connect`); nothing else matches on
+//! it. The traits are `async_trait`s, so a backend is a trait object: each
+//! call boxes its future (one allocation, beside a database round trip).
 
 use std::time::Duration;
 
+use super::batch::Batched;
 use super::error::StoreError;
 use super::model::*;
+use super::params::FinalizeValues;
 use super::relay_batch::OutboxBatch;
 use super::Store;
-use crate::domain::{Charge, ChargeId, IdempotencyKey, Merchant, Refund, RefundId, SecretHash};
-use crate::domain::{Step, StepId};
+use crate::domain::{AcquirerReference, Charge, ChargeId, IdempotencyKey, Merchant, Refund};
+use crate::domain::{RefundId, SecretHash, Step, StepId};
+
+/// A future that need not be `Send`.
+pub(super) type LocalFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + 'a>>;
+
+/// What the facade builds on, below its own rules (a late retry's answer,
+/// packing a finalize's values): opening and closing, and the claim and the
+/// finalize as each backend runs them.
+#[async_trait::async_trait]
+pub(super) trait Base {
+    /// The database's name in OpenTelemetry's conventions (`db.system.name`).
+    fn system_name(&self) -> &'static str;
+    /// Not `Send`: sqlx's migrator on a PostgreSQL connection cannot promise
+    /// it (its `Acquire` for `&mut PgConnection` is not general enough), and
+    /// no one migrates from a spawned task.
+    fn migrate(&self) -> LocalFuture<'_, Result<(), sqlx::migrate::MigrateError>>;
+    async fn ping(&self) -> Result<(), StoreError>;
+    /// Whether the database can write, as far as the last writes found.
+    async fn writable(&self) -> Result<(), StoreError>;
+    fn pool_stats(&self) -> PoolStats;
+    async fn close(&self);
+    /// Insert first, in a batch with the claims made at the same time.
+    async fn claim(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError>;
+    /// `claims` as one batch; a row the batch could not settle is `Alone`.
+    async fn batch_claims(&self, claims: &[NewClaim<'_>]) -> Vec<Batched<Claim>>;
+    /// Insert first, on the one-row path.
+    async fn claim_alone(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError>;
+    /// The charge that holds an intent's acquirer reference.
+    async fn charge_by_reference(
+        &self,
+        merchant_id: i64,
+        reference: &AcquirerReference,
+    ) -> Result<Option<ChargeId>, StoreError>;
+    async fn finalize(&self, values: &FinalizeValues<'_>) -> Result<bool, StoreError>;
+}
+
+/// A backend: every part of the contract, shareable across tasks.
+pub(super) trait Backend:
+    Base
+    + Refunds
+    + Steps
+    + Keys
+    + Charges
+    + Merchants
+    + Webhooks
+    + Outbox
+    + AuditTrail
+    + Console
+    + Send
+    + Sync
+{
+}
+
+impl<T> Backend for T where
+    T: Base
+        + Refunds
+        + Steps
+        + Keys
+        + Charges
+        + Merchants
+        + Webhooks
+        + Outbox
+        + AuditTrail
+        + Console
+        + Send
+        + Sync
+{
+}
 
 /// Declares each concern's trait (crate-internal: the backends implement it)
 /// and, for every operation, a public method of [`Store`] with the same name,
-/// signature and documentation that runs it on the backend in use.
+/// signature and documentation that runs it on the store's backend.
 macro_rules! store_ops {
     ($(
         $(#[$concern_doc:meta])*
@@ -38,6 +105,7 @@ macro_rules! store_ops {
     )*) => {
         $(
             $(#[$concern_doc])*
+            #[async_trait::async_trait]
             pub(super) trait $concern {
                 $(
                     $(#[$doc])*
@@ -49,10 +117,7 @@ macro_rules! store_ops {
                 $(
                     $(#[$doc])*
                     pub async fn $name(&self $(, $arg: $ty)*) -> $ret {
-                        match self {
-                            Self::Postgres(s) => $concern::$name(s $(, $arg)*).await,
-                            Self::Sqlite(s) => $concern::$name(s $(, $arg)*).await,
-                        }
+                        $concern::$name(self.backend(), $($arg),*).await
                     }
                 )*
             }

@@ -37,6 +37,7 @@ type Row = (
     Option<String>,
 );
 
+#[async_trait::async_trait]
 impl AuditTrail for PgStore {
     async fn record_audit(&self, entry: &AuditEntry<'_>) -> Result<(), StoreError> {
         self.on_conn(async |db| record(db, entry).await).await

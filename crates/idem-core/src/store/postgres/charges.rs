@@ -74,6 +74,7 @@ const EXPIRED_AUTHORIZATIONS_SQL: &str = const_format::concatcp!(
       limit $2"
 );
 
+#[async_trait::async_trait]
 impl Charges for PgStore {
     async fn expired_authorizations(
         &self,

@@ -11,6 +11,7 @@ use crate::store::ops::Console;
 use crate::store::said;
 use crate::store::shared::millis;
 
+#[async_trait::async_trait]
 impl Console for PgStore {
     async fn create_admin_token(
         &self,

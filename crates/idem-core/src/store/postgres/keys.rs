@@ -330,6 +330,7 @@ struct ClaimAnswer {
     record: RecordRow,
 }
 
+#[async_trait::async_trait]
 impl Keys for PgStore {
     async fn key_record(
         &self,

@@ -28,6 +28,7 @@ const BY_SECRET_SQL: &str = "
 /// `MerchantCache`); part of every change to who may authenticate.
 const BUMP_VERSION_SQL: &str = "update settings set merchants_version = merchants_version + 1";
 
+#[async_trait::async_trait]
 impl Merchants for PgStore {
     async fn create_merchant(
         &self,

@@ -22,16 +22,18 @@ use std::time::Duration;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::PgConnection;
 
-use super::batch::Batcher;
+use super::batch::{Batched, Batcher};
 use super::error::StoreError;
 use super::health::Check;
-use super::model::Claim;
 use super::model::PoolStats;
+use super::model::{Claim, NewClaim};
+use super::ops::{Base, LocalFuture};
 use super::outbox::ResultRow;
-use super::params::{ClaimRow, FinalizeRow};
+use super::params::{ClaimRow, FinalizeRow, FinalizeValues};
 use super::shared::{
     millis, past_deadline, ACQUIRE_TIMEOUT, BATCHES_AT_ONCE, BATCH_CAP, STORE_DEADLINE,
 };
+use crate::domain::{AcquirerReference, ChargeId};
 use pool::PgPool;
 
 pub use keys::{CLAIM_SQL, FINALIZE_SQL};
@@ -149,13 +151,6 @@ impl PgStore {
             refund_claims,
             refund_finalizes,
         })
-    }
-
-    /// Like [`PgStore::lazy`], then opens one connection to prove the database answers.
-    pub(super) async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let store = Self::lazy(url, max_connections)?;
-        store.pool.get().await?.release();
-        Ok(store)
     }
 
     /// Runs `op` on one connection of the pool, within [`STORE_DEADLINE`].
@@ -314,4 +309,55 @@ async fn within_deadline<T>(
     tokio::time::timeout(STORE_DEADLINE, work)
         .await
         .unwrap_or_else(|_| Err(past_deadline()))
+}
+
+#[async_trait::async_trait]
+impl Base for PgStore {
+    fn system_name(&self) -> &'static str {
+        "postgresql"
+    }
+
+    fn migrate(&self) -> LocalFuture<'_, Result<(), sqlx::migrate::MigrateError>> {
+        Box::pin(PgStore::migrate(self))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        PgStore::ping(self).await
+    }
+
+    async fn writable(&self) -> Result<(), StoreError> {
+        PgStore::writable(self).await
+    }
+
+    fn pool_stats(&self) -> PoolStats {
+        PgStore::pool_stats(self)
+    }
+
+    async fn close(&self) {
+        PgStore::close(self).await
+    }
+
+    async fn claim(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
+        PgStore::claim(self, new).await
+    }
+
+    async fn batch_claims(&self, claims: &[NewClaim<'_>]) -> Vec<Batched<Claim>> {
+        PgStore::batch_claims(self, claims).await
+    }
+
+    async fn claim_alone(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
+        PgStore::claim_alone(self, new).await
+    }
+
+    async fn charge_by_reference(
+        &self,
+        merchant_id: i64,
+        reference: &AcquirerReference,
+    ) -> Result<Option<ChargeId>, StoreError> {
+        PgStore::charge_by_reference(self, merchant_id, reference).await
+    }
+
+    async fn finalize(&self, values: &FinalizeValues<'_>) -> Result<bool, StoreError> {
+        PgStore::finalize(self, values).await
+    }
 }

@@ -79,6 +79,7 @@ pub(super) async fn results(pool: &PgPool, rows: Vec<ResultRow>) -> Vec<Batched<
 /// batch. Dropped unfinished, the connection is closed and the server rolls back.
 struct PgBatch(PgConn);
 
+#[async_trait::async_trait]
 impl Outbox for PgStore {
     async fn outbox_batch(&self, limit: i64) -> Result<OutboxBatch, StoreError> {
         self.take_batch(limit).await

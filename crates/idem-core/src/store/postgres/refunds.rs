@@ -140,6 +140,7 @@ pub(super) struct ClaimAnswer {
     remaining: Option<i64>,
 }
 
+#[async_trait::async_trait]
 impl Refunds for PgStore {
     async fn claim_refund(&self, claim: &NewRefundClaim<'_>) -> Result<RefundClaim, StoreError> {
         let reference =

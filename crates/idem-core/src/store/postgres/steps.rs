@@ -118,6 +118,7 @@ struct ClaimAnswer {
     capturing: Option<bool>,
 }
 
+#[async_trait::async_trait]
 impl Steps for PgStore {
     async fn claim_step(&self, claim: &NewStepClaim<'_>) -> Result<StepClaim, StoreError> {
         let reference =

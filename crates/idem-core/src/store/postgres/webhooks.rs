@@ -109,6 +109,7 @@ type ListRow = (
     Option<DateTime<Utc>>,
 );
 
+#[async_trait::async_trait]
 impl Webhooks for PgStore {
     async fn add_webhook_endpoint(
         &self,

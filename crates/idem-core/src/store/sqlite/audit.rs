@@ -41,6 +41,7 @@ type Row = (
     Option<String>,
 );
 
+#[async_trait::async_trait]
 impl AuditTrail for SqliteStore {
     async fn record_audit(&self, entry: &AuditEntry<'_>) -> Result<(), StoreError> {
         self.write(async |tx| record(tx, entry).await).await

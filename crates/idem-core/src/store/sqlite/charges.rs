@@ -123,6 +123,7 @@ const EXPIRED_AUTHORIZATIONS_SQL: &str = concatcp!(
       limit $2"
 );
 
+#[async_trait::async_trait]
 impl Charges for SqliteStore {
     async fn expired_authorizations(
         &self,

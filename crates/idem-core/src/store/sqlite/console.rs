@@ -25,6 +25,7 @@ const OUTCOME_COUNTS_SQL: &str = concatcp!(
     " - $1 group by status order by status"
 );
 
+#[async_trait::async_trait]
 impl Console for SqliteStore {
     async fn create_admin_token(
         &self,

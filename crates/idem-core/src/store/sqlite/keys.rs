@@ -465,6 +465,7 @@ impl KeyOf<'_> {
     }
 }
 
+#[async_trait::async_trait]
 impl Keys for SqliteStore {
     async fn key_record(
         &self,

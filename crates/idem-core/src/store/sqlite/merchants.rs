@@ -80,6 +80,7 @@ fn name_taken(e: &StoreError) -> bool {
     db.is_unique_violation() && db.message().contains("merchants.name")
 }
 
+#[async_trait::async_trait]
 impl Merchants for SqliteStore {
     async fn create_merchant(
         &self,

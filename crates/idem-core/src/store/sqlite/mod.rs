@@ -33,13 +33,15 @@ use sqlx::sqlite::{
 };
 use sqlx::SqlitePool;
 
-use super::batch::Batcher;
+use super::batch::{Batched, Batcher};
 use super::error::StoreError;
 use super::health::{Check, WriteHealth};
-use super::model::Claim;
 use super::model::PoolStats;
-use super::params::{ClaimRow, FinalizeRow};
+use super::model::{Claim, NewClaim};
+use super::ops::{Base, LocalFuture};
+use super::params::{ClaimRow, FinalizeRow, FinalizeValues};
 use super::shared::{ACQUIRE_TIMEOUT, BATCH_CAP};
+use crate::domain::{AcquirerReference, ChargeId};
 
 /// How long a SQLite statement waits for another process's write transaction
 /// to end. Every write transaction idem opens is a few statements long (never
@@ -167,13 +169,6 @@ impl SqliteStore {
         })
     }
 
-    /// Like [`SqliteStore::lazy`], then opens the file (creating it if missing).
-    pub(super) async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let store = Self::lazy(url, max_connections)?;
-        store.ping().await?;
-        Ok(store)
-    }
-
     /// Runs `op` as one write transaction: this process's turn to write, then
     /// `begin immediate`; committed if `op` succeeds, rolled back if it fails
     /// or the future is dropped. Every write of this backend runs through here.
@@ -279,4 +274,55 @@ async fn write<T>(
     }
     writer.0.health.saw(&written, true);
     written
+}
+
+#[async_trait::async_trait]
+impl Base for SqliteStore {
+    fn system_name(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn migrate(&self) -> LocalFuture<'_, Result<(), sqlx::migrate::MigrateError>> {
+        Box::pin(SqliteStore::migrate(self))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        SqliteStore::ping(self).await
+    }
+
+    async fn writable(&self) -> Result<(), StoreError> {
+        SqliteStore::writable(self).await
+    }
+
+    fn pool_stats(&self) -> PoolStats {
+        SqliteStore::pool_stats(self)
+    }
+
+    async fn close(&self) {
+        SqliteStore::close(self).await
+    }
+
+    async fn claim(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
+        SqliteStore::claim(self, new).await
+    }
+
+    async fn batch_claims(&self, claims: &[NewClaim<'_>]) -> Vec<Batched<Claim>> {
+        SqliteStore::batch_claims(self, claims).await
+    }
+
+    async fn claim_alone(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
+        SqliteStore::claim_alone(self, new).await
+    }
+
+    async fn charge_by_reference(
+        &self,
+        merchant_id: i64,
+        reference: &AcquirerReference,
+    ) -> Result<Option<ChargeId>, StoreError> {
+        SqliteStore::charge_by_reference(self, merchant_id, reference).await
+    }
+
+    async fn finalize(&self, values: &FinalizeValues<'_>) -> Result<bool, StoreError> {
+        SqliteStore::finalize(self, values).await
+    }
 }

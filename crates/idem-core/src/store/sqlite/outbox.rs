@@ -101,6 +101,7 @@ const BACKLOG_SQL: &str = concatcp!(
        from outbox where published_at is null and set_aside_at is null"
 );
 
+#[async_trait::async_trait]
 impl Outbox for SqliteStore {
     async fn outbox_batch(&self, limit: i64) -> Result<OutboxBatch, StoreError> {
         Ok(OutboxBatch {

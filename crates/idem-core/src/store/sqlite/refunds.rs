@@ -182,6 +182,7 @@ struct Refused {
     remaining: i64,
 }
 
+#[async_trait::async_trait]
 impl Refunds for SqliteStore {
     async fn claim_refund(&self, claim: &NewRefundClaim<'_>) -> Result<RefundClaim, StoreError> {
         let id = RefundId::generate();

@@ -227,6 +227,7 @@ struct Refused {
     capturing: bool,
 }
 
+#[async_trait::async_trait]
 impl Steps for SqliteStore {
     async fn claim_step(&self, claim: &NewStepClaim<'_>) -> Result<StepClaim, StoreError> {
         let id = StepId::generate(claim.kind);

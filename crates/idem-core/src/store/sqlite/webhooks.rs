@@ -166,6 +166,7 @@ type ListRow = (
     Option<DateTime<Utc>>,
 );
 
+#[async_trait::async_trait]
 impl Webhooks for SqliteStore {
     async fn add_webhook_endpoint(
         &self,
