@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::*;
 use bytes::Bytes;
 use idem_core::domain::{ChargeId, ChargeRequest, ChargeStatus, IdempotencyKey, StoredResponse};
 use idem_core::store::{Claim, KeyState, KeyStatus, NewClaim, Reschedule, Settlement};
@@ -268,35 +269,17 @@ async fn release_and_renew_are_fenced_and_release_schedules_in_the_same_write(db
     assert!(orphans.is_empty(), "no reconciler looks before the wait");
 }
 
-const LEASE: Duration = Duration::from_secs(30);
-const TTL: Duration = Duration::from_secs(3600);
-
-fn captured(response: &StoredResponse) -> Settlement<'_> {
-    Settlement {
-        status: ChargeStatus::Captured,
-        capture_id: Some("cap_1"),
-        decline_reason: None,
-        response,
-        event: None,
-        webhook: None,
-        audit: None,
-    }
-}
-
 /// Claims `claim` and stores `answer` as its outcome, honoured for `key_ttl`.
 async fn charge(
     db: &TestDb,
     claim: &NewClaim<'_>,
-    answer: &'static str,
+    body: &'static str,
     key_ttl: Duration,
 ) -> ChargeId {
     let Claim::Won(record) = db.store.claim(claim).await.expect("claim") else {
         panic!("a fresh key wins")
     };
-    let response = StoredResponse {
-        status: 201,
-        body: Bytes::from_static(answer.as_bytes()),
-    };
+    let response = answer(body.as_bytes());
     assert!(db
         .store
         .finalize(
@@ -487,4 +470,8 @@ async fn a_late_retry_finds_its_charge_through_the_record_the_tombstone_and_the_
         other => panic!("another request under an expired key is a new intent: {other:?}"),
     }
     assert_eq!(db.count("charges").await, 3);
+}
+
+fn captured(response: &StoredResponse) -> Settlement<'_> {
+    settlement(ChargeStatus::Captured, response)
 }

@@ -16,6 +16,7 @@ mod merchants;
 mod outbox;
 mod refunds;
 mod steps;
+mod support;
 mod webhooks;
 
 /// Runs each named test on every backend, each on a database of its own:

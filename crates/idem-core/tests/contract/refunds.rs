@@ -11,10 +11,10 @@ use idem_core::domain::{
     RefundStatus, StoredResponse,
 };
 use idem_core::store::{
-    Claim, NewRefundClaim, RefundClaim, RefundRecord, RefundSettlement, Refusal, Settlement, Store,
-    Taken,
+    Claim, NewRefundClaim, RefundClaim, RefundRecord, RefundSettlement, Refusal, Store, Taken,
 };
 
+use crate::support::*;
 use idem_testkit::db::*;
 
 crate::on_every_backend!(
@@ -28,9 +28,6 @@ crate::on_every_backend!(
     a_refunds_lease_is_taken_over_once_and_released_onto_the_refunds_schedule
 );
 
-const LEASE: Duration = Duration::from_secs(30);
-const TTL: Duration = Duration::from_secs(3600);
-
 /// A charge of `amount` for `merchant`, claimed and stored with `status`.
 async fn charge(
     db: &TestDb,
@@ -39,33 +36,7 @@ async fn charge(
     amount: i64,
     status: ChargeStatus,
 ) -> ChargeId {
-    let key = IdempotencyKey::parse(new_key().as_bytes()).expect("key");
-    let request = ChargeRequest::from_json(body(order, amount).as_bytes()).expect("request");
-    let claim = new_claim(merchant_id, &key, &request, LEASE, TTL);
-    let Claim::Won(record) = db.store.claim(&claim).await.expect("claim") else {
-        panic!("a fresh key wins")
-    };
-    if status != ChargeStatus::Processing {
-        let response = StoredResponse {
-            status: 201,
-            body: Bytes::from_static(b"{}"),
-        };
-        let settlement = Settlement {
-            status,
-            capture_id: Some("cap_1"),
-            decline_reason: None,
-            response: &response,
-            event: None,
-            webhook: None,
-            audit: None,
-        };
-        assert!(db
-            .store
-            .finalize(merchant_id, &key, &record, &settlement, TTL)
-            .await
-            .expect("finalize"));
-    }
-    record.subject.id
+    settled_charge(db, merchant_id, &body(order, amount), status).await
 }
 
 fn refund_body(amount: Option<i64>) -> RefundRequest {

@@ -5,15 +5,14 @@
 //! taking, and a refused step gives back what it reserved.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use bytes::Bytes;
+use crate::support::*;
 use idem_core::domain::{
-    AmountCents, CaptureRequest, ChargeId, ChargeRequest, ChargeStatus, Fingerprint,
-    IdempotencyKey, StepKind, StepStatus, StoredResponse,
+    AmountCents, CaptureRequest, ChargeId, ChargeStatus, Fingerprint, IdempotencyKey, StepKind,
+    StepStatus,
 };
 use idem_core::store::{
-    Claim, NewStepClaim, Refusal, Settlement, StepClaim, StepRecord, StepSettlement, Store, Taken,
+    NewStepClaim, Refusal, StepClaim, StepRecord, StepSettlement, Store, Taken,
 };
 use idem_testkit::db::*;
 use tokio::sync::Barrier;
@@ -25,37 +24,10 @@ crate::on_every_backend!(
     a_refused_final_capture_gives_back_its_amount_and_reopens_the_authorization,
 );
 
-const LEASE: Duration = Duration::from_secs(30);
-const TTL: Duration = Duration::from_secs(3600);
-
 /// A two-step charge of `amount`, authorized.
 async fn authorization(db: &TestDb, merchant_id: i64, amount: i64) -> ChargeId {
-    let key = IdempotencyKey::parse(new_key().as_bytes()).expect("key");
-    let body = format!(r#"{{"order_id": 7, "amount_cents": {amount}, "capture": false}}"#);
-    let request = ChargeRequest::from_json(body.as_bytes()).expect("request");
-    let claim = new_claim(merchant_id, &key, &request, LEASE, TTL);
-    let Claim::Won(record) = db.store.claim(&claim).await.expect("claim") else {
-        panic!("a fresh key wins")
-    };
-    let response = StoredResponse {
-        status: 201,
-        body: Bytes::from_static(b"{}"),
-    };
-    let settled = Settlement {
-        status: ChargeStatus::Authorized,
-        capture_id: Some("auth_1"),
-        decline_reason: None,
-        response: &response,
-        event: None,
-        webhook: None,
-        audit: None,
-    };
-    assert!(db
-        .store
-        .finalize(merchant_id, &key, &record, &settled, TTL)
-        .await
-        .expect("finalize"));
-    record.subject.id
+    let json = format!(r#"{{"order_id": 7, "amount_cents": {amount}, "capture": false}}"#);
+    settled_charge(db, merchant_id, &json, ChargeStatus::Authorized).await
 }
 
 /// A claim of a capture (`Some(amount)`, or `None` for what remains) or, with
@@ -116,10 +88,7 @@ async fn void(db: &TestDb, m: i64, key: &str, id: &ChargeId) -> StepClaim {
 /// Stores a step's outcome as the acquirer's `status`.
 async fn settle(db: &TestDb, merchant_id: i64, key: &str, record: &StepRecord, status: StepStatus) {
     let key = IdempotencyKey::parse(key.as_bytes()).expect("key");
-    let response = StoredResponse {
-        status: 201,
-        body: Bytes::from_static(b"{}"),
-    };
+    let response = answer(b"{}");
     let settled = StepSettlement {
         status,
         acquirer_id: (status == StepStatus::Succeeded).then_some("acq_1"),

@@ -4,11 +4,10 @@
 
 use std::time::Duration;
 
+use crate::support::*;
 use bytes::Bytes;
-use idem_core::domain::{ChargeRequest, ChargeStatus, IdempotencyKey, MessageId, StoredResponse};
-use idem_core::store::{
-    AttemptOutcome, Audit, Claim, DueDelivery, NewEndpoint, NewWebhook, Settlement,
-};
+use idem_core::domain::{ChargeStatus, MessageId};
+use idem_core::store::{AttemptOutcome, Audit, DueDelivery, NewEndpoint, NewWebhook, Settlement};
 use idem_testkit::db::*;
 
 crate::on_every_backend!(
@@ -43,42 +42,18 @@ async fn merchant_with_endpoint(db: &TestDb) -> i64 {
 
 /// A captured charge whose outcome writes a `charge.captured` webhook; its id.
 async fn captured_charge(db: &TestDb, merchant_id: i64, order: i64) -> String {
-    let key = IdempotencyKey::parse(new_key().as_bytes()).expect("key");
-    let request = ChargeRequest::from_json(body(order, 100).as_bytes()).expect("request");
-    let claim = new_claim(merchant_id, &key, &request, LONG, Duration::from_secs(3600));
-    let Claim::Won(record) = db.store.claim(&claim).await.expect("claim") else {
-        panic!("a fresh key wins")
-    };
-    let response = StoredResponse {
-        status: 201,
-        body: Bytes::from_static(b"{}"),
-    };
+    let response = answer(b"{}");
     let webhook = NewWebhook {
         event_id: MessageId::event(),
         event_type: "charge.captured",
         body: Bytes::from_static(b"{\"type\": \"charge.captured\"}"),
     };
     let settled = Settlement {
-        status: ChargeStatus::Captured,
-        capture_id: Some("cap_1"),
-        decline_reason: None,
-        response: &response,
-        event: None,
         webhook: Some(&webhook),
-        audit: None,
+        ..settlement(ChargeStatus::Captured, &response)
     };
-    assert!(db
-        .store
-        .finalize(
-            merchant_id,
-            &key,
-            &record,
-            &settled,
-            Duration::from_secs(3600)
-        )
-        .await
-        .expect("finalize"));
-    record.subject.id.as_str().to_owned()
+    let id = settle_new(db, merchant_id, &body(order, 100), settled).await;
+    id.as_str().to_owned()
 }
 
 async fn take(db: &TestDb, lease: Duration, per_endpoint: i64) -> Vec<DueDelivery> {
