@@ -44,7 +44,7 @@ impl TestDb {
     }
 
     /// A migrated SQLite database in a scratch directory under `parent` (a
-    /// [`SmallDisk`], say), whatever backend this run tests.
+    /// small disk of a test's own, say), whatever backend this run tests.
     pub async fn sqlite_in(parent: &std::path::Path) -> Self {
         let db = Self::unmigrated_on(Backend::Sqlite, parent).await;
         db.store.migrate().await.expect("migrate test db");

@@ -14,8 +14,9 @@
 //!   which cannot write from a CTE, a few statements under `begin immediate`).
 //!
 //! [`Store`] holds one backend behind the store's contract ([`ops`]), chosen
-//! by the URL when it is opened ([`Store::connect`], the one place that names
-//! [`postgres`] and [`sqlite`]). Each backend implements the operations one
+//! by the URL when it is opened ([`Store::connect_lazy`], which
+//! [`Store::connect`] calls: the one place that makes a [`postgres`] or a
+//! [`sqlite`] store). Each backend implements the operations one
 //! concern at a time (the traits of [`ops`]: keys, charges, merchants,
 //! webhooks, the outbox, the audit trail, the console, refunds, steps),
 //! beside its own statements, and [`ops`] gives `Store` a method per
@@ -99,7 +100,7 @@ impl Backend {
 /// that names the backends; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
-    backend: Arc<dyn ops::Backend>,
+    backend: Arc<dyn ops::StoreBackend>,
 }
 
 impl Store {
@@ -123,7 +124,7 @@ impl Store {
     /// starts working when the database does, with no restart. The one place
     /// that knows which backends there are.
     pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let backend: Arc<dyn ops::Backend> = match Backend::of_url(url)? {
+        let backend: Arc<dyn ops::StoreBackend> = match Backend::of_url(url)? {
             Backend::Postgres => Arc::new(PgStore::lazy(url, max_connections)?),
             Backend::Sqlite => Arc::new(SqliteStore::lazy(url, max_connections)?),
         };
@@ -131,7 +132,7 @@ impl Store {
     }
 
     /// The backend, for the operations [`ops`] declares.
-    fn backend(&self) -> &dyn ops::Backend {
+    fn backend(&self) -> &dyn ops::StoreBackend {
         &*self.backend
     }
 

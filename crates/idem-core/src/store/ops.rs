@@ -2,14 +2,14 @@
 //! what one reader needs), each implemented by every backend beside the
 //! statements it runs (`postgres/<concern>.rs`, `sqlite/<concern>.rs`), and
 //! [`Base`], what the facade builds its own rules on (opening and closing,
-//! the raw claim and finalize). A backend is a [`Backend`]: all of them.
+//! the raw claim and finalize). A backend is a [`StoreBackend`]: all of them.
 //!
 //! [`store_ops!`] declares each concern's trait and gives [`Store`] a method
 //! per operation that hands it to the backend the store was opened on: a new
 //! operation is one line here and an implementation per backend, and the
 //! compiler holds every backend to it. The backend is chosen once, by the
-//! URL, when the store is opened (`Store::connect`); nothing else matches on
-//! it. The traits are `async_trait`s, so a backend is a trait object: each
+//! URL, when the store is opened (`Store::connect_lazy`); nothing else matches
+//! on it. The traits are `async_trait`s, so a backend is a trait object: each
 //! call boxes its future (one allocation, beside a database round trip).
 
 use std::time::Duration;
@@ -57,8 +57,9 @@ pub(super) trait Base {
     async fn finalize(&self, values: &FinalizeValues<'_>) -> Result<bool, StoreError>;
 }
 
-/// A backend: every part of the contract, shareable across tasks.
-pub(super) trait Backend:
+/// A backend: every part of the contract, shareable across tasks. (The
+/// public [`super::Backend`] names which one a URL asks for.)
+pub(super) trait StoreBackend:
     Base
     + Refunds
     + Steps
@@ -74,7 +75,7 @@ pub(super) trait Backend:
 {
 }
 
-impl<T> Backend for T where
+impl<T> StoreBackend for T where
     T: Base
         + Refunds
         + Steps

@@ -18,11 +18,10 @@ pub struct OutboxBatch {
 
 /// How a backend holds a batch, and finishes it: marks the rows `published`,
 /// sets aside those in `set_aside` (id, reason), and lets go of every row it
-/// took (`taken`), in one write.
+/// took, in one write.
 pub(super) trait BatchHold: Send {
     fn finish<'a>(
         self: Box<Self>,
-        taken: &'a [i64],
         published: &'a [i64],
         set_aside: &'a [(i64, String)],
     ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
@@ -38,7 +37,6 @@ impl OutboxBatch {
         published: &[i64],
         set_aside: &[(i64, String)],
     ) -> Result<(), StoreError> {
-        let taken: Vec<i64> = self.messages.iter().map(|m| m.id).collect();
-        self.hold.finish(&taken, published, set_aside).await
+        self.hold.finish(published, set_aside).await
     }
 }

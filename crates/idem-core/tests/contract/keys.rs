@@ -26,13 +26,7 @@ async fn a_stale_holder_cannot_finalize_after_a_take_over(db: TestDb) {
     let merchant_id = db.merchant_id("loja").await;
     let key = IdempotencyKey::parse(b"fence-me").expect("key");
     let request = ChargeRequest::from_json(body(1, 100).as_bytes()).expect("request");
-    let claim = new_claim(
-        merchant_id,
-        &key,
-        &request,
-        Duration::from_millis(50),
-        Duration::from_secs(60),
-    );
+    let claim = new_claim(merchant_id, &key, &request, LEASE, Duration::from_secs(60));
     let Claim::Won(stale) = db.store.claim(&claim).await.expect("claim") else {
         panic!("first claim wins")
     };
@@ -51,7 +45,7 @@ async fn a_stale_holder_cannot_finalize_after_a_take_over(db: TestDb) {
         "a live lease cannot be taken"
     );
 
-    tokio::time::sleep(Duration::from_millis(80)).await;
+    end_leases(&db).await;
     let fresh = db
         .store
         .take_over(merchant_id, &key, stale.attempt, Duration::from_secs(5))

@@ -590,7 +590,7 @@ async fn a_refunds_lease_is_taken_over_once_and_released_onto_the_refunds_schedu
             fingerprint: Fingerprint::of_refund(&charge_id, &request),
             charge_id: &charge_id,
             request: &request,
-            lease: Duration::from_millis(50),
+            lease: LEASE,
             key_ttl: TTL,
             traceparent: None,
         })
@@ -607,7 +607,7 @@ async fn a_refunds_lease_is_taken_over_once_and_released_onto_the_refunds_schedu
             .is_none(),
         "a live lease cannot be taken"
     );
-    tokio::time::sleep(Duration::from_millis(80)).await;
+    end_leases(&db).await;
     let fresh = db
         .store
         .take_over_refund(merchant_id, &key, stale.attempt, LEASE)

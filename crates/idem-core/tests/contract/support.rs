@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem_core::domain::{ChargeId, ChargeRequest, ChargeStatus, IdempotencyKey, StoredResponse};
-use idem_core::store::{Claim, Settlement};
+use idem_core::store::{Backend, Claim, Settlement};
 use idem_testkit::db::*;
 
 /// The lease a claim asks for, longer than any test.
@@ -69,4 +69,18 @@ pub async fn settle_new(
             .expect("finalize"));
     }
     record.subject.id
+}
+
+/// Ends every in-flight lease now, as the clock would once it ran out: the
+/// tests see a lease live (a long one, whatever the machine's load), then
+/// over, without sleeping on a short one.
+pub async fn end_leases(db: &TestDb) {
+    let past = match db.backend {
+        Backend::Postgres => "now() - interval '1 second'".to_owned(),
+        Backend::Sqlite => format!("{} - 1000", db.now()),
+    };
+    db.exec(&format!(
+        "update idempotency_keys set locked_until = {past} where state = 'in_flight'"
+    ))
+    .await;
 }

@@ -156,6 +156,9 @@ impl Relay {
     async fn pass(&self, channel: &Channel) -> Result<usize, RelayError> {
         let batch = self.store.outbox_batch(BATCH).await?;
         if batch.messages.is_empty() {
+            // Finished, not dropped: a batch dropped unfinished costs
+            // PostgreSQL its connection (closed, so that the server rolls back).
+            batch.finish(&[], &[]).await?;
             return Ok(0);
         }
         // A span only for a batch with messages: an idle poll is not worth a trace.

@@ -453,23 +453,26 @@ impl Keys for PgStore {
 impl PgStore {
     /// A claim, in the next batch of claims; alone where the batch cannot
     /// settle it.
-    pub(in crate::store) async fn claim(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
+    pub(in crate::store) async fn claim_batched(
+        &self,
+        new: &NewClaim<'_>,
+    ) -> Result<Claim, StoreError> {
         match self.claims.submit(ClaimRow::new(new)).await {
             Batched::Done(claim) => claim,
-            Batched::Alone => self.claim_alone(new).await,
+            Batched::Alone => self.claim_one(new).await,
         }
     }
 
     /// A claim on its own: one statement, and where a record was swept between
     /// statements, another round.
-    pub(in crate::store) async fn claim_alone(
+    pub(in crate::store) async fn claim_one(
         &self,
         new: &NewClaim<'_>,
     ) -> Result<Claim, StoreError> {
         claim_on(&self.pool, new).await
     }
 
-    pub(in crate::store) async fn finalize(
+    pub(in crate::store) async fn finalize_batched(
         &self,
         values: &FinalizeValues<'_>,
     ) -> Result<bool, StoreError> {

@@ -184,63 +184,6 @@ impl PgStore {
         })
         .await
     }
-
-    /// Creates or upgrades the schema; sqlx serializes concurrent runs with an
-    /// advisory lock. A migration may build an index on a big table: no
-    /// statement timeout for it; the connection gets the usual one back after.
-    pub(super) async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
-        let mut conn = self.pool.get().await?;
-        let db = conn.raw();
-        sqlx::query("set statement_timeout = 0")
-            .execute(&mut *db)
-            .await?;
-        sqlx::migrate!("./migrations/postgres")
-            .run(&mut *db)
-            .await?;
-        sqlx::query("reset statement_timeout")
-            .execute(&mut *db)
-            .await?;
-        conn.release();
-        Ok(())
-    }
-
-    pub(super) async fn ping(&self) -> Result<(), StoreError> {
-        self.on_conn(async |db| sqlx::query("select 1").execute(db).await)
-            .await
-            .map(drop)
-    }
-
-    /// Whether the database can take a write, as the operations found it;
-    /// while it could not, one small write of its own now and then
-    /// ([`crate::store::health`]).
-    pub(super) async fn writable(&self) -> Result<(), StoreError> {
-        match self.pool.health().check() {
-            Check::Writable => Ok(()),
-            Check::Unwritable(e) => Err(e),
-            Check::ProbeDue => {
-                let probed = self
-                    .on_conn(async |db| sqlx::query(PROBE_SQL).execute(db).await)
-                    .await
-                    .map(drop);
-                self.pool.health().saw(&probed, true);
-                probed
-            }
-        }
-    }
-
-    pub(super) fn pool_stats(&self) -> PoolStats {
-        let (size, idle) = self.pool.stats();
-        let (batch_size, batch_idle) = self.batch_pool.stats();
-        PoolStats {
-            size: size + batch_size,
-            idle: idle + batch_idle,
-        }
-    }
-
-    pub(super) async fn close(&self) {
-        self.pool.close().await;
-        self.batch_pool.close().await;
-    }
 }
 
 /// Connections of `max_connections` (at least 2) kept for the batch
@@ -311,6 +254,27 @@ async fn within_deadline<T>(
         .unwrap_or_else(|_| Err(past_deadline()))
 }
 
+impl PgStore {
+    /// Creates or upgrades the schema; sqlx serializes concurrent runs with an
+    /// advisory lock. A migration may build an index on a big table: no
+    /// statement timeout for it; the connection gets the usual one back after.
+    async fn migrate_now(&self) -> Result<(), sqlx::migrate::MigrateError> {
+        let mut conn = self.pool.get().await?;
+        let db = conn.raw();
+        sqlx::query("set statement_timeout = 0")
+            .execute(&mut *db)
+            .await?;
+        sqlx::migrate!("./migrations/postgres")
+            .run(&mut *db)
+            .await?;
+        sqlx::query("reset statement_timeout")
+            .execute(&mut *db)
+            .await?;
+        conn.release();
+        Ok(())
+    }
+}
+
 #[async_trait::async_trait]
 impl Base for PgStore {
     fn system_name(&self) -> &'static str {
@@ -318,35 +282,57 @@ impl Base for PgStore {
     }
 
     fn migrate(&self) -> LocalFuture<'_, Result<(), sqlx::migrate::MigrateError>> {
-        Box::pin(PgStore::migrate(self))
+        Box::pin(self.migrate_now())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        PgStore::ping(self).await
+        self.on_conn(async |db| sqlx::query("select 1").execute(db).await)
+            .await
+            .map(drop)
     }
 
+    /// Whether the database can take a write, as the operations found it;
+    /// while it could not, one small write of its own now and then
+    /// ([`crate::store::health`]).
     async fn writable(&self) -> Result<(), StoreError> {
-        PgStore::writable(self).await
+        match self.pool.health().check() {
+            Check::Writable => Ok(()),
+            Check::Unwritable(e) => Err(e),
+            Check::ProbeDue => {
+                let probed = self
+                    .on_conn(async |db| sqlx::query(PROBE_SQL).execute(db).await)
+                    .await
+                    .map(drop);
+                self.pool.health().saw(&probed, true);
+                probed
+            }
+        }
     }
 
     fn pool_stats(&self) -> PoolStats {
-        PgStore::pool_stats(self)
+        let (size, idle) = self.pool.stats();
+        let (batch_size, batch_idle) = self.batch_pool.stats();
+        PoolStats {
+            size: size + batch_size,
+            idle: idle + batch_idle,
+        }
     }
 
     async fn close(&self) {
-        PgStore::close(self).await
+        self.pool.close().await;
+        self.batch_pool.close().await;
     }
 
     async fn claim(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
-        PgStore::claim(self, new).await
+        self.claim_batched(new).await
     }
 
     async fn batch_claims(&self, claims: &[NewClaim<'_>]) -> Vec<Batched<Claim>> {
-        PgStore::batch_claims(self, claims).await
+        self.claims_as_batch(claims).await
     }
 
     async fn claim_alone(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
-        PgStore::claim_alone(self, new).await
+        self.claim_one(new).await
     }
 
     async fn charge_by_reference(
@@ -354,10 +340,10 @@ impl Base for PgStore {
         merchant_id: i64,
         reference: &AcquirerReference,
     ) -> Result<Option<ChargeId>, StoreError> {
-        PgStore::charge_by_reference(self, merchant_id, reference).await
+        self.charge_holding(merchant_id, reference).await
     }
 
     async fn finalize(&self, values: &FinalizeValues<'_>) -> Result<bool, StoreError> {
-        PgStore::finalize(self, values).await
+        self.finalize_batched(values).await
     }
 }

@@ -191,7 +191,6 @@ impl BatchHold for PgBatch {
     /// took are the ones its transaction locked).
     fn finish<'a>(
         mut self: Box<Self>,
-        _taken: &'a [i64],
         published: &'a [i64],
         set_aside: &'a [(i64, String)],
     ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>> {

@@ -280,7 +280,10 @@ pub(super) async fn finalizes(writer: &Writer, rows: Vec<FinalizeRow>) -> Vec<Ba
 impl SqliteStore {
     /// `new` claims as one batch: each one's answer, or `Alone` where the
     /// one-row path must decide ([`crate::store::Store::claim_batch`] runs it).
-    pub(in crate::store) async fn batch_claims(&self, new: &[NewClaim<'_>]) -> Vec<Batched<Claim>> {
+    pub(in crate::store) async fn claims_as_batch(
+        &self,
+        new: &[NewClaim<'_>],
+    ) -> Vec<Batched<Claim>> {
         let rows = new.iter().map(ClaimRow::new).collect();
         claims(&self.writer, rows).await
     }

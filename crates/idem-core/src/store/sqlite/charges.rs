@@ -233,7 +233,7 @@ impl Charges for SqliteStore {
 
 impl SqliteStore {
     /// The merchant's charge made under this acquirer reference, if any.
-    pub(in crate::store) async fn charge_by_reference(
+    pub(in crate::store) async fn charge_holding(
         &self,
         merchant_id: i64,
         reference: &AcquirerReference,

@@ -660,7 +660,10 @@ pub(super) async fn release_in(
 }
 
 impl SqliteStore {
-    pub(in crate::store) async fn claim(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
+    pub(in crate::store) async fn claim_batched(
+        &self,
+        new: &NewClaim<'_>,
+    ) -> Result<Claim, StoreError> {
         // A live record answers a retry without the write lock, which SQLite
         // has one of for the whole file: a 409 or a replay never queues behind
         // other keys' writes. This read decides nothing: a record, once there,
@@ -673,12 +676,12 @@ impl SqliteStore {
         }
         match self.claims.submit(ClaimRow::new(new)).await {
             Batched::Done(claim) => claim,
-            Batched::Alone => self.claim_alone(new).await,
+            Batched::Alone => self.claim_one(new).await,
         }
     }
 
     /// A claim in a write transaction of its own, without the read first.
-    pub(in crate::store) async fn claim_alone(
+    pub(in crate::store) async fn claim_one(
         &self,
         new: &NewClaim<'_>,
     ) -> Result<Claim, StoreError> {
@@ -686,7 +689,7 @@ impl SqliteStore {
             .await
     }
 
-    pub(in crate::store) async fn finalize(
+    pub(in crate::store) async fn finalize_batched(
         &self,
         values: &FinalizeValues<'_>,
     ) -> Result<bool, StoreError> {

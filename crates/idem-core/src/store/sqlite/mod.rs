@@ -178,49 +178,6 @@ impl SqliteStore {
     ) -> Result<T, StoreError> {
         write(&self.writer, op).await
     }
-
-    /// Creates or upgrades the schema; sqlx takes the file's write lock.
-    pub(super) async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
-        sqlx::migrate!("./migrations/sqlite").run(&self.pool).await
-    }
-
-    pub(super) async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("select 1").execute(&self.pool).await?;
-        Ok(())
-    }
-
-    /// Whether the file can take a write, as the writes found it; while it
-    /// could not, one small write of its own now and then
-    /// ([`super::health`]).
-    pub(super) async fn writable(&self) -> Result<(), StoreError> {
-        match self.writer.0.health.check() {
-            Check::Writable => Ok(()),
-            Check::Unwritable(e) => Err(e),
-            Check::ProbeDue => {
-                self.write(async |tx| {
-                    sqlx::query(PROBE_SQL).execute(&mut *tx).await?;
-                    Ok(())
-                })
-                .await
-            }
-        }
-    }
-
-    pub(super) fn pool_stats(&self) -> PoolStats {
-        PoolStats {
-            size: self.pool.size(),
-            idle: self.pool.num_idle(),
-        }
-    }
-
-    /// Closes the writer and the pool; the last connection to close also
-    /// checkpoints the write-ahead log.
-    pub(super) async fn close(&self) {
-        if let Some(conn) = self.writer.0.conn.lock().await.take() {
-            let _ = sqlx::Connection::close(conn).await;
-        }
-        self.pool.close().await;
-    }
 }
 
 /// The readiness probe's write: one row, rewritten in place.
@@ -276,6 +233,13 @@ async fn write<T>(
     written
 }
 
+impl SqliteStore {
+    /// Creates or upgrades the schema; sqlx takes the file's write lock.
+    async fn migrate_now(&self) -> Result<(), sqlx::migrate::MigrateError> {
+        sqlx::migrate!("./migrations/sqlite").run(&self.pool).await
+    }
+}
+
 #[async_trait::async_trait]
 impl Base for SqliteStore {
     fn system_name(&self) -> &'static str {
@@ -283,35 +247,57 @@ impl Base for SqliteStore {
     }
 
     fn migrate(&self) -> LocalFuture<'_, Result<(), sqlx::migrate::MigrateError>> {
-        Box::pin(SqliteStore::migrate(self))
+        Box::pin(self.migrate_now())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        SqliteStore::ping(self).await
+        sqlx::query("select 1").execute(&self.pool).await?;
+        Ok(())
     }
 
+    /// Whether the file can take a write, as the writes found it; while it
+    /// could not, one small write of its own now and then
+    /// ([`super::health`]).
     async fn writable(&self) -> Result<(), StoreError> {
-        SqliteStore::writable(self).await
+        match self.writer.0.health.check() {
+            Check::Writable => Ok(()),
+            Check::Unwritable(e) => Err(e),
+            Check::ProbeDue => {
+                self.write(async |tx| {
+                    sqlx::query(PROBE_SQL).execute(&mut *tx).await?;
+                    Ok(())
+                })
+                .await
+            }
+        }
     }
 
     fn pool_stats(&self) -> PoolStats {
-        SqliteStore::pool_stats(self)
+        PoolStats {
+            size: self.pool.size(),
+            idle: self.pool.num_idle(),
+        }
     }
 
+    /// Closes the writer and the pool; the last connection to close also
+    /// checkpoints the write-ahead log.
     async fn close(&self) {
-        SqliteStore::close(self).await
+        if let Some(conn) = self.writer.0.conn.lock().await.take() {
+            let _ = sqlx::Connection::close(conn).await;
+        }
+        self.pool.close().await;
     }
 
     async fn claim(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
-        SqliteStore::claim(self, new).await
+        self.claim_batched(new).await
     }
 
     async fn batch_claims(&self, claims: &[NewClaim<'_>]) -> Vec<Batched<Claim>> {
-        SqliteStore::batch_claims(self, claims).await
+        self.claims_as_batch(claims).await
     }
 
     async fn claim_alone(&self, new: &NewClaim<'_>) -> Result<Claim, StoreError> {
-        SqliteStore::claim_alone(self, new).await
+        self.claim_one(new).await
     }
 
     async fn charge_by_reference(
@@ -319,10 +305,10 @@ impl Base for SqliteStore {
         merchant_id: i64,
         reference: &AcquirerReference,
     ) -> Result<Option<ChargeId>, StoreError> {
-        SqliteStore::charge_by_reference(self, merchant_id, reference).await
+        self.charge_holding(merchant_id, reference).await
     }
 
     async fn finalize(&self, values: &FinalizeValues<'_>) -> Result<bool, StoreError> {
-        SqliteStore::finalize(self, values).await
+        self.finalize_batched(values).await
     }
 }

@@ -104,9 +104,14 @@ const BACKLOG_SQL: &str = concatcp!(
 #[async_trait::async_trait]
 impl Outbox for SqliteStore {
     async fn outbox_batch(&self, limit: i64) -> Result<OutboxBatch, StoreError> {
+        let messages = self.lease_batch(limit).await?;
+        let taken = messages.iter().map(|m| m.id).collect();
         Ok(OutboxBatch {
-            messages: self.lease_batch(limit).await?,
-            hold: Box::new(Lease(self.clone())),
+            messages,
+            hold: Box::new(Lease {
+                store: self.clone(),
+                taken,
+            }),
         })
     }
 
@@ -214,18 +219,24 @@ impl SqliteStore {
     }
 }
 
-/// A batch held by its lease: finishing it is a write like any other, and a
-/// relay that dies holding it leaves the lease to run out.
-struct Lease(SqliteStore);
+/// A batch held by its lease on the rows it `taken`: finishing it is a write
+/// like any other, and a relay that dies holding it leaves the lease to run out.
+struct Lease {
+    store: SqliteStore,
+    taken: Vec<i64>,
+}
 
 impl BatchHold for Lease {
     fn finish<'a>(
         self: Box<Self>,
-        taken: &'a [i64],
         published: &'a [i64],
         set_aside: &'a [(i64, String)],
     ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>> {
-        Box::pin(async move { self.0.finish_batch(taken, published, set_aside).await })
+        Box::pin(async move {
+            self.store
+                .finish_batch(&self.taken, published, set_aside)
+                .await
+        })
     }
 }
 
