@@ -1148,3 +1148,41 @@ async fn a_refund_command_and_the_same_key_over_http_make_one_refund() {
     assert_eq!(refunds.len(), 2, "{refunds:?}");
     assert_eq!(db.count("refunds").await, 2);
 }
+
+/// An idle relay looks at the outbox at every poll and finds nothing: it
+/// gives its connection back to the pool each time. Before, on PostgreSQL, the
+/// empty batch was dropped unfinished, which closes the batch's connection
+/// (so that the server rolls back), and every poll opened a new one.
+#[tokio::test]
+async fn an_idle_relay_keeps_its_database_connections() {
+    if !idem_testkit::run::runs_on(
+        Backend::Postgres,
+        "a relay's batch holds a PostgreSQL connection; SQLite's is a lease",
+    ) {
+        return;
+    }
+    let env = QueueEnv::start(Faults::default()).await;
+    // The tests' consumers poll the outbox every 100 ms.
+    let _consume = env.consumer(&[]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (since,): (f64,) = sqlx::query_as("select extract(epoch from now())::float8")
+        .fetch_one(&env.db.pool)
+        .await
+        .expect("now");
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let (opened,): (i64,) = sqlx::query_as(
+            "select count(*) from pg_stat_activity
+              where datname = current_database() and application_name = 'idem'
+                and extract(epoch from backend_start) > $1",
+        )
+        .bind(since)
+        .fetch_one(&env.db.pool)
+        .await
+        .expect("connections");
+        assert_eq!(
+            opened, 0,
+            "idem opened a connection while idle (its relay polls every 100 ms)"
+        );
+    }
+}

@@ -233,6 +233,9 @@ impl BatchHold for Lease {
         set_aside: &'a [(i64, String)],
     ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>> {
         Box::pin(async move {
+            if self.taken.is_empty() {
+                return Ok(()); // nothing leased: no write
+            }
             self.store
                 .finish_batch(&self.taken, published, set_aside)
                 .await
