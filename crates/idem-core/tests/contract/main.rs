@@ -11,6 +11,7 @@
 //!
 //! [`Store`]: idem_core::store::Store
 
+mod charges;
 mod keys;
 mod merchants;
 mod outbox;
