@@ -214,10 +214,12 @@ impl PgBatch {
         aside_reasons: &[&str],
     ) -> Result<(), sqlx::Error> {
         let db = self.0.raw();
-        sqlx::query("update outbox set published_at = now() where id = any($1)")
-            .bind(published)
-            .execute(&mut *db)
-            .await?;
+        if !published.is_empty() {
+            sqlx::query("update outbox set published_at = now() where id = any($1)")
+                .bind(published)
+                .execute(&mut *db)
+                .await?;
+        }
         if !aside_ids.is_empty() {
             sqlx::query(
                 "update outbox set set_aside_at = now(), set_aside_reason = aside.reason
