@@ -15,6 +15,10 @@
 //! Authorizations answer as captures do. Refunds, captures of an
 //! authorization and voids are made (`201`) or refused (`422`, looked up
 //! before it is believed); their echo is checked the same way.
+//!
+//! The client is the [`Acquirer`] the engine runs with: its ten calls are
+//! that trait's, implemented here with their bodies (no inherent method of
+//! the same name for the trait to fall back on).
 
 use std::path::Path;
 use std::time::Duration;
@@ -28,6 +32,7 @@ use super::protocol::{
     AuthorizationRequest, CaptureOutcome, CaptureRequest, Echo, RefundOutcome, RefundRequest,
     VoidOutcome, VoidRequest,
 };
+use super::Acquirer;
 
 /// The longest `Retry-After` idem takes from the acquirer. A hint beyond it
 /// (a misconfigured proxy's "come back tomorrow") would park a charge the
@@ -272,9 +277,14 @@ impl AcquirerClient {
             body,
         })
     }
+}
 
+/// The acquirer over HTTP: each call one request (a refusal of a refund, a
+/// capture of an authorization or a void, two: the POST and its lookup).
+#[async_trait::async_trait]
+impl Acquirer for AcquirerClient {
     /// `POST /v1/captures` with the charge's reference as the idempotency key.
-    pub async fn capture(&self, request: &CaptureRequest) -> Result<Captured, AcquirerError> {
+    async fn capture(&self, request: &CaptureRequest) -> Result<Captured, AcquirerError> {
         let Answer {
             status,
             headers,
@@ -317,7 +327,7 @@ impl AcquirerClient {
     /// as a POST's would be. `Ok(None)` (404) is not proof that no capture
     /// will happen: a POST still in flight may land later, so only a POST
     /// with the same reference settles it.
-    pub async fn lookup(&self, request: &CaptureRequest) -> Result<Option<Settled>, AcquirerError> {
+    async fn lookup(&self, request: &CaptureRequest) -> Result<Option<Settled>, AcquirerError> {
         let reference = request.reference.as_str();
         let Some(Answer {
             status,
@@ -346,9 +356,7 @@ impl AcquirerClient {
             )),
         }
     }
-}
 
-impl AcquirerClient {
     /// `POST /v1/refunds` with the refund's reference as the idempotency key.
     ///
     /// A `422` is final only once the acquirer says so twice: a real acquirer
@@ -356,14 +364,14 @@ impl AcquirerClient {
     /// refund"), so a refusal is looked up by reference before it is taken,
     /// and a lookup that finds the refund paid wins. A lookup that fails
     /// leaves the outcome unknown.
-    pub async fn refund(&self, request: &RefundRequest) -> RefundSettled {
+    async fn refund(&self, request: &RefundRequest) -> RefundSettled {
         self.post_refusable(&self.refunds_url, request).await
     }
 
     /// `GET /v1/refunds/{reference}`: the acquirer's outcome for the refund,
     /// if it has one (`404`: none yet; only a POST with the same reference
     /// settles it).
-    pub async fn lookup_refund(
+    async fn lookup_refund(
         &self,
         request: &RefundRequest,
     ) -> Result<Option<RefundSettled>, AcquirerError> {
@@ -374,7 +382,7 @@ impl AcquirerClient {
     /// idempotency key: the acquirer's word is as a one-step capture's
     /// (`201` authorized, `402` declined, `422` refused for good, the echo
     /// checked), everything else unknown.
-    pub async fn authorize(&self, request: &AuthorizationRequest) -> AuthorizationSettled {
+    async fn authorize(&self, request: &AuthorizationRequest) -> AuthorizationSettled {
         let Answer {
             status,
             headers,
@@ -419,7 +427,7 @@ impl AcquirerClient {
     /// authorization, if it has one, its echo checked as the POST's would be.
     /// `Ok(None)` (404) is not proof that nothing will be held: only a POST
     /// with the same reference settles it.
-    pub async fn lookup_authorization(
+    async fn lookup_authorization(
         &self,
         request: &AuthorizationRequest,
     ) -> Result<Option<AuthorizationSettled>, AcquirerError> {
@@ -449,7 +457,7 @@ impl AcquirerClient {
     /// capture's own reference as the idempotency key. A `422` is looked up
     /// before it is believed, as a refund's: a retry of a capture that took
     /// what remained finds nothing left, and the lookup says it was made.
-    pub async fn capture_authorization(
+    async fn capture_authorization(
         &self,
         request: &AuthorizationCaptureRequest,
     ) -> AuthorizationCaptureSettled {
@@ -459,7 +467,7 @@ impl AcquirerClient {
     /// `GET /v1/captures/{reference}` of a capture of an authorization (the
     /// same path as a one-step capture's): its outcome if the acquirer has
     /// one (`404`: none yet; only a POST with the same reference settles it).
-    pub async fn lookup_authorization_capture(
+    async fn lookup_authorization_capture(
         &self,
         request: &AuthorizationCaptureRequest,
     ) -> Result<Option<AuthorizationCaptureSettled>, AcquirerError> {
@@ -470,20 +478,22 @@ impl AcquirerClient {
     /// `422` is looked up before it is believed, as a refund's: a retry of a
     /// void that was made finds the authorization voided, and the lookup
     /// says it was this void.
-    pub async fn void(&self, request: &VoidRequest) -> VoidSettled {
+    async fn void(&self, request: &VoidRequest) -> VoidSettled {
         self.post_refusable(&self.voids_url, request).await
     }
 
     /// `GET /v1/voids/{reference}`: the acquirer's outcome for the void, if it
     /// has one (`404`: none yet; only a POST with the same reference settles
     /// it).
-    pub async fn lookup_void(
+    async fn lookup_void(
         &self,
         request: &VoidRequest,
     ) -> Result<Option<VoidSettled>, AcquirerError> {
         self.lookup_refusable(&self.voids_url, request).await
     }
+}
 
+impl AcquirerClient {
     /// POSTs a call whose outcome is made or refused (a refund, a capture of
     /// an authorization, a void): `201` made as asked (or a contradiction),
     /// `422` refused, but only once a lookup of the reference agrees (a `404`

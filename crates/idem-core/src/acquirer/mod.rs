@@ -17,9 +17,17 @@
 //! authorization and a void answer as a refund (`201` made, `422` refused,
 //! the refusal looked up before it is believed), since a retry of either can
 //! find the authorization used up or closed by its own first attempt.
+//!
+//! The engine sees the acquirer only through [`Acquirer`], the ten calls it
+//! makes; [`AcquirerClient`] is the one implementation that speaks HTTP, and a
+//! test may put a scripted one in its place (`crates/idem-core/tests/engine/`).
 
 mod client;
 pub mod protocol;
+
+use protocol::{
+    AuthorizationCaptureRequest, AuthorizationRequest, CaptureRequest, RefundRequest, VoidRequest,
+};
 
 pub use client::describe as describe_transport_error;
 pub use client::{
@@ -27,3 +35,48 @@ pub use client::{
     AuthorizationSettled, Authorized, Captured, Contradiction, Declined, RefundSettled, Refunded,
     Settled, Unknown, VoidSettled, Voided,
 };
+
+/// The acquirer as the engine calls it: a POST and a lookup per kind of
+/// request, each under the request's reference. What an implementation
+/// promises is the client's rule above: `Ok` and the errors other than
+/// [`AcquirerError::Unknown`] are the acquirer's final word for the reference
+/// (and a lookup's `Ok(None)` only that it has none *yet*); anything it cannot
+/// vouch for is `Unknown`.
+#[async_trait::async_trait]
+pub trait Acquirer: Send + Sync {
+    /// Captures a one-step charge.
+    async fn capture(&self, request: &CaptureRequest) -> Settled;
+    /// The outcome of a one-step charge's capture, if the acquirer has one.
+    async fn lookup(&self, request: &CaptureRequest) -> Result<Option<Settled>, AcquirerError>;
+    /// Pays a refund back from a capture.
+    async fn refund(&self, request: &RefundRequest) -> RefundSettled;
+    /// The outcome of a refund, if the acquirer has one.
+    async fn lookup_refund(
+        &self,
+        request: &RefundRequest,
+    ) -> Result<Option<RefundSettled>, AcquirerError>;
+    /// Authorizes a two-step charge.
+    async fn authorize(&self, request: &AuthorizationRequest) -> AuthorizationSettled;
+    /// The outcome of an authorization, if the acquirer has one.
+    async fn lookup_authorization(
+        &self,
+        request: &AuthorizationRequest,
+    ) -> Result<Option<AuthorizationSettled>, AcquirerError>;
+    /// Captures part or all of an authorization.
+    async fn capture_authorization(
+        &self,
+        request: &AuthorizationCaptureRequest,
+    ) -> AuthorizationCaptureSettled;
+    /// The outcome of a capture of an authorization, if the acquirer has one.
+    async fn lookup_authorization_capture(
+        &self,
+        request: &AuthorizationCaptureRequest,
+    ) -> Result<Option<AuthorizationCaptureSettled>, AcquirerError>;
+    /// Voids what an authorization still holds.
+    async fn void(&self, request: &VoidRequest) -> VoidSettled;
+    /// The outcome of a void, if the acquirer has one.
+    async fn lookup_void(
+        &self,
+        request: &VoidRequest,
+    ) -> Result<Option<VoidSettled>, AcquirerError>;
+}

@@ -7,7 +7,7 @@ use super::operation::Operable;
 use super::operation::{ClaimArgs, Claimed, Final, Finalize, Operation, Said};
 use super::Engine;
 use crate::acquirer::protocol::{AuthorizationRequest, CaptureRequest};
-use crate::acquirer::{AcquirerClient, AcquirerError};
+use crate::acquirer::{Acquirer, AcquirerError};
 use crate::crash;
 use crate::domain::{
     AcquirerReference, Authorization, Charge, ChargeEvent, ChargeRequest, ChargeStatus, EventType,
@@ -150,7 +150,7 @@ impl Operation for ChargeRequest {
         .await
     }
 
-    async fn call(acquirer: &AcquirerClient, merchant: &Merchant, charge: &Charge) -> Said {
+    async fn call(acquirer: &dyn Acquirer, merchant: &Merchant, charge: &Charge) -> Said {
         if charge.authorization.is_some() {
             return acquirer
                 .authorize(&authorization_request(merchant, charge))
@@ -164,7 +164,7 @@ impl Operation for ChargeRequest {
     }
 
     async fn look_up(
-        acquirer: &AcquirerClient,
+        acquirer: &dyn Acquirer,
         merchant: &Merchant,
         charge: &Charge,
     ) -> Result<Option<Said>, AcquirerError> {

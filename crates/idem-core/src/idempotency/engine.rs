@@ -13,6 +13,7 @@
 //! by reference, so a re-drive after a crash, timeout or take-over moves no money
 //! twice; the fencing token means only the current holder stores an outcome.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::Instrument;
@@ -20,7 +21,7 @@ use tracing::Instrument;
 use super::decision::{found, verdict, Found, Verdict};
 use super::operation::{ClaimArgs, Claimed, Final, Finalize, Operation, Said};
 use super::{InFlightMemo, ReplayCache};
-use crate::acquirer::{AcquirerClient, AcquirerError, Contradiction, Unknown};
+use crate::acquirer::{Acquirer, AcquirerError, Contradiction, Unknown};
 use crate::crash::{self, CrashPoint};
 use crate::domain::{
     CaptureIntent, ChargeRequest, IdempotencyKey, Merchant, RefundIntent, StepKind, StoredResponse,
@@ -147,7 +148,8 @@ pub struct EngineConfig {
 #[derive(Clone)]
 pub struct Engine {
     pub(super) store: Store,
-    pub(super) acquirer: AcquirerClient,
+    /// The HTTP client in service; a scripted one in the engine's tests.
+    pub(super) acquirer: Arc<dyn Acquirer>,
     pub(super) config: EngineConfig,
     /// Keys this instance saw held by another attempt, answered from memory.
     pub(super) charges_in_flight: InFlightMemo<ChargeRequest>,
@@ -171,10 +173,12 @@ impl Engine {
         )
     }
 
-    pub fn new(store: Store, acquirer: AcquirerClient, config: EngineConfig) -> Self {
+    /// An engine over `store` that calls `acquirer` ([`crate::acquirer::AcquirerClient`]
+    /// in service).
+    pub fn new(store: Store, acquirer: impl Acquirer + 'static, config: EngineConfig) -> Self {
         Self {
             store,
-            acquirer,
+            acquirer: Arc::new(acquirer),
             config,
             charges_in_flight: InFlightMemo::default(),
             refunds_in_flight: InFlightMemo::default(),
@@ -387,7 +391,7 @@ impl Engine {
             return Ok(Some(Reconciled::Outcome(outcome)));
         }
         let started = std::time::Instant::now();
-        let result = match O::look_up(&self.acquirer, merchant, &record.subject)
+        let result = match O::look_up(self.acquirer.as_ref(), merchant, &record.subject)
             .instrument(acquirer_span::<O>("GET", &record.subject))
             .await
         {
@@ -430,13 +434,13 @@ impl Engine {
     ) -> Result<Outcome, EngineError> {
         let called = std::time::Instant::now();
         let call = || {
-            O::call(&self.acquirer, merchant, &record.subject)
+            O::call(self.acquirer.as_ref(), merchant, &record.subject)
                 .instrument(acquirer_span::<O>("POST", &record.subject))
         };
         let result = match approach {
             Approach::Capture => call().await,
             Approach::LookupFirst { .. } => {
-                match O::look_up(&self.acquirer, merchant, &record.subject)
+                match O::look_up(self.acquirer.as_ref(), merchant, &record.subject)
                     .instrument(acquirer_span::<O>("GET", &record.subject))
                     .await
                 {

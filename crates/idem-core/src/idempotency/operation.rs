@@ -8,7 +8,7 @@
 
 use std::future::Future;
 
-use crate::acquirer::{AcquirerClient, AcquirerError};
+use crate::acquirer::{Acquirer, AcquirerError};
 use crate::domain::{
     AcquirerReference, Fingerprint, IdempotencyKey, Merchant, StoredResponse, SubjectId,
 };
@@ -138,13 +138,13 @@ pub trait Operation: Clone + Send + Sync + Sized + 'static {
 
     /// POSTs the subject to the acquirer under its reference.
     fn call(
-        acquirer: &AcquirerClient,
+        acquirer: &dyn Acquirer,
         merchant: &Merchant,
         subject: &Self::Subject,
     ) -> impl Future<Output = Said> + Send;
     /// Asks the acquirer what it did under the subject's reference.
     fn look_up(
-        acquirer: &AcquirerClient,
+        acquirer: &dyn Acquirer,
         merchant: &Merchant,
         subject: &Self::Subject,
     ) -> impl Future<Output = Result<Option<Said>, AcquirerError>> + Send;

@@ -203,7 +203,7 @@ impl Engine {
         merchant: &Merchant,
         subject: &O::Subject,
     ) -> AcquirerWord {
-        AcquirerWord::of(O::look_up(&self.acquirer, merchant, subject).await)
+        AcquirerWord::of(O::look_up(self.acquirer.as_ref(), merchant, subject).await)
     }
 
     /// The subject `id` while it is still pending.

@@ -7,7 +7,7 @@ use super::operation::Operable;
 use super::operation::{ClaimArgs, Claimed, Final, Finalize, Operation, Said};
 use super::Engine;
 use crate::acquirer::protocol::RefundRequest as AcquirerRefund;
-use crate::acquirer::{AcquirerClient, AcquirerError};
+use crate::acquirer::{Acquirer, AcquirerError};
 use crate::crash;
 use crate::domain::{
     AcquirerReference, ChargeEvent, EventType, Fingerprint, IdempotencyKey, Merchant, MessageId,
@@ -169,7 +169,7 @@ impl Operation for RefundIntent {
         .await
     }
 
-    async fn call(acquirer: &AcquirerClient, merchant: &Merchant, refund: &Refund) -> Said {
+    async fn call(acquirer: &dyn Acquirer, merchant: &Merchant, refund: &Refund) -> Said {
         acquirer
             .refund(&acquirer_refund(merchant, refund))
             .await
@@ -177,7 +177,7 @@ impl Operation for RefundIntent {
     }
 
     async fn look_up(
-        acquirer: &AcquirerClient,
+        acquirer: &dyn Acquirer,
         merchant: &Merchant,
         refund: &Refund,
     ) -> Result<Option<Said>, AcquirerError> {

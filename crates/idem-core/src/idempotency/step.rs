@@ -13,7 +13,7 @@ use super::operation::Operable;
 use super::operation::{ClaimArgs, Claimed, Final, Finalize, Operation, Said};
 use super::Engine;
 use crate::acquirer::protocol::{AuthorizationCaptureRequest, VoidRequest};
-use crate::acquirer::{AcquirerClient, AcquirerError};
+use crate::acquirer::{Acquirer, AcquirerError};
 use crate::crash;
 use crate::domain::{
     AcquirerReference, CaptureIntent, CaptureRequest, ChargeEvent, EventType, Fingerprint,
@@ -163,7 +163,7 @@ impl Operation for CaptureIntent {
         .await
     }
 
-    async fn call(acquirer: &AcquirerClient, merchant: &Merchant, step: &Step) -> Said {
+    async fn call(acquirer: &dyn Acquirer, merchant: &Merchant, step: &Step) -> Said {
         acquirer
             .capture_authorization(&capture_request(merchant, step))
             .await
@@ -171,7 +171,7 @@ impl Operation for CaptureIntent {
     }
 
     async fn look_up(
-        acquirer: &AcquirerClient,
+        acquirer: &dyn Acquirer,
         merchant: &Merchant,
         step: &Step,
     ) -> Result<Option<Said>, AcquirerError> {
@@ -227,7 +227,7 @@ impl Operation for VoidIntent {
         .await
     }
 
-    async fn call(acquirer: &AcquirerClient, merchant: &Merchant, step: &Step) -> Said {
+    async fn call(acquirer: &dyn Acquirer, merchant: &Merchant, step: &Step) -> Said {
         acquirer
             .void(&void_request(merchant, step))
             .await
@@ -235,7 +235,7 @@ impl Operation for VoidIntent {
     }
 
     async fn look_up(
-        acquirer: &AcquirerClient,
+        acquirer: &dyn Acquirer,
         merchant: &Merchant,
         step: &Step,
     ) -> Result<Option<Said>, AcquirerError> {

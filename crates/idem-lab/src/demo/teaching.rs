@@ -30,7 +30,7 @@ use sqlx::AnyPool;
 use idem_core::store::Backend;
 
 use idem_core::acquirer::protocol::CaptureRequest;
-use idem_core::acquirer::AcquirerClient;
+use idem_core::acquirer::{Acquirer, AcquirerClient};
 use idem_core::domain::IdempotencyKey;
 use idem_core::domain::{AcquirerReference, ChargeRequest};
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use idem_core::acquirer::protocol::{CaptureRequest, RefundRequest};
-use idem_core::acquirer::{AcquirerClient, AcquirerError, Refunded};
+use idem_core::acquirer::{Acquirer, AcquirerClient, AcquirerError, Refunded};
 use idem_lab::sim::Fault;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;

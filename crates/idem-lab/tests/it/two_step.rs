@@ -10,7 +10,9 @@ use axum::http::StatusCode;
 use idem_core::acquirer::protocol::{
     AuthorizationCaptureRequest, AuthorizationRequest, VoidRequest,
 };
-use idem_core::acquirer::{AcquirerClient, AcquirerError, AuthorizationCaptured, Authorized};
+use idem_core::acquirer::{
+    Acquirer, AcquirerClient, AcquirerError, AuthorizationCaptured, Authorized,
+};
 use idem_lab::sim::{Fault, Faults};
 
 /// What the ledger's captures of the authorization under `reference` add

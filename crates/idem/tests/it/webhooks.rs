@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use idem_core::acquirer::Acquirer;
 use idem_lab::sim::{Fault, Faults};
 
 use crate::helpers::{
