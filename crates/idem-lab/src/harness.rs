@@ -43,11 +43,12 @@ impl Drop for Started {
 
 /// A fresh, empty database named `name` beside the one `url` names; returns
 /// its URL. PostgreSQL: dropped and recreated on the same server (connecting
-/// to `url` itself, or to that server's `postgres` database). SQLite: a new
-/// file in this process's [`scratch_dir`].
+/// to `url` itself, or to that server's `postgres` database); MariaDB, the
+/// same on its server. SQLite: a new file in this process's [`scratch_dir`].
 pub(crate) async fn fresh_database(url: &str, name: &str) -> anyhow::Result<String> {
     match Backend::of_url(url)? {
         Backend::Postgres => fresh_postgres_database(url, name).await,
+        Backend::MariaDb => fresh_mariadb_database(url, name).await,
         Backend::Sqlite => {
             let dir = scratch_dir();
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -72,6 +73,24 @@ fn scratch_dir() -> PathBuf {
 /// Removes the SQLite files [`fresh_database`] made, if any.
 pub(crate) fn remove_scratch_dir() {
     let _ = std::fs::remove_dir_all(scratch_dir());
+}
+
+async fn fresh_mariadb_database(url: &str, name: &str) -> anyhow::Result<String> {
+    let base = &url[..url
+        .rfind('/')
+        .context("the database URL has no database name")?];
+    let mut admin = sqlx::MySqlConnection::connect(&format!("{base}/mysql"))
+        .await
+        .context(
+            "connecting to MariaDB (is DATABASE_URL right? scripts/ensure-mariadb starts one)",
+        )?;
+    sqlx::query(&format!("drop database if exists {name}"))
+        .execute(&mut admin)
+        .await?;
+    sqlx::query(&format!("create database {name}"))
+        .execute(&mut admin)
+        .await?;
+    Ok(format!("{base}/{name}"))
 }
 
 async fn fresh_postgres_database(url: &str, name: &str) -> anyhow::Result<String> {

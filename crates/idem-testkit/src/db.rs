@@ -5,20 +5,21 @@
 
 use std::time::Duration;
 
-use crate::run::{admin_url, test_backend};
+use crate::run::{admin_url, mariadb_admin_url, test_backend};
 use idem_core::domain::MerchantSecret;
 use idem_core::store::{Audit, Backend, Store};
 use sqlx::Connection;
 
 /// A database of its own for one test, dropped when the test ends: a fresh
-/// PostgreSQL database, or a fresh SQLite file in a scratch directory.
+/// PostgreSQL or MariaDB database, or a fresh SQLite file in a scratch
+/// directory.
 pub struct TestDb {
     pub url: String,
     pub backend: Backend,
     pub store: Store,
     /// For the tests' own SQL, on either backend.
     pub pool: sqlx::AnyPool,
-    /// PostgreSQL: the database's name. SQLite: the scratch directory.
+    /// PostgreSQL, MariaDB: the database's name. SQLite: the scratch directory.
     place: String,
 }
 
@@ -72,6 +73,23 @@ impl TestDb {
                 };
                 (url, name)
             }
+            Backend::MariaDb => {
+                let name = format!("idem_test_{id}");
+                let admin = mariadb_admin_url();
+                let mut conn = sqlx::MySqlConnection::connect(&admin).await.expect(
+                    "MariaDB must be reachable at IDEM_TEST_MARIADB_URL (see docs/testing.md)",
+                );
+                sqlx::query(&format!("create database {name}"))
+                    .execute(&mut conn)
+                    .await
+                    .expect("create test database");
+                conn.close().await.ok();
+                let url = match admin.rfind('/') {
+                    Some(i) => format!("{}/{name}", &admin[..i]),
+                    None => panic!("MariaDB admin url has no database part"),
+                };
+                (url, name)
+            }
             Backend::Sqlite => {
                 let dir = parent.join(format!("idem_test_{id}"));
                 std::fs::create_dir_all(&dir).expect("scratch directory");
@@ -113,7 +131,7 @@ impl TestDb {
 
     /// The store's id of the merchant named `name`.
     pub async fn merchant_id(&self, name: &str) -> i64 {
-        let (id,): (i64,) = sqlx::query_as("select id from merchants where name = $1")
+        let (id,): (i64,) = sqlx::query_as(&self.sql("select id from merchants where name = $1"))
             .bind(name)
             .fetch_one(&self.pool)
             .await
@@ -162,6 +180,51 @@ impl TestDb {
                 ))
                 .await;
             }
+            Backend::MariaDb => {
+                // `before update of status on charges`: MariaDB has no
+                // `of <column>`, so the trigger fires on every update of the
+                // table, and `when` decides.
+                let (timing, table) = event.rsplit_once(" on ").unwrap_or((event, ""));
+                let timing = timing.split(" of ").next().unwrap_or(timing);
+                let when = when.unwrap_or("true");
+                self.exec(&format!(
+                    "create trigger {name} {timing} on {table} for each row
+                     if {when} then signal sqlstate '45000' set message_text = 'test: {name}'; end if"
+                ))
+                .await;
+            }
+        }
+    }
+
+    /// `sql` written with numbered parameters (`$1`), as this backend takes
+    /// it: MariaDB's `?`, in order (each number used once, in order).
+    pub fn sql(&self, sql: &str) -> String {
+        match self.backend {
+            Backend::MariaDb => {
+                let mut out = String::with_capacity(sql.len());
+                let mut chars = sql.chars().peekable();
+                while let Some(c) = chars.next() {
+                    if c == '$' && chars.peek().is_some_and(char::is_ascii_digit) {
+                        while chars.peek().is_some_and(char::is_ascii_digit) {
+                            chars.next();
+                        }
+                        out.push('?');
+                    } else {
+                        out.push(c);
+                    }
+                }
+                out
+            }
+            _ => sql.to_owned(),
+        }
+    }
+
+    /// This backend's name for a 64-bit integer in a `cast`, for tests' own
+    /// SQL (MariaDB casts to `signed`).
+    pub fn bigint(&self) -> &'static str {
+        match self.backend {
+            Backend::MariaDb => "signed",
+            _ => "bigint",
         }
     }
 
@@ -170,6 +233,7 @@ impl TestDb {
         match self.backend {
             Backend::Postgres => "now()",
             Backend::Sqlite => "cast(unixepoch('subsec') * 1000 as integer)",
+            Backend::MariaDb => "cast(unix_timestamp(now(3)) * 1000 as signed)",
         }
     }
 }
@@ -181,6 +245,7 @@ impl Drop for TestDb {
             let _ = std::fs::remove_dir_all(&place);
             return;
         }
+        let backend = self.backend;
         // A runtime of its own: Drop cannot await, and the test's may be gone.
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -188,6 +253,27 @@ impl Drop for TestDb {
                 .build()
                 .expect("runtime");
             rt.block_on(async {
+                if backend == Backend::MariaDb {
+                    if let Ok(mut conn) = sqlx::MySqlConnection::connect(&mariadb_admin_url()).await
+                    {
+                        // As PostgreSQL's `with (force)`: the test's pools may
+                        // still hold connections to it.
+                        let held: Vec<(i64,)> = sqlx::query_as(
+                            "select id from information_schema.processlist where db = ?",
+                        )
+                        .bind(&place)
+                        .fetch_all(&mut conn)
+                        .await
+                        .unwrap_or_default();
+                        for (id,) in held {
+                            let _ = sqlx::query(&format!("kill {id}")).execute(&mut conn).await;
+                        }
+                        let _ = sqlx::query(&format!("drop database if exists {place}"))
+                            .execute(&mut conn)
+                            .await;
+                    }
+                    return;
+                }
                 if let Ok(mut conn) = sqlx::PgConnection::connect(&admin_url()).await {
                     let _ = sqlx::query(&format!("drop database if exists {place} with (force)"))
                         .execute(&mut conn)

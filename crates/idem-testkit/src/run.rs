@@ -9,12 +9,22 @@ pub fn admin_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
 }
 
+/// The MariaDB server the tests make their databases on
+/// (`IDEM_TEST_MARIADB_URL`, by default root at 127.0.0.1:3306, as
+/// `scripts/ensure-mariadb` prints it).
+pub fn mariadb_admin_url() -> String {
+    std::env::var("IDEM_TEST_MARIADB_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/mysql".to_owned())
+}
+
 /// The backend this run of the suite tests: `IDEM_TEST_STORE=sqlite` runs the
-/// whole suite on the embedded store, anything else on PostgreSQL. One suite,
-/// two backends: scripts/test runs it once for each.
+/// whole suite on the embedded store, `IDEM_TEST_STORE=mariadb` on MariaDB,
+/// anything else on PostgreSQL. One suite, every backend: scripts/test runs
+/// it once for each.
 pub fn test_backend() -> Backend {
     match std::env::var("IDEM_TEST_STORE").as_deref() {
         Ok("sqlite") => Backend::Sqlite,
+        Ok("mariadb") => Backend::MariaDb,
         _ => Backend::Postgres,
     }
 }

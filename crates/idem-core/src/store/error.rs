@@ -26,21 +26,23 @@ pub enum StoreError {
     #[error("stored data is inconsistent: {0}")]
     Corrupt(String),
     /// The database URL names no backend idem has.
-    #[error("unsupported database URL (use postgres://... or sqlite://path): {0}")]
+    #[error("unsupported database URL (use postgres://..., mysql://... or sqlite://path): {0}")]
     UnsupportedUrl(String),
 }
 
 /// Whether `e` says a charge with this acquirer reference already exists: the
 /// same request under the same key made a charge before (the reference is the
 /// intent's own, and charges are never deleted), however long ago its key and
-/// tombstone went. PostgreSQL names the constraint; SQLite, the column.
+/// tombstone went. PostgreSQL names the constraint; SQLite, the column;
+/// MariaDB, the key, in its message.
 pub(super) fn is_reference_taken(e: &StoreError) -> bool {
     let StoreError::Database(sqlx::Error::Database(db)) = e else {
         return false;
     };
     db.is_unique_violation()
         && (db.constraint() == Some("charges_acquirer_reference_key")
-            || db.message().contains("charges.acquirer_reference"))
+            || db.message().contains("charges.acquirer_reference")
+            || db.message().contains("'charges_acquirer_reference_key'"))
 }
 
 impl StoreError {
@@ -123,6 +125,26 @@ fn is_sqlite_busy(code: &str) -> bool {
     code.parse::<i32>().is_ok_and(|c| matches!(c & 0xff, 5 | 6))
 }
 
+/// MariaDB's error numbers for "I answer, but cannot write now": `1021`
+/// disk full, `1114` a table full, `1030` the storage engine's own error (an
+/// errno such as 28, no space left on the device).
+fn is_mariadb_unwritable(number: u16) -> bool {
+    matches!(number, 1021 | 1114 | 1030)
+}
+
+/// MariaDB's error numbers that mean "try again": `1213` a deadlock's victim,
+/// `1205` a lock waited on too long, `1969` a statement past
+/// `max_statement_time`, `1040` too many connections, `1053` the server
+/// shutting down, `1927` the connection killed, and `1290`/`1836` read-only
+/// (a connection left on a server that became a replica: as PostgreSQL's
+/// `25006`, the next connection finds the new primary).
+fn is_mariadb_transient(number: u16) -> bool {
+    matches!(
+        number,
+        1213 | 1205 | 1969 | 1040 | 1053 | 1927 | 1290 | 1836
+    )
+}
+
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
         match &e {
@@ -138,9 +160,18 @@ impl From<sqlx::Error> for StoreError {
                 let pg = db
                     .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
                     .is_some();
-                if (sqlite && is_sqlite_unwritable(code)) || (pg && is_pg_unwritable(code)) {
+                let mariadb = db
+                    .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                    .map(|e| e.number());
+                if (sqlite && is_sqlite_unwritable(code))
+                    || (pg && is_pg_unwritable(code))
+                    || mariadb.is_some_and(is_mariadb_unwritable)
+                {
                     Self::Unwritable(e)
-                } else if (sqlite && is_sqlite_busy(code)) || (pg && is_pg_transient(code)) {
+                } else if (sqlite && is_sqlite_busy(code))
+                    || (pg && is_pg_transient(code))
+                    || mariadb.is_some_and(is_mariadb_transient)
+                {
                     Self::Unavailable(e)
                 } else {
                     Self::Database(e)

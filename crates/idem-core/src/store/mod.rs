@@ -34,6 +34,7 @@
 mod batch;
 mod error;
 mod health;
+mod mariadb;
 mod merchant_cache;
 mod model;
 mod ops;
@@ -50,6 +51,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::domain::{AcquirerReference, IdempotencyKey};
+use mariadb::MariaDbStore;
 use params::FinalizeValues;
 use postgres::PgStore;
 use sqlite::SqliteStore;
@@ -80,6 +82,7 @@ pub const DEFAULT_DATABASE_URL: &str = "sqlite://idem.db";
 pub enum Backend {
     Postgres,
     Sqlite,
+    MariaDb,
 }
 
 impl Backend {
@@ -89,6 +92,8 @@ impl Backend {
             Ok(Self::Postgres)
         } else if url.starts_with("sqlite:") {
             Ok(Self::Sqlite)
+        } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+            Ok(Self::MariaDb)
         } else {
             Err(StoreError::UnsupportedUrl(url.to_owned()))
         }
@@ -127,6 +132,7 @@ impl Store {
         let backend: Arc<dyn ops::StoreBackend> = match Backend::of_url(url)? {
             Backend::Postgres => Arc::new(PgStore::lazy(url, max_connections)?),
             Backend::Sqlite => Arc::new(SqliteStore::lazy(url, max_connections)?),
+            Backend::MariaDb => Arc::new(MariaDbStore::lazy(url, max_connections)?),
         };
         Ok(Self { backend })
     }

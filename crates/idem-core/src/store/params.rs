@@ -13,11 +13,90 @@ use crate::domain::{AcquirerReference, ChargeId, EVENTS_EXCHANGE};
 #[derive(Debug, Clone, Copy)]
 pub enum Param<'a> {
     Int(i64),
+    OptInt(Option<i64>),
     SmallInt(i16),
     Text(&'a str),
     OptText(Option<&'a str>),
     Bytes(&'a [u8]),
     OptBytes(Option<&'a [u8]>),
+}
+
+impl From<i64> for Param<'_> {
+    fn from(v: i64) -> Self {
+        Self::Int(v)
+    }
+}
+
+impl From<&i64> for Param<'_> {
+    fn from(v: &i64) -> Self {
+        Self::Int(*v)
+    }
+}
+
+impl From<i32> for Param<'_> {
+    fn from(v: i32) -> Self {
+        Self::Int(i64::from(v))
+    }
+}
+
+impl From<Option<i32>> for Param<'_> {
+    fn from(v: Option<i32>) -> Self {
+        Self::OptInt(v.map(i64::from))
+    }
+}
+
+impl From<i16> for Param<'_> {
+    fn from(v: i16) -> Self {
+        Self::SmallInt(v)
+    }
+}
+
+impl From<Option<i16>> for Param<'_> {
+    fn from(v: Option<i16>) -> Self {
+        Self::OptInt(v.map(i64::from))
+    }
+}
+
+impl From<Option<i64>> for Param<'_> {
+    fn from(v: Option<i64>) -> Self {
+        Self::OptInt(v)
+    }
+}
+
+impl<'a> From<&'a str> for Param<'a> {
+    fn from(v: &'a str) -> Self {
+        Self::Text(v)
+    }
+}
+
+impl<'a> From<Option<&'a str>> for Param<'a> {
+    fn from(v: Option<&'a str>) -> Self {
+        Self::OptText(v)
+    }
+}
+
+impl<'a> From<&'a String> for Param<'a> {
+    fn from(v: &'a String) -> Self {
+        Self::Text(v)
+    }
+}
+
+impl From<bool> for Param<'_> {
+    fn from(v: bool) -> Self {
+        Self::Int(i64::from(v))
+    }
+}
+
+impl<'a> From<&'a [u8]> for Param<'a> {
+    fn from(v: &'a [u8]) -> Self {
+        Self::Bytes(v)
+    }
+}
+
+impl<'a> From<Option<&'a [u8]>> for Param<'a> {
+    fn from(v: Option<&'a [u8]>) -> Self {
+        Self::OptBytes(v)
+    }
 }
 
 /// A statement's parameters: `$1` is the first, each with its name.
@@ -28,6 +107,7 @@ pub(super) fn arguments<'a, A, const N: usize>(params: &Params<'a, N>) -> Result
 where
     A: Arguments<'a>,
     i64: Encode<'a, A::Database> + Type<A::Database>,
+    Option<i64>: Encode<'a, A::Database> + Type<A::Database>,
     i16: Encode<'a, A::Database> + Type<A::Database>,
     &'a str: Encode<'a, A::Database> + Type<A::Database>,
     Option<&'a str>: Encode<'a, A::Database> + Type<A::Database>,
@@ -38,6 +118,7 @@ where
     for (_, param) in params {
         match *param {
             Param::Int(v) => args.add(v),
+            Param::OptInt(v) => args.add(v),
             Param::SmallInt(v) => args.add(v),
             Param::Text(v) => args.add(v),
             Param::OptText(v) => args.add(v),

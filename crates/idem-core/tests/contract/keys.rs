@@ -203,10 +203,11 @@ async fn release_and_renew_are_fenced_and_release_schedules_in_the_same_write(db
     };
     let schedule = || async {
         let (tries, waits): (i64, i64) = sqlx::query_as(&format!(
-            "select cast(c.reconcile_attempts as bigint),
-                    case when c.next_reconcile_at > {now} then 1 else 0 end
+            "select cast(c.reconcile_attempts as {int}),
+                    cast(case when c.next_reconcile_at > {now} then 1 else 0 end as {int})
                from charges c",
-            now = db.now()
+            now = db.now(),
+            int = db.bigint()
         ))
         .fetch_one(&db.pool)
         .await

@@ -2,7 +2,8 @@
 //! each. A test here is `async fn name(db: TestDb)` over [`Store`]'s
 //! operations only (and the tests' own SQL where a fact is only in a table);
 //! [`on_every_backend!`] runs it on a fresh database of each backend, as
-//! `<concern>::postgres::name` and `<concern>::sqlite::name`. A new backend
+//! `<concern>::postgres::name`, `<concern>::sqlite::name` and
+//! `<concern>::mariadb::name`. A new backend
 //! is a line in that macro, and is done when this suite passes on it (then the
 //! service's suite, `crates/idem/tests/it`, which runs whole requests).
 //!
@@ -21,7 +22,8 @@ mod support;
 mod webhooks;
 
 /// Runs each named test on every backend, each on a database of its own:
-/// `mod postgres` and `mod sqlite`, one `#[tokio::test]` per name in each.
+/// `mod postgres`, `mod sqlite` and `mod mariadb`, one `#[tokio::test]` per
+/// name in each.
 #[macro_export]
 macro_rules! on_every_backend {
     ($($test:ident),+ $(,)?) => {
@@ -39,6 +41,15 @@ macro_rules! on_every_backend {
                 #[tokio::test]
                 async fn $test() {
                     let db = idem_testkit::db::TestDb::on(idem_core::store::Backend::Sqlite).await;
+                    super::$test(db).await
+                }
+            )+
+        }
+        mod mariadb {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    let db = idem_testkit::db::TestDb::on(idem_core::store::Backend::MariaDb).await;
                     super::$test(db).await
                 }
             )+

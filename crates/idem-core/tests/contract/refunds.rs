@@ -656,6 +656,10 @@ async fn a_refunds_lease_is_taken_over_once_and_released_onto_the_refunds_schedu
             "select count(*) from refunds
               where next_reconcile_at > cast(unixepoch('subsec') * 1000 as integer) + 50000"
         }
+        idem_core::store::Backend::MariaDb => {
+            "select count(*) from refunds
+              where next_reconcile_at > cast(unix_timestamp(now(3)) * 1000 as signed) + 50000"
+        }
     };
     assert_eq!(
         count(&db, scheduled).await,

@@ -77,7 +77,7 @@ pub async fn settle_new(
 pub async fn end_leases(db: &TestDb) {
     let past = match db.backend {
         Backend::Postgres => "now() - interval '1 second'".to_owned(),
-        Backend::Sqlite => format!("{} - 1000", db.now()),
+        Backend::Sqlite | Backend::MariaDb => format!("{} - 1000", db.now()),
     };
     db.exec(&format!(
         "update idempotency_keys set locked_until = {past} where state = 'in_flight'"

@@ -122,6 +122,7 @@ pub async fn create_table(
     let id = match backend {
         Backend::Postgres => "bigint generated always as identity primary key",
         Backend::Sqlite => "integer primary key",
+        Backend::MariaDb => "bigint auto_increment primary key",
     };
     sqlx::query(&format!(
         "create table if not exists cobranca (

@@ -10,6 +10,7 @@ pub fn demo_database_url() -> String {
     match test_backend() {
         Backend::Postgres => admin_url(),
         Backend::Sqlite => "sqlite://idem.db".to_owned(),
+        Backend::MariaDb => idem_testkit::run::mariadb_admin_url(),
     }
 }
 
@@ -152,6 +153,7 @@ fn assert_the_store_is_named(html: &str, json: &serde_json::Value) {
             );
             assert!(html.contains("write lock"));
         }
+        Backend::MariaDb => assert_eq!(json["store"], "mariadb"),
     }
 }
 

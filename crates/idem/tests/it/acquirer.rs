@@ -169,7 +169,7 @@ async fn the_acquirers_retry_after_is_honoured_by_the_client_answer_and_the_reco
                 Backend::Postgres => format!(
                     "select count(*) from charges where next_reconcile_at > now() + interval '{seconds} seconds'"
                 ),
-                Backend::Sqlite => format!(
+                Backend::Sqlite | Backend::MariaDb => format!(
                     "select count(*) from charges where next_reconcile_at > {} + {}",
                     db.now(),
                     seconds * 1000

@@ -395,6 +395,9 @@ async fn every_counter_alert_fires_on_its_first_event_in_a_real_prometheus() {
         Backend::Sqlite => format!(
             "insert into merchants (name, secret_hash, created_at) values ('{long}', randomblob(32), 0)"
         ),
+        Backend::MariaDb => format!(
+            "insert into merchants (name, secret_hash, created_at) values ('{long}', random_bytes(32), 0)"
+        ),
     })
     .await;
     amqp.publish(&Cmd::new(&new_key(), &long, &body(6, 100)))

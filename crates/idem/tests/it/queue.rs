@@ -727,7 +727,7 @@ async fn a_command_the_store_refuses_after_its_capture_is_dead_lettered_naming_i
     // must write that row.
     let full = full_queue(&env, "test.full").await;
     match env.db.backend {
-        Backend::Postgres => {
+        Backend::Postgres | Backend::MariaDb => {
             env.db
                 .exec("alter table outbox add constraint test_no_results check (kind <> 'result')")
                 .await
@@ -824,7 +824,7 @@ impl Outage {
     /// The environment that points a consumer at what the outage will cut.
     async fn proxy(db: &TestDb) -> Option<DbProxy> {
         match db.backend {
-            Backend::Postgres => Some(DbProxy::start(db).await),
+            Backend::Postgres | Backend::MariaDb => Some(DbProxy::start(db).await),
             Backend::Sqlite => None,
         }
     }
@@ -944,6 +944,9 @@ async fn an_outbox_row_the_broker_cannot_take_is_set_aside_and_the_rows_behind_i
         ),
         Backend::Sqlite => format!(
             "insert into merchants (name, secret_hash, created_at) values ('{long}', randomblob(32), 0)"
+        ),
+        Backend::MariaDb => format!(
+            "insert into merchants (name, secret_hash, created_at) values ('{long}', random_bytes(32), 0)"
         ),
     };
     env.db.exec(&insert).await;

@@ -145,6 +145,11 @@ fn bind_columns<'q, const N: usize>(
                     .map(|p| if let Param::Int(v) = p { v } else { 0 })
                     .collect::<Vec<i64>>(),
             ),
+            Some(Param::OptInt(_)) => query.bind(
+                values
+                    .map(|p| if let Param::OptInt(v) = p { v } else { None })
+                    .collect::<Vec<Option<i64>>>(),
+            ),
             Some(Param::SmallInt(_)) => query.bind(
                 values
                     .map(|p| if let Param::SmallInt(v) = p { v } else { 0 })

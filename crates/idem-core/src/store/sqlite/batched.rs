@@ -64,6 +64,7 @@ fn rows_json<const N: usize>(rows: &[Params<'_, N>]) -> String {
                 .map(|(_, param)| -> serde_json::Value {
                     match *param {
                         Param::Int(v) => v.into(),
+                        Param::OptInt(v) => v.into(),
                         Param::SmallInt(v) => v.into(),
                         Param::Text(v) => v.into(),
                         Param::OptText(v) => v.into(),

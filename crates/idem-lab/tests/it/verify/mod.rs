@@ -408,6 +408,21 @@ async fn a_slow_409_breaks_in_flight_is_fast() {
 async fn fresh_database(name: &str, dir: &Path) -> String {
     match test_backend() {
         Backend::Sqlite => format!("sqlite://{}/{name}.db", dir.display()),
+        Backend::MariaDb => {
+            let admin = idem_testkit::run::mariadb_admin_url();
+            let mut conn = sqlx::MySqlConnection::connect(&admin).await.unwrap();
+            let db = format!("{name}_{}", std::process::id());
+            sqlx::query(&format!("drop database if exists {db}"))
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            sqlx::query(&format!("create database {db}"))
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            let base = &admin[..admin.rfind('/').unwrap()];
+            format!("{base}/{db}")
+        }
         Backend::Postgres => {
             let admin = admin_url();
             let mut conn = sqlx::PgConnection::connect(&admin).await.unwrap();
