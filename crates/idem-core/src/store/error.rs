@@ -126,8 +126,9 @@ fn is_sqlite_busy(code: &str) -> bool {
 }
 
 /// MariaDB's error numbers for "I answer, but cannot write now": `1021`
-/// disk full, `1114` a table full, `1030` the storage engine's own error (an
-/// errno such as 28, no space left on the device).
+/// disk full, `1114` a table full, `1030` the storage engine's own error (the
+/// way an errno such as 28, no space left on the device, reaches a client;
+/// broad, but any such error means the engine did not write).
 fn is_mariadb_unwritable(number: u16) -> bool {
     matches!(number, 1021 | 1114 | 1030)
 }
@@ -135,13 +136,14 @@ fn is_mariadb_unwritable(number: u16) -> bool {
 /// MariaDB's error numbers that mean "try again": `1213` a deadlock's victim,
 /// `1205` a lock waited on too long, `1969` a statement past
 /// `max_statement_time`, `1040` too many connections, `1053` the server
-/// shutting down, `1927` the connection killed, and `1290`/`1836` read-only
-/// (a connection left on a server that became a replica: as PostgreSQL's
-/// `25006`, the next connection finds the new primary).
+/// shutting down, `1927` the connection killed, `1317` a statement killed,
+/// and `1290`/`1836`/`1792` read-only (a connection left on a server that
+/// became a replica: as PostgreSQL's `25006`, the next connection finds the
+/// new primary).
 fn is_mariadb_transient(number: u16) -> bool {
     matches!(
         number,
-        1213 | 1205 | 1969 | 1040 | 1053 | 1927 | 1290 | 1836
+        1213 | 1205 | 1969 | 1040 | 1053 | 1927 | 1317 | 1290 | 1836 | 1792
     )
 }
 

@@ -18,7 +18,8 @@ crate::on_every_backend!(
     a_late_retry_finds_its_charge_through_the_record_the_tombstone_and_the_charge,
     a_stale_holder_cannot_finalize_after_a_take_over,
     a_claim_racing_the_sweeper_on_an_expired_key_never_fails,
-    release_and_renew_are_fenced_and_release_schedules_in_the_same_write
+    release_and_renew_are_fenced_and_release_schedules_in_the_same_write,
+    sixteen_claims_of_a_new_request_on_an_expired_key_make_one_charge
 );
 
 async fn a_stale_holder_cannot_finalize_after_a_take_over(db: TestDb) {
@@ -469,4 +470,55 @@ async fn a_late_retry_finds_its_charge_through_the_record_the_tombstone_and_the_
 
 fn captured(response: &StoredResponse) -> Settlement<'_> {
     settlement(ChargeStatus::Captured, response)
+}
+
+/// Sixteen claims of a new request under a key whose record expired: one
+/// reclaims it, the others find its claim (on MariaDB the losers of the insert
+/// deadlock on the reclaim, and run again).
+async fn sixteen_claims_of_a_new_request_on_an_expired_key_make_one_charge(db: TestDb) {
+    db.merchant("loja").await;
+    let m = db.merchant_id("loja").await;
+    let key = IdempotencyKey::parse(b"reused").expect("key");
+    let old = ChargeRequest::from_json(body(1, 100).as_bytes()).expect("request");
+    let claim = new_claim(m, &key, &old, LEASE, Duration::ZERO);
+    let Claim::Won(record) = db.store.claim(&claim).await.expect("claim") else {
+        panic!("wins")
+    };
+    let response = answer(b"{}");
+    assert!(db
+        .store
+        .finalize(
+            m,
+            &key,
+            &record,
+            &settlement(ChargeStatus::Captured, &response),
+            Duration::ZERO
+        )
+        .await
+        .expect("finalize"));
+    let start = Arc::new(Barrier::new(16));
+    let claims = (0..16).map(|_| {
+        let (store, start) = (db.store.clone(), start.clone());
+        tokio::spawn(async move {
+            let key = IdempotencyKey::parse(b"reused").expect("key");
+            let request = ChargeRequest::from_json(body(2, 200).as_bytes()).expect("request");
+            let claim = new_claim(m, &key, &request, LEASE, TTL);
+            start.wait().await;
+            store.claim_alone(&claim).await
+        })
+    });
+    let (mut won, mut lost, mut errors) = (0, 0, Vec::new());
+    for answer in futures_util::future::join_all(claims).await {
+        match answer.expect("task") {
+            Ok(Claim::Won(_)) => won += 1,
+            Ok(Claim::Lost(_)) => lost += 1,
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    assert!(
+        errors.is_empty(),
+        "won {won}, lost {lost}, errors {errors:?}"
+    );
+    assert_eq!((won, lost), (1, 15));
 }

@@ -25,7 +25,10 @@ crate::on_every_backend!(
     a_key_is_one_operations_whatever_it_is_sent_to,
     an_expired_refund_key_is_swept_and_its_tombstone_names_the_refund,
     an_expired_refund_key_is_made_anew_only_by_a_refund_the_charge_can_give,
-    a_refunds_lease_is_taken_over_once_and_released_onto_the_refunds_schedule
+    a_refunds_lease_is_taken_over_once_and_released_onto_the_refunds_schedule,
+    ten_copies_of_a_new_request_on_an_expired_key_make_one_refund,
+    a_small_refund_sent_ten_times_at_once_is_one_refund,
+    different_requests_racing_on_an_expired_key_make_one_refund
 );
 
 /// A charge of `amount` for `merchant`, claimed and stored with `status`.
@@ -687,4 +690,164 @@ async fn a_refunds_lease_is_taken_over_once_and_released_onto_the_refunds_schedu
         .await
         .expect("take over")
         .is_some());
+}
+
+/// One new refund request sent ten times at once under a key whose record
+/// expired: one refund, the other nine find it.
+async fn ten_copies_of_a_new_request_on_an_expired_key_make_one_refund(db: TestDb) {
+    db.merchant("loja").await;
+    let merchant_id = db.merchant_id("loja").await;
+    let charge_id = charge(&db, merchant_id, 1, 100, ChargeStatus::Captured).await;
+    let first = refund_body(Some(5));
+    let RefundClaim::Won(old) = claim_refund(&db.store, merchant_id, "k", &charge_id, &first).await
+    else {
+        panic!("won")
+    };
+    assert!(
+        settle_for(
+            &db,
+            merchant_id,
+            "k",
+            &old,
+            RefundStatus::Succeeded,
+            Duration::ZERO
+        )
+        .await
+    );
+    let request = refund_body(Some(10));
+    let claims = (0..10).map(|_| {
+        let store = db.store.clone();
+        let (charge_id, request) = (charge_id.clone(), request.clone());
+        tokio::spawn(async move {
+            let key = IdempotencyKey::parse(b"k").expect("key");
+            store
+                .claim_refund(&NewRefundClaim {
+                    merchant_id,
+                    key: &key,
+                    fingerprint: Fingerprint::of_refund(&charge_id, &request),
+                    charge_id: &charge_id,
+                    request: &request,
+                    lease: LEASE,
+                    key_ttl: TTL,
+                    traceparent: None,
+                })
+                .await
+        })
+    });
+    let (mut won, mut lost, mut errors) = (0, 0, Vec::new());
+    for claim in futures_util::future::join_all(claims).await {
+        match claim.expect("task") {
+            Ok(RefundClaim::Won(_)) => won += 1,
+            Ok(RefundClaim::Lost(_)) => lost += 1,
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    assert!(
+        errors.is_empty(),
+        "won {won}, lost {lost}, errors {errors:?}"
+    );
+    assert_eq!((won, lost), (1, 9));
+    assert_eq!(refunded_cents(&db, &charge_id).await, 15);
+}
+
+/// A refund of ten cents sent ten times at once under one key, with room for
+/// all ten: one refund (each copy's reservation would hold; the key decides).
+async fn a_small_refund_sent_ten_times_at_once_is_one_refund(db: TestDb) {
+    db.merchant("loja").await;
+    let merchant_id = db.merchant_id("loja").await;
+    let charge_id = charge(&db, merchant_id, 1, 100, ChargeStatus::Captured).await;
+    let request = refund_body(Some(10));
+    let claims = (0..10).map(|_| {
+        let store = db.store.clone();
+        let (charge_id, request) = (charge_id.clone(), request.clone());
+        tokio::spawn(async move {
+            let key = IdempotencyKey::parse(b"fresh").expect("key");
+            store
+                .claim_refund(&NewRefundClaim {
+                    merchant_id,
+                    key: &key,
+                    fingerprint: Fingerprint::of_refund(&charge_id, &request),
+                    charge_id: &charge_id,
+                    request: &request,
+                    lease: LEASE,
+                    key_ttl: TTL,
+                    traceparent: None,
+                })
+                .await
+        })
+    });
+    let (mut won, mut lost, mut errors) = (0, 0, Vec::new());
+    for claim in futures_util::future::join_all(claims).await {
+        match claim.expect("task") {
+            Ok(RefundClaim::Won(_)) => won += 1,
+            Ok(RefundClaim::Lost(_)) => lost += 1,
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    assert!(
+        errors.is_empty(),
+        "won {won}, lost {lost}, errors {errors:?}"
+    );
+    assert_eq!((won, lost), (1, 9));
+    assert_eq!(refunded_cents(&db, &charge_id).await, 10);
+}
+
+/// Eight different refunds racing for a key whose record expired: one takes
+/// it, the others find it taken; none fails.
+async fn different_requests_racing_on_an_expired_key_make_one_refund(db: TestDb) {
+    db.merchant("loja").await;
+    let merchant_id = db.merchant_id("loja").await;
+    let charge_id = charge(&db, merchant_id, 1, 100, ChargeStatus::Captured).await;
+    let first = refund_body(Some(5));
+    let RefundClaim::Won(old) = claim_refund(&db.store, merchant_id, "k", &charge_id, &first).await
+    else {
+        panic!("won")
+    };
+    assert!(
+        settle_for(
+            &db,
+            merchant_id,
+            "k",
+            &old,
+            RefundStatus::Succeeded,
+            Duration::ZERO
+        )
+        .await
+    );
+    let claims = (0..8).map(|i| {
+        let store = db.store.clone();
+        let charge_id = charge_id.clone();
+        tokio::spawn(async move {
+            let request = refund_body(Some(10 + i));
+            let key = IdempotencyKey::parse(b"k").expect("key");
+            store
+                .claim_refund(&NewRefundClaim {
+                    merchant_id,
+                    key: &key,
+                    fingerprint: Fingerprint::of_refund(&charge_id, &request),
+                    charge_id: &charge_id,
+                    request: &request,
+                    lease: LEASE,
+                    key_ttl: TTL,
+                    traceparent: None,
+                })
+                .await
+        })
+    });
+    let (mut won, mut lost, mut errors) = (0, 0, Vec::new());
+    for claim in futures_util::future::join_all(claims).await {
+        match claim.expect("task") {
+            Ok(RefundClaim::Won(_)) => won += 1,
+            Ok(RefundClaim::Lost(_)) => lost += 1,
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    assert!(
+        errors.is_empty(),
+        "won {won}, lost {lost}, errors {errors:?}"
+    );
+    assert_eq!((won, lost), (1, 7));
 }

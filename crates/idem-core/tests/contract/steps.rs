@@ -22,6 +22,10 @@ crate::on_every_backend!(
     one_capture_key_sent_ten_times_at_once_is_one_capture,
     a_void_waits_for_pending_captures_and_closes_the_authorization,
     a_refused_final_capture_gives_back_its_amount_and_reopens_the_authorization,
+    a_half_capture_leaves_the_rest_capturable,
+    a_refused_expiry_void_is_not_found_again,
+    a_small_capture_sent_ten_times_at_once_is_one_capture,
+    sixty_then_forty_of_a_hundred_is_captured_and_not_expired,
 );
 
 /// A two-step charge of `amount`, authorized.
@@ -274,4 +278,109 @@ async fn a_refused_final_capture_gives_back_its_amount_and_reopens_the_authoriza
         charge_state(&db, m, &id).await,
         (ChargeStatus::Authorized, 0, 40)
     );
+}
+
+/// A non-final capture of half the authorization leaves it authorized, the
+/// other half capturable.
+async fn a_half_capture_leaves_the_rest_capturable(db: TestDb) {
+    db.merchant("loja").await;
+    let m = db.merchant_id("loja").await;
+    let id = authorization(&db, m, 100).await;
+    let half = won(capture(&db, m, "half", &id, 50, false).await);
+    settle(&db, m, "half", &half, StepStatus::Succeeded).await;
+    assert_eq!(
+        charge_state(&db, m, &id).await,
+        (ChargeStatus::Authorized, 50, 50),
+        "half of a non-final capture leaves the rest capturable"
+    );
+}
+
+/// Expiry's void refused for good: expiry does not find the authorization
+/// again.
+async fn a_refused_expiry_void_is_not_found_again(db: TestDb) {
+    db.merchant("loja").await;
+    let m = db.merchant_id("loja").await;
+    let id = authorization(&db, m, 100).await;
+    let key = format!("{}{}", idem_core::domain::EXPIRY_KEY_PREFIX, id.as_str());
+    let voiding = won(void(&db, m, &key, &id).await);
+    settle(&db, m, &key, &voiding, StepStatus::Failed).await;
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let due = db
+        .store
+        .expired_authorizations(std::time::Duration::from_millis(1), 10)
+        .await
+        .expect("expired");
+    assert!(due.is_empty(), "a refused expiry void is final: {due:?}");
+}
+
+/// A capture of ten sent ten times at once under one key, with room for all
+/// ten: one capture.
+async fn a_small_capture_sent_ten_times_at_once_is_one_capture(db: TestDb) {
+    db.merchant("loja").await;
+    let m = db.merchant_id("loja").await;
+    let id = authorization(&db, m, 100).await;
+    let claims = (0..10).map(|_| {
+        let (store, id) = (db.store.clone(), id.clone());
+        tokio::spawn(async move {
+            let key = IdempotencyKey::parse(b"cap").expect("key");
+            let amount = Some(AmountCents::parse(10).expect("amount"));
+            store
+                .claim_step(&NewStepClaim {
+                    merchant_id: m,
+                    key: &key,
+                    fingerprint: Fingerprint::of_capture(
+                        &id,
+                        &CaptureRequest {
+                            amount_cents: amount,
+                            final_capture: false,
+                        },
+                    ),
+                    charge_id: &id,
+                    kind: StepKind::Capture,
+                    amount,
+                    final_capture: false,
+                    lease: LEASE,
+                    key_ttl: TTL,
+                    traceparent: None,
+                })
+                .await
+        })
+    });
+    let (mut won, mut lost, mut errors) = (0, 0, Vec::new());
+    for claim in futures_util::future::join_all(claims).await {
+        match claim.expect("task") {
+            Ok(StepClaim::Won(_)) => won += 1,
+            Ok(StepClaim::Lost(_)) => lost += 1,
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    assert!(
+        errors.is_empty(),
+        "won {won}, lost {lost}, errors {errors:?}"
+    );
+    assert_eq!((won, lost), (1, 9));
+}
+
+/// Two non-final captures that take the whole authorization make the charge
+/// captured, with nothing for expiry to void.
+async fn sixty_then_forty_of_a_hundred_is_captured_and_not_expired(db: TestDb) {
+    db.merchant("loja").await;
+    let m = db.merchant_id("loja").await;
+    let id = authorization(&db, m, 100).await;
+    let a = won(capture(&db, m, "a", &id, 60, false).await);
+    settle(&db, m, "a", &a, StepStatus::Succeeded).await;
+    let b = won(capture(&db, m, "b", &id, 40, false).await);
+    settle(&db, m, "b", &b, StepStatus::Succeeded).await;
+    assert_eq!(
+        charge_state(&db, m, &id).await,
+        (ChargeStatus::Captured, 100, 0)
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let due = db
+        .store
+        .expired_authorizations(std::time::Duration::from_millis(1), 10)
+        .await
+        .expect("expired");
+    assert!(due.is_empty(), "nothing left to void: {due:?}");
 }

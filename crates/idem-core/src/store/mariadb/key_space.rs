@@ -79,7 +79,9 @@ pub(super) async fn refund_record(
 }
 
 /// Whose the key is: a step's, a refund's or a charge's; `None` if it is
-/// gone. Read in the caller's write transaction, it stays so until the commit.
+/// gone. Read in the caller's transaction, as the latest commit has it: a claim of
+/// the same key may commit after it (the claims that write the key then
+/// fail as a duplicate and run again: `keys::lost_a_race`).
 pub(super) async fn taken(
     db: &mut MySqlConnection,
     merchant_id: i64,

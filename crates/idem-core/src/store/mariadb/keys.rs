@@ -244,19 +244,16 @@ const EXPIRED_SQL: &str = concatcp!(
     " order by expires_at limit $1"
 );
 
-/// The records `$1` (a JSON array of `[merchant, key]`) deleted if they are
-/// still expired, each one's values returned for its tombstone. By primary
-/// key: a finalize locks the primary key's row and then its index entries,
-/// and a delete that found its rows through the expiry index would lock in
-/// the other order, and deadlock with it. A claim reclaiming one of them
-/// waits on the delete's row lock, then finds it gone and inserts afresh.
+/// One record, `$1` merchant and `$2` key, deleted if it is still expired,
+/// its values returned for its tombstone. By primary key, one at a time: a
+/// finalize locks the key's row and then its index entries, and a delete that
+/// went through the expiry index would lock the other way round and deadlock
+/// with it (nor can MariaDB join a list of keys here: it would scan, and wait
+/// on every in-flight row). A claim reclaiming the record waits on the
+/// delete's row lock, then finds it gone and inserts afresh.
 const SWEEP_SQL: &str = concatcp!(
     "delete from idempotency_keys
-      where (merchant_id, idempotency_key) in (
-            select j.m, j.k from json_table($1, '$[*]' columns (
-                m bigint path '$[0]',
-                k varchar(255) character set utf8mb4 collate utf8mb4_uca1400_nopad_as_cs
-                  path '$[1]')) j)
+      where merchant_id = $1 and idempotency_key = $2
         and state = 'completed' and expires_at <= ",
     NOW,
     "
@@ -481,13 +478,39 @@ impl KeyOf<'_> {
         .execute(&mut *tx)
         .await?;
         if keyed.rows_affected() != 1 {
-            return Err(StoreError::Corrupt(format!(
-                "key {} changed inside its claim",
+            // The expired record it read was reclaimed or swept since.
+            return Err(StoreError::Unavailable(sqlx::Error::Protocol(format!(
+                "{CLAIMED_MEANWHILE}: {}",
                 self.key.as_str()
-            )));
+            ))));
         }
         Ok(())
     }
+}
+
+/// What [`KeyOf::claim`] says when the expired record it was to reclaim
+/// changed after the claim read it: weather, since the claim, run again,
+/// finds what changed it.
+const CLAIMED_MEANWHILE: &str = "the key was claimed or swept meanwhile";
+
+/// Whether a refund's or a step's claim lost a race that it runs again to
+/// answer: another claim of the same key committed first (a duplicate of the
+/// key's primary key; of the subject's reference, when the same request's
+/// subject row went in first), the expired record it read changed, or InnoDB
+/// chose it as a deadlock's victim. Its transaction rolled back whole, its
+/// reservation with it; run again, it finds the key taken.
+pub(super) fn lost_a_race(e: &StoreError) -> bool {
+    let duplicate_reference = match e {
+        StoreError::Database(sqlx::Error::Database(db)) => {
+            db.is_unique_violation() && db.message().contains("for key 'acquirer_reference'")
+        }
+        _ => false,
+    };
+    let changed = matches!(
+        e,
+        StoreError::Unavailable(sqlx::Error::Protocol(m)) if m.starts_with(CLAIMED_MEANWHILE)
+    );
+    is_key_taken(e) || duplicate_reference || changed || super::is_deadlock(e)
 }
 
 #[async_trait::async_trait]
@@ -593,14 +616,14 @@ impl Keys for MariaDbStore {
                 let expired: Vec<(i64, String)> = query_as(EXPIRED_SQL, params![limit])?
                     .fetch_all(&mut *tx)
                     .await?;
-                if expired.is_empty() {
-                    return Ok(0);
+                let mut swept: Vec<Swept> = Vec::with_capacity(expired.len());
+                for (merchant_id, key) in &expired {
+                    let gone: Option<Swept> =
+                        query_as(SWEEP_SQL, params![*merchant_id, key.as_str()])?
+                            .fetch_optional(&mut *tx)
+                            .await?;
+                    swept.extend(gone);
                 }
-                let expired = serde_json::to_string(&expired)
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                let swept: Vec<Swept> = query_as(SWEEP_SQL, params![expired.as_str()])?
-                    .fetch_all(&mut *tx)
-                    .await?;
                 for (merchant_id, key, fingerprint, charge_id, refund_id, step_id, expired_at) in
                     &swept
                 {

@@ -1,6 +1,7 @@
-//! The MariaDB backend (10.10 or later; `mysql://` or `mariadb://` URLs), for
-//! teams whose database is MariaDB or MySQL's lineage: the same operations as
-//! the others, each one short transaction on a pooled connection.
+//! The MariaDB backend (10.10 or later; `mysql://` or `mariadb://` URLs):
+//! the same operations as the others, each one short transaction on a pooled
+//! connection. MariaDB, not MySQL: it relies on MariaDB's `returning`,
+//! `max_statement_time` and collations.
 //!
 //! MariaDB cannot write from a CTE, has no `update ... returning` and no
 //! `on conflict do nothing returning`, so an operation that PostgreSQL does
@@ -65,11 +66,16 @@ const LOCK_WAIT: Duration = Duration::from_secs(2);
 /// inside [`STORE_DEADLINE`].
 const STATEMENT_TIME: Duration = Duration::from_secs(2);
 
-/// A time as the schema stores it, in SQL: `from_unixtime` of milliseconds
-/// (the session's time zone is UTC), which reads back as a `DateTime<Utc>`.
+/// A time as the schema stores it, in SQL: the epoch plus its milliseconds,
+/// a `datetime` that reads back as a `DateTime<Utc>` (the session's time
+/// zone is UTC). Not `from_unixtime`, which is null past 2038-01-19.
 macro_rules! at {
     ($column:literal) => {
-        concat!("from_unixtime(", $column, " / 1000)")
+        concat!(
+            "timestampadd(microsecond, ",
+            $column,
+            " * 1000, timestamp'1970-01-01 00:00:00')"
+        )
     };
 }
 pub(super) use at;
@@ -103,6 +109,13 @@ impl MariaDbStore {
                 Box::pin(async move {
                     conn.execute("set session transaction isolation level read committed")
                         .await?;
+                    // `update t set a = a + 1, b = a` reads the old `a`, as
+                    // on PostgreSQL and SQLite; MariaDB's own order would
+                    // read the new one.
+                    conn.execute(
+                        "set session sql_mode = concat(@@sql_mode, ',SIMULTANEOUS_ASSIGNMENT')",
+                    )
+                    .await?;
                     conn.execute(session.as_str()).await?;
                     Ok(())
                 })
@@ -130,9 +143,8 @@ impl MariaDbStore {
                     Ok(out)
                 }
                 Err(e) => {
-                    // At once: a transaction merely dropped is rolled back
-                    // only when its connection is next used, and until then
-                    // an idle pooled connection would keep its row locks.
+                    // At once, on this connection, before it goes back to
+                    // the pool (which would otherwise send the rollback).
                     let _ = tx.rollback().await;
                     Err(e)
                 }
@@ -155,12 +167,51 @@ impl MariaDbStore {
         .await
     }
 
-    /// Creates or upgrades the schema; sqlx serializes concurrent runs with
-    /// a named lock.
+    /// Creates or upgrades the schema, on a connection of its own: without
+    /// the statement time limit (a migration may rebuild a big table), and
+    /// under a named lock of idem's, so that instances started together run
+    /// the migrations one after the other. (sqlx's own lock asks MariaDB to
+    /// wait forever, `get_lock(name, -1)`, which 10.11 refuses with a warning
+    /// and takes no lock.)
     async fn migrate_now(&self) -> Result<(), sqlx::migrate::MigrateError> {
-        sqlx::migrate!("./migrations/mariadb").run(&self.pool).await
+        let mut conn = self.pool.acquire().await?;
+        conn.execute("set session max_statement_time = 0").await?;
+        let (locked,): (Option<i64>,) = sqlx::query_as("select get_lock('idem_migrate', ?)")
+            .bind(MIGRATE_LOCK_WAIT.as_secs() as i64)
+            .fetch_one(&mut *conn)
+            .await?;
+        if locked != Some(1) {
+            return Err(sqlx::migrate::MigrateError::Execute(sqlx::Error::Protocol(
+                format!(
+                    "another migration held the lock for {} s",
+                    MIGRATE_LOCK_WAIT.as_secs()
+                ),
+            )));
+        }
+        let mut migrator = sqlx::migrate!("./migrations/mariadb");
+        migrator.set_locking(false);
+        let migrated = migrator.run(&mut *conn).await;
+        let released = sqlx::query("select release_lock('idem_migrate')")
+            .execute(&mut *conn)
+            .await;
+        let restored = conn
+            .execute(
+                format!(
+                    "set session max_statement_time = {}",
+                    STATEMENT_TIME.as_secs()
+                )
+                .as_str(),
+            )
+            .await;
+        migrated?;
+        released?;
+        restored?;
+        Ok(())
     }
 }
+
+/// How long a migration waits for another process's to end.
+const MIGRATE_LOCK_WAIT: Duration = Duration::from_secs(300);
 
 /// How many times a transaction InnoDB chose as a deadlock's victim runs,
 /// whole, before the error is the caller's (a 503): a victim is rolled back
@@ -182,19 +233,23 @@ fn is_deadlock(e: &StoreError) -> bool {
 /// macro: the transaction's closure is made afresh for each run.)
 macro_rules! again_on_deadlock {
     ($write:expr) => {{
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            match $write {
-                Err(e)
-                    if $crate::store::mariadb::is_deadlock(&e)
-                        && tries < $crate::store::mariadb::DEADLOCK_TRIES =>
-                {
-                    continue
+        // One deadline for every run: a store operation stays within it.
+        $crate::store::mariadb::within_deadline(async {
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                match $write {
+                    Err(e)
+                        if $crate::store::mariadb::is_deadlock(&e)
+                            && tries < $crate::store::mariadb::DEADLOCK_TRIES =>
+                    {
+                        continue
+                    }
+                    done => break done,
                 }
-                done => break done,
             }
-        }
+        })
+        .await
     }};
 }
 pub(super) use again_on_deadlock;

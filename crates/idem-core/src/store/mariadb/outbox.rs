@@ -51,8 +51,8 @@ const READY_SQL: &str = concatcp!(
 /// relay is leasing now is skipped).
 const LOCK_FREE_SQL: &str = concatcp!(
     "select o.id from outbox o
-      where o.id in (select id from json_table($1, '$[*]' columns (id bigint path '$')) j)
-        and o.published_at is null and o.set_aside_at is null
+       join json_table($1, '$[*]' columns (id bigint path '$')) j on o.id = j.id
+      where o.published_at is null and o.set_aside_at is null
         and (o.claimed_until is null or o.claimed_until <= ",
     NOW,
     ")
@@ -62,20 +62,20 @@ const LOCK_FREE_SQL: &str = concatcp!(
 
 /// `$1` the rows locked (a JSON array), `$2` lease in ms.
 const LEASE_SQL: &str = concatcp!(
-    "update outbox set claimed_until = ",
+    "update outbox o join json_table($1, '$[*]' columns (id bigint path '$')) j on o.id = j.id
+        set o.claimed_until = ",
     NOW,
-    " + $2
-      where id in (select id from json_table($1, '$[*]' columns (id bigint path '$')) j)"
+    " + $2"
 );
 
 /// `$1` the leased ids, as a JSON array.
 const READ_BATCH_SQL: &str = concatcp!(
     "select ",
     BATCH_COLUMNS,
-    " from outbox o ",
+    " from json_table($1, '$[*]' columns (id bigint path '$')) j
+       join outbox o on o.id = j.id ",
     AWAITED_KEY,
-    " where o.id in (select id from json_table($1, '$[*]' columns (id bigint path '$')) j)
-      order by o.id"
+    " order by o.id"
 );
 
 /// `$1` id, `$2` reason.
@@ -87,14 +87,13 @@ const SET_ASIDE_SQL: &str = concatcp!(
 
 /// `$1` the published ids, `$2` the whole batch's, as JSON arrays.
 const FINISH_BATCH_SQL: &str = concatcp!(
-    "update outbox
-        set published_at = coalesce(published_at,
-                case when id in (select id from json_table($1, '$[*]' columns (id bigint path '$')) j)
+    "update outbox o join json_table($2, '$[*]' columns (id bigint path '$')) t on o.id = t.id
+        set o.published_at = coalesce(o.published_at,
+                case when o.id in (select id from json_table($1, '$[*]' columns (id bigint path '$')) j)
                      then ",
     NOW,
     " end),
-            claimed_until = null
-      where id in (select id from json_table($2, '$[*]' columns (id bigint path '$')) t)"
+            o.claimed_until = null"
 );
 
 /// `$1` retention in ms, `$2` limit.

@@ -12,7 +12,7 @@ use const_format::concatcp;
 use sqlx::mysql::MySqlConnection;
 
 use super::key_space::{refund_record, taken, REFUND_COLUMNS};
-use super::keys::{is_key_taken, release_in, take_over_key, tombstone, KeyOf, Subject};
+use super::keys::{lost_a_race, release_in, take_over_key, tombstone, KeyOf, Subject};
 use super::sql::{params, query, query_as};
 use super::webhooks::ENDPOINT_HEARS;
 use super::{MariaDbStore, NOW};
@@ -56,8 +56,8 @@ const WEBHOOK_DELIVERIES_SQL: &str = concatcp!(
 /// Refunds awaiting review, oldest first.
 const STUCK_SQL: &str = "select r.id, r.charge_id, m.name as merchant, r.amount_cents, r.currency,
             r.acquirer_reference,
-            from_unixtime(r.created_at / 1000) as created_at,
-            from_unixtime(r.review_since / 1000) as review_since,
+            timestampadd(microsecond, r.created_at * 1000, timestamp'1970-01-01 00:00:00') as created_at,
+            timestampadd(microsecond, r.review_since * 1000, timestamp'1970-01-01 00:00:00') as review_since,
             r.review_reason
        from refunds r join merchants m on m.id = r.merchant_id
       where r.status = 'pending' and r.review_since is not null
@@ -66,17 +66,17 @@ const STUCK_SQL: &str = "select r.id, r.charge_id, m.name as merchant, r.amount_
 /// `$1` refund.
 const DETAIL_SQL: &str = "select r.id, r.charge_id, r.merchant_id, m.name as merchant,
             r.amount_cents, r.currency, r.status, r.acquirer_reference,
-            from_unixtime(r.created_at / 1000) as created_at,
-            from_unixtime(r.review_since / 1000) as review_since,
+            timestampadd(microsecond, r.created_at * 1000, timestamp'1970-01-01 00:00:00') as created_at,
+            timestampadd(microsecond, r.review_since * 1000, timestamp'1970-01-01 00:00:00') as review_since,
             r.review_reason, r.idempotency_key
        from refunds r join merchants m on m.id = r.merchant_id
       where r.id = $1";
 
 /// `$1` merchant, `$2` key, `$3` refund.
 const KEY_DETAIL_SQL: &str = "select idempotency_key, state, attempt,
-            from_unixtime(locked_until / 1000) as locked_until,
+            timestampadd(microsecond, locked_until * 1000, timestamp'1970-01-01 00:00:00') as locked_until,
             response_status,
-            from_unixtime(expires_at / 1000) as expires_at
+            timestampadd(microsecond, expires_at * 1000, timestamp'1970-01-01 00:00:00') as expires_at
        from idempotency_keys
       where merchant_id = $1 and idempotency_key = $2 and refund_id = $3";
 
@@ -201,127 +201,125 @@ impl Refunds for MariaDbStore {
         let id = RefundId::generate();
         let reference =
             AcquirerReference::for_intent(claim.merchant_id, claim.key, &claim.fingerprint);
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let claimed = self
-                .write(async |tx| -> Result<RefundClaim, StoreError> {
-                    // The key is decided first by reading it, and written only once
-                    // the reservation holds: a refusal writes nothing. A claim of the
-                    // same key that commits in between makes this one's key insert
-                    // fail as a duplicate, and this claim runs again.
-                    let (merchant_id, key, fingerprint) =
-                        (claim.merchant_id, claim.key, &claim.fingerprint);
-                    if let Some(refund_id) =
-                        tombstone(tx, Subject::Refund, merchant_id, key, fingerprint).await?
-                    {
-                        return Ok(RefundClaim::Expired(RefundId::from_trusted(refund_id)));
-                    }
-                    let found = taken(tx, merchant_id, key).await?;
-                    let free = match &found {
-                        None => true,
-                        Some(t) => t.expired() && *t.fingerprint() != claim.fingerprint,
-                    };
-                    if !free {
-                        return found
-                            .map(Taken::into_claim)
-                            .ok_or_else(|| StoreError::Corrupt("a taken key not found".into()));
-                    }
-                    let amount = match claim.request.amount_cents {
-                        Some(amount) => Some(amount.get()),
-                        None => query_as::<(i64,)>(
-                            REMAINING_SQL,
-                            params![claim.charge_id.as_str(), claim.merchant_id],
-                        )?
-                        .fetch_optional(&mut *tx)
-                        .await?
-                        .map(|(remaining,)| remaining)
-                        .filter(|remaining| *remaining > 0),
-                    };
-                    let reserved: Option<(String,)> = match amount {
-                        Some(amount) => {
-                            let done = query(
-                                RESERVE_SQL,
-                                params![claim.charge_id.as_str(), claim.merchant_id, amount],
+        // One deadline for every run: a store operation stays within it.
+        super::within_deadline(async {
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let claimed = self
+                    .write(async |tx| -> Result<RefundClaim, StoreError> {
+                        // The key is decided first by reading it, and written only once
+                        // the reservation holds: a refusal writes nothing. A claim of the
+                        // same key that commits in between makes this one's key insert
+                        // fail as a duplicate, and this claim runs again.
+                        let (merchant_id, key, fingerprint) =
+                            (claim.merchant_id, claim.key, &claim.fingerprint);
+                        if let Some(refund_id) =
+                            tombstone(tx, Subject::Refund, merchant_id, key, fingerprint).await?
+                        {
+                            return Ok(RefundClaim::Expired(RefundId::from_trusted(refund_id)));
+                        }
+                        let found = taken(tx, merchant_id, key).await?;
+                        let free = match &found {
+                            None => true,
+                            Some(t) => t.expired() && *t.fingerprint() != claim.fingerprint,
+                        };
+                        if !free {
+                            return found.map(Taken::into_claim).ok_or_else(|| {
+                                StoreError::Corrupt("a taken key not found".into())
+                            });
+                        }
+                        let amount = match claim.request.amount_cents {
+                            Some(amount) => Some(amount.get()),
+                            None => query_as::<(i64,)>(
+                                REMAINING_SQL,
+                                params![claim.charge_id.as_str(), claim.merchant_id],
                             )?
-                            .execute(&mut *tx)
+                            .fetch_optional(&mut *tx)
+                            .await?
+                            .map(|(remaining,)| remaining)
+                            .filter(|remaining| *remaining > 0),
+                        };
+                        let reserved: Option<(String,)> = match amount {
+                            Some(amount) => {
+                                let done = query(
+                                    RESERVE_SQL,
+                                    params![claim.charge_id.as_str(), claim.merchant_id, amount],
+                                )?
+                                .execute(&mut *tx)
+                                .await?;
+                                if done.rows_affected() == 1 {
+                                    query_as(CURRENCY_SQL, params![claim.charge_id.as_str()])?
+                                        .fetch_optional(&mut *tx)
+                                        .await?
+                                } else {
+                                    None
+                                }
+                            }
+                            None => None,
+                        };
+                        let (Some(amount), Some((currency,))) = (amount, reserved) else {
+                            // The reservation waited on the charge's row for the
+                            // claims ahead of it; if one of them was of this very
+                            // key, its record is there now, and is the answer.
+                            if let Some(now) = taken(tx, merchant_id, key).await? {
+                                if found.is_none() || !now.expired() {
+                                    return Ok(now.into_claim());
+                                }
+                            }
+                            let charge: Option<Refused> = query_as(
+                                EXPLAIN_SQL,
+                                params![claim.charge_id.as_str(), claim.merchant_id],
+                            )?
+                            .fetch_optional(&mut *tx)
                             .await?;
-                            if done.rows_affected() == 1 {
-                                query_as(CURRENCY_SQL, params![claim.charge_id.as_str()])?
-                                    .fetch_optional(&mut *tx)
-                                    .await?
-                            } else {
-                                None
-                            }
-                        }
-                        None => None,
-                    };
-                    let (Some(amount), Some((currency,))) = (amount, reserved) else {
-                        // The reservation waited on the charge's row for the
-                        // claims ahead of it; if one of them was of this very
-                        // key, its record is there now, and is the answer.
-                        if let Some(now) = taken(tx, merchant_id, key).await? {
-                            if found.is_none() || !now.expired() {
-                                return Ok(now.into_claim());
-                            }
-                        }
-                        let charge: Option<Refused> = query_as(
-                            EXPLAIN_SQL,
-                            params![claim.charge_id.as_str(), claim.merchant_id],
+                            return Ok(RefundClaim::Refused(Refusal::of_charge(
+                                charge.map(|c| (c.status, c.under_review, c.remaining)),
+                            )));
+                        };
+                        let keyed = KeyOf {
+                            subject: Subject::Refund,
+                            id: id.as_str(),
+                            merchant_id,
+                            key,
+                            fingerprint,
+                            lease: claim.lease,
+                            key_ttl: claim.key_ttl,
+                        };
+                        // The refund first: the key record's foreign key names it.
+                        query(
+                            INSERT_REFUND_SQL,
+                            params![
+                                id.as_str(),
+                                claim.charge_id.as_str(),
+                                claim.merchant_id,
+                                amount,
+                                &currency,
+                                claim.request.reason.map(|r| r.as_str()),
+                                claim.request.description.as_ref().map(|d| d.as_str()),
+                                reference.as_str(),
+                                claim.key.as_str(),
+                                claim.traceparent
+                            ],
                         )?
-                        .fetch_optional(&mut *tx)
+                        .execute(&mut *tx)
                         .await?;
-                        return Ok(RefundClaim::Refused(Refusal::of_charge(
-                            charge.map(|c| (c.status, c.under_review, c.remaining)),
-                        )));
-                    };
-                    let keyed = KeyOf {
-                        subject: Subject::Refund,
-                        id: id.as_str(),
-                        merchant_id,
-                        key,
-                        fingerprint,
-                        lease: claim.lease,
-                        key_ttl: claim.key_ttl,
-                    };
-                    // The refund first: the key record's foreign key names it.
-                    query(
-                        INSERT_REFUND_SQL,
-                        params![
-                            id.as_str(),
-                            claim.charge_id.as_str(),
-                            claim.merchant_id,
-                            amount,
-                            &currency,
-                            claim.request.reason.map(|r| r.as_str()),
-                            claim.request.description.as_ref().map(|d| d.as_str()),
-                            reference.as_str(),
-                            claim.key.as_str(),
-                            claim.traceparent
-                        ],
-                    )?
-                    .execute(&mut *tx)
-                    .await?;
-                    keyed.claim(tx, found.is_none()).await?;
-                    let record = refund_record(tx, claim.merchant_id, claim.key)
-                        .await?
-                        .ok_or_else(|| {
-                            StoreError::Corrupt("a refund claimed and not read back".into())
-                        })?;
-                    Ok(RefundClaim::Won(Box::new(record)))
-                })
-                .await;
-            match claimed {
-                // Another claim of the key committed first, or InnoDB chose
-                // this one as a deadlock's victim: run it again, whole.
-                Err(e)
-                    if (is_key_taken(&e) || super::is_deadlock(&e)) && tries < KEY_RACE_TRIES =>
-                {
-                    continue
+                        keyed.claim(tx, found.is_none()).await?;
+                        let record = refund_record(tx, claim.merchant_id, claim.key)
+                            .await?
+                            .ok_or_else(|| {
+                                StoreError::Corrupt("a refund claimed and not read back".into())
+                            })?;
+                        Ok(RefundClaim::Won(Box::new(record)))
+                    })
+                    .await;
+                match claimed {
+                    Err(e) if lost_a_race(&e) && tries < KEY_RACE_TRIES => continue,
+                    claimed => return claimed,
                 }
-                claimed => return claimed,
             }
-        }
+        })
+        .await
     }
 
     async fn refund_record(
@@ -417,13 +415,15 @@ impl Refunds for MariaDbStore {
         attempt: i64,
         lease: std::time::Duration,
     ) -> Result<Option<RefundRecord>, StoreError> {
-        self.write(async |tx| {
-            if !take_over_key(tx, merchant_id, key, attempt, lease).await? {
-                return Ok(None);
-            }
-            refund_record(tx, merchant_id, key).await
-        })
-        .await
+        super::again_on_deadlock!(
+            self.write(async |tx| {
+                if !take_over_key(tx, merchant_id, key, attempt, lease).await? {
+                    return Ok(None);
+                }
+                refund_record(tx, merchant_id, key).await
+            })
+            .await
+        )
     }
 
     async fn release_refund(

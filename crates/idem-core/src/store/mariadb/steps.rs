@@ -11,7 +11,7 @@ use const_format::concatcp;
 use sqlx::mysql::MySqlConnection;
 
 use super::key_space::{step_record, taken, STEP_COLUMNS};
-use super::keys::{is_key_taken, release_in, take_over_key, tombstone, KeyOf, Subject};
+use super::keys::{lost_a_race, release_in, take_over_key, tombstone, KeyOf, Subject};
 use super::refunds::KEY_RACE_TRIES;
 use super::sql::{params, query, query_as};
 use super::webhooks::ENDPOINT_HEARS;
@@ -197,17 +197,17 @@ const MARK_FOR_REVIEW_SQL: &str = concatcp!(
 /// `$1` step.
 const DETAIL_SQL: &str = "select s.id, s.kind, s.charge_id, s.merchant_id, m.name as merchant,
             s.amount_cents, s.currency, s.status, s.acquirer_reference,
-            from_unixtime(s.created_at / 1000) as created_at,
-            from_unixtime(s.review_since / 1000) as review_since,
+            timestampadd(microsecond, s.created_at * 1000, timestamp'1970-01-01 00:00:00') as created_at,
+            timestampadd(microsecond, s.review_since * 1000, timestamp'1970-01-01 00:00:00') as review_since,
             s.review_reason, s.idempotency_key
        from authorization_steps s join merchants m on m.id = s.merchant_id
       where s.id = $1";
 
 /// `$1` merchant, `$2` key, `$3` step.
 const KEY_DETAIL_SQL: &str = "select idempotency_key, state, attempt,
-            from_unixtime(locked_until / 1000) as locked_until,
+            timestampadd(microsecond, locked_until * 1000, timestamp'1970-01-01 00:00:00') as locked_until,
             response_status,
-            from_unixtime(expires_at / 1000) as expires_at
+            timestampadd(microsecond, expires_at * 1000, timestamp'1970-01-01 00:00:00') as expires_at
        from idempotency_keys
       where merchant_id = $1 and idempotency_key = $2 and step_id = $3";
 
@@ -242,97 +242,97 @@ impl Steps for MariaDbStore {
         let id = StepId::generate(claim.kind);
         let reference =
             AcquirerReference::for_intent(claim.merchant_id, claim.key, &claim.fingerprint);
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let claimed = self
-                .write(async |tx| -> Result<StepClaim, StoreError> {
-                    // As a refund's claim: the key is decided by reading it, and
-                    // written only once the reservation holds; a claim of the same
-                    // key committed in between makes this one run again.
-                    let (merchant_id, key, fingerprint) =
-                        (claim.merchant_id, claim.key, &claim.fingerprint);
-                    if let Some(step_id) =
-                        tombstone(tx, Subject::Step, merchant_id, key, fingerprint).await?
-                    {
-                        return Ok(StepClaim::Expired(StepId::from_trusted(step_id)));
-                    }
-                    let found = taken(tx, merchant_id, key).await?;
-                    let free = match &found {
-                        None => true,
-                        Some(t) => t.expired() && t.fingerprint() != fingerprint,
-                    };
-                    if !free {
-                        return found
-                            .map(Taken::into_step_claim)
-                            .ok_or_else(|| StoreError::Corrupt("a taken key not found".into()));
-                    }
-                    let Some((currency, amount)) = reserve(tx, claim, &id).await? else {
-                        // The reservation waited on the charge's row for the
-                        // claims ahead of it; if one of them was of this very
-                        // key, its record is there now, and is the answer.
-                        if let Some(now) = taken(tx, merchant_id, key).await? {
-                            if found.is_none() || !now.expired() {
-                                return Ok(now.into_step_claim());
-                            }
+        // One deadline for every run: a store operation stays within it.
+        super::within_deadline(async {
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let claimed = self
+                    .write(async |tx| -> Result<StepClaim, StoreError> {
+                        // As a refund's claim: the key is decided by reading it, and
+                        // written only once the reservation holds; a claim of the same
+                        // key committed in between makes this one run again.
+                        let (merchant_id, key, fingerprint) =
+                            (claim.merchant_id, claim.key, &claim.fingerprint);
+                        if let Some(step_id) =
+                            tombstone(tx, Subject::Step, merchant_id, key, fingerprint).await?
+                        {
+                            return Ok(StepClaim::Expired(StepId::from_trusted(step_id)));
                         }
-                        let charge: Option<Refused> =
-                            query_as(EXPLAIN_SQL, params![claim.charge_id.as_str(), merchant_id])?
-                                .fetch_optional(&mut *tx)
-                                .await?;
-                        return Ok(StepClaim::Refused(Refusal::of_authorization(
-                            claim.kind,
-                            charge.map(|c| {
-                                (c.status, c.under_review, c.remaining, c.closed, c.capturing)
-                            }),
-                        )));
-                    };
-                    // The step first: the key record's foreign key names it.
-                    query(
-                        INSERT_STEP_SQL,
-                        params![
-                            id.as_str(),
-                            claim.kind.as_str(),
-                            claim.charge_id.as_str(),
+                        let found = taken(tx, merchant_id, key).await?;
+                        let free = match &found {
+                            None => true,
+                            Some(t) => t.expired() && t.fingerprint() != fingerprint,
+                        };
+                        if !free {
+                            return found.map(Taken::into_step_claim).ok_or_else(|| {
+                                StoreError::Corrupt("a taken key not found".into())
+                            });
+                        }
+                        let Some((currency, amount)) = reserve(tx, claim, &id).await? else {
+                            // The reservation waited on the charge's row for the
+                            // claims ahead of it; if one of them was of this very
+                            // key, its record is there now, and is the answer.
+                            if let Some(now) = taken(tx, merchant_id, key).await? {
+                                if found.is_none() || !now.expired() {
+                                    return Ok(now.into_step_claim());
+                                }
+                            }
+                            let charge: Option<Refused> = query_as(
+                                EXPLAIN_SQL,
+                                params![claim.charge_id.as_str(), merchant_id],
+                            )?
+                            .fetch_optional(&mut *tx)
+                            .await?;
+                            return Ok(StepClaim::Refused(Refusal::of_authorization(
+                                claim.kind,
+                                charge.map(|c| {
+                                    (c.status, c.under_review, c.remaining, c.closed, c.capturing)
+                                }),
+                            )));
+                        };
+                        // The step first: the key record's foreign key names it.
+                        query(
+                            INSERT_STEP_SQL,
+                            params![
+                                id.as_str(),
+                                claim.kind.as_str(),
+                                claim.charge_id.as_str(),
+                                merchant_id,
+                                amount,
+                                &currency,
+                                claim.kind == StepKind::Void || claim.final_capture,
+                                reference.as_str(),
+                                key.as_str(),
+                                claim.traceparent
+                            ],
+                        )?
+                        .execute(&mut *tx)
+                        .await?;
+                        KeyOf {
+                            subject: Subject::Step,
+                            id: id.as_str(),
                             merchant_id,
-                            amount,
-                            &currency,
-                            claim.kind == StepKind::Void || claim.final_capture,
-                            reference.as_str(),
-                            key.as_str(),
-                            claim.traceparent
-                        ],
-                    )?
-                    .execute(&mut *tx)
-                    .await?;
-                    KeyOf {
-                        subject: Subject::Step,
-                        id: id.as_str(),
-                        merchant_id,
-                        key,
-                        fingerprint,
-                        lease: claim.lease,
-                        key_ttl: claim.key_ttl,
-                    }
-                    .claim(tx, found.is_none())
-                    .await?;
-                    let record = step_record(tx, merchant_id, key).await?.ok_or_else(|| {
-                        StoreError::Corrupt("a step claimed and not read back".into())
-                    })?;
-                    Ok(StepClaim::Won(Box::new(record)))
-                })
-                .await;
-            match claimed {
-                // Another claim of the key committed first, or InnoDB chose
-                // this one as a deadlock's victim: run it again, whole.
-                Err(e)
-                    if (is_key_taken(&e) || super::is_deadlock(&e)) && tries < KEY_RACE_TRIES =>
-                {
-                    continue
+                            key,
+                            fingerprint,
+                            lease: claim.lease,
+                            key_ttl: claim.key_ttl,
+                        }
+                        .claim(tx, found.is_none())
+                        .await?;
+                        let record = step_record(tx, merchant_id, key).await?.ok_or_else(|| {
+                            StoreError::Corrupt("a step claimed and not read back".into())
+                        })?;
+                        Ok(StepClaim::Won(Box::new(record)))
+                    })
+                    .await;
+                match claimed {
+                    Err(e) if lost_a_race(&e) && tries < KEY_RACE_TRIES => continue,
+                    claimed => return claimed,
                 }
-                claimed => return claimed,
             }
-        }
+        })
+        .await
     }
 
     async fn step_record(
@@ -437,13 +437,15 @@ impl Steps for MariaDbStore {
         attempt: i64,
         lease: std::time::Duration,
     ) -> Result<Option<StepRecord>, StoreError> {
-        self.write(async |tx| {
-            if !take_over_key(tx, merchant_id, key, attempt, lease).await? {
-                return Ok(None);
-            }
-            step_record(tx, merchant_id, key).await
-        })
-        .await
+        super::again_on_deadlock!(
+            self.write(async |tx| {
+                if !take_over_key(tx, merchant_id, key, attempt, lease).await? {
+                    return Ok(None);
+                }
+                step_record(tx, merchant_id, key).await
+            })
+            .await
+        )
     }
 
     async fn release_step(

@@ -108,20 +108,24 @@ const TAKE_SQL: &str = concatcp!(
     select id from candidates"
 );
 
-/// `$1` the deliveries taken (a JSON array), `$2` the lease in ms.
+/// `$1` the deliveries taken (a JSON array), `$2` the lease in ms; each
+/// still pending and free (the endpoints' lock already holds them so).
 const LEASE_SQL: &str = concatcp!(
-    "update webhook_deliveries
-       set locked_until = ",
+    "update webhook_deliveries d
+       join json_table($1, '$[*]' columns (id bigint path '$')) j on d.id = j.id
+       set d.locked_until = ",
     NOW,
-    " + $2, attempts = attempts + 1
-     where id in (select id from json_table($1, '$[*]' columns (id bigint path '$')) j)"
+    " + $2, d.attempts = d.attempts + 1
+     where d.state = 'pending' and (d.locked_until is null or d.locked_until <= ",
+    NOW,
+    ")"
 );
 
 /// `$1` the deliveries taken (a JSON array).
-const TAKEN_SQL: &str =
-    "select id, attempts, event_id, event_type, body, endpoint_id from webhook_deliveries
-      where id in (select id from json_table($1, '$[*]' columns (id bigint path '$')) j)
-      order by next_attempt_at, id";
+const TAKEN_SQL: &str = "select d.id, d.attempts, d.event_id, d.event_type, d.body, d.endpoint_id
+       from json_table($1, '$[*]' columns (id bigint path '$')) j
+       join webhook_deliveries d on d.id = j.id
+      order by d.next_attempt_at, d.id";
 
 /// Whether any delivery is due and free (the partial index of pending ones).
 const ANY_DUE_SQL: &str = concatcp!(
@@ -135,12 +139,12 @@ const ANY_DUE_SQL: &str = concatcp!(
 
 /// The taken deliveries' endpoints (`$1`: their ids, as JSON).
 const ENDPOINTS_OF_SQL: &str = concatcp!(
-    "select id, url, secret, case when previous_secret_until > ",
+    "select e.id, e.url, e.secret, case when e.previous_secret_until > ",
     NOW,
-    " then previous_secret end
-       from webhook_endpoints
-      where id in (select id from json_table($1, '$[*]' columns (id varchar(64) character set utf8mb4
-                                                collate utf8mb4_uca1400_nopad_as_cs path '$')) j)"
+    " then e.previous_secret end
+       from json_table($1, '$[*]' columns (id varchar(64) character set utf8mb4
+                                             collate utf8mb4_uca1400_nopad_as_cs path '$')) j
+       join webhook_endpoints e on e.id = j.id"
 );
 
 const FINISH_SQL: &str = concatcp!(
@@ -165,16 +169,16 @@ const REDELIVER_SQL: &str = concatcp!(
 
 const DELIVERIES_SQL: &str = "select event_id, endpoint_id, event_type, state, attempts,
            last_status, last_error,
-           from_unixtime(created_at / 1000) as created_at,
-           from_unixtime(next_attempt_at / 1000)
+           timestampadd(microsecond, created_at * 1000, timestamp'1970-01-01 00:00:00') as created_at,
+           timestampadd(microsecond, next_attempt_at * 1000, timestamp'1970-01-01 00:00:00')
              as next_attempt_at
       from webhook_deliveries order by id desc limit $1";
 
 /// `$1` charge, `$2` limit.
 const CHARGE_DELIVERIES_SQL: &str = "select event_id, endpoint_id, event_type, state, attempts,
            last_status, last_error,
-           from_unixtime(created_at / 1000) as created_at,
-           from_unixtime(next_attempt_at / 1000)
+           timestampadd(microsecond, created_at * 1000, timestamp'1970-01-01 00:00:00') as created_at,
+           timestampadd(microsecond, next_attempt_at * 1000, timestamp'1970-01-01 00:00:00')
              as next_attempt_at
       from webhook_deliveries where charge_id = $1 order by id limit $2";
 
@@ -292,7 +296,7 @@ impl Webhooks for MariaDbStore {
         per_endpoint: i64,
     ) -> Result<Vec<DueDelivery>, StoreError> {
         // A read first: the deliverer looks four times a second, and an idle
-        // look must not take the file's one write turn from the charges.
+        // look opens no transaction and locks nothing.
         let (due,): (bool,) = query_as(ANY_DUE_SQL, params![])?
             .fetch_one(&self.pool)
             .await?;
@@ -311,10 +315,19 @@ impl Webhooks for MariaDbStore {
                 return Ok(Vec::new());
             }
             let ids: Vec<i64> = candidates.into_iter().map(|(id,)| id).collect();
+            let count = ids.len() as u64;
             let ids = String::from_utf8_lossy(&crate::domain::to_json(&ids)).into_owned();
-            query(LEASE_SQL, params![ids.as_str(), millis(lease)])?
+            let leased = query(LEASE_SQL, params![ids.as_str(), millis(lease)])?
                 .execute(&mut *db)
-                .await?;
+                .await?
+                .rows_affected();
+            if leased != count {
+                // Under the endpoints' lock no other deliverer leases them:
+                // a delivery that was not free is a bug, and takes nothing.
+                return Err(StoreError::Corrupt(format!(
+                    "{leased} of {count} due deliveries leased under their endpoints' lock"
+                )));
+            }
             let taken: Vec<TakenRow> = query_as(TAKEN_SQL, params![ids.as_str()])?
                 .fetch_all(&mut *db)
                 .await?;
