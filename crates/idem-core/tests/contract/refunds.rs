@@ -714,39 +714,14 @@ async fn ten_copies_of_a_new_request_on_an_expired_key_make_one_refund(db: TestD
         )
         .await
     );
-    let request = refund_body(Some(10));
-    let claims = (0..10).map(|_| {
-        let store = db.store.clone();
-        let (charge_id, request) = (charge_id.clone(), request.clone());
-        tokio::spawn(async move {
-            let key = IdempotencyKey::parse(b"k").expect("key");
-            store
-                .claim_refund(&NewRefundClaim {
-                    merchant_id,
-                    key: &key,
-                    fingerprint: Fingerprint::of_refund(&charge_id, &request),
-                    charge_id: &charge_id,
-                    request: &request,
-                    lease: LEASE,
-                    key_ttl: TTL,
-                    traceparent: None,
-                })
-                .await
-        })
-    });
-    let (mut won, mut lost, mut errors) = (0, 0, Vec::new());
-    for claim in futures_util::future::join_all(claims).await {
-        match claim.expect("task") {
-            Ok(RefundClaim::Won(_)) => won += 1,
-            Ok(RefundClaim::Lost(_)) => lost += 1,
-            Ok(other) => panic!("{other:?}"),
-            Err(e) => errors.push(e.to_string()),
-        }
-    }
-    assert!(
-        errors.is_empty(),
-        "won {won}, lost {lost}, errors {errors:?}"
-    );
+    let (won, lost) = race_refunds(
+        &db,
+        merchant_id,
+        &charge_id,
+        "k",
+        vec![refund_body(Some(10)); 10],
+    )
+    .await;
     assert_eq!((won, lost), (1, 9));
     assert_eq!(refunded_cents(&db, &charge_id).await, 15);
 }
@@ -757,39 +732,14 @@ async fn a_small_refund_sent_ten_times_at_once_is_one_refund(db: TestDb) {
     db.merchant("loja").await;
     let merchant_id = db.merchant_id("loja").await;
     let charge_id = charge(&db, merchant_id, 1, 100, ChargeStatus::Captured).await;
-    let request = refund_body(Some(10));
-    let claims = (0..10).map(|_| {
-        let store = db.store.clone();
-        let (charge_id, request) = (charge_id.clone(), request.clone());
-        tokio::spawn(async move {
-            let key = IdempotencyKey::parse(b"fresh").expect("key");
-            store
-                .claim_refund(&NewRefundClaim {
-                    merchant_id,
-                    key: &key,
-                    fingerprint: Fingerprint::of_refund(&charge_id, &request),
-                    charge_id: &charge_id,
-                    request: &request,
-                    lease: LEASE,
-                    key_ttl: TTL,
-                    traceparent: None,
-                })
-                .await
-        })
-    });
-    let (mut won, mut lost, mut errors) = (0, 0, Vec::new());
-    for claim in futures_util::future::join_all(claims).await {
-        match claim.expect("task") {
-            Ok(RefundClaim::Won(_)) => won += 1,
-            Ok(RefundClaim::Lost(_)) => lost += 1,
-            Ok(other) => panic!("{other:?}"),
-            Err(e) => errors.push(e.to_string()),
-        }
-    }
-    assert!(
-        errors.is_empty(),
-        "won {won}, lost {lost}, errors {errors:?}"
-    );
+    let (won, lost) = race_refunds(
+        &db,
+        merchant_id,
+        &charge_id,
+        "fresh",
+        vec![refund_body(Some(10)); 10],
+    )
+    .await;
     assert_eq!((won, lost), (1, 9));
     assert_eq!(refunded_cents(&db, &charge_id).await, 10);
 }
@@ -816,12 +766,30 @@ async fn different_requests_racing_on_an_expired_key_make_one_refund(db: TestDb)
         )
         .await
     );
-    let claims = (0..8).map(|i| {
-        let store = db.store.clone();
-        let charge_id = charge_id.clone();
+    let (won, lost) = race_refunds(
+        &db,
+        merchant_id,
+        &charge_id,
+        "k",
+        (0..8).map(|i| refund_body(Some(10 + i))).collect(),
+    )
+    .await;
+    assert_eq!((won, lost), (1, 7));
+}
+
+/// `requests` claimed under `key` on the charge all at once: how many won and
+/// how many lost; none may fail.
+async fn race_refunds(
+    db: &TestDb,
+    merchant_id: i64,
+    charge_id: &ChargeId,
+    key: &'static str,
+    requests: Vec<RefundRequest>,
+) -> (usize, usize) {
+    let claims = requests.into_iter().map(|request| {
+        let (store, charge_id) = (db.store.clone(), charge_id.clone());
         tokio::spawn(async move {
-            let request = refund_body(Some(10 + i));
-            let key = IdempotencyKey::parse(b"k").expect("key");
+            let key = IdempotencyKey::parse(key.as_bytes()).expect("key");
             store
                 .claim_refund(&NewRefundClaim {
                     merchant_id,
@@ -849,5 +817,5 @@ async fn different_requests_racing_on_an_expired_key_make_one_refund(db: TestDb)
         errors.is_empty(),
         "won {won}, lost {lost}, errors {errors:?}"
     );
-    assert_eq!((won, lost), (1, 7));
+    (won, lost)
 }
