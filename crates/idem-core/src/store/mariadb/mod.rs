@@ -180,20 +180,24 @@ impl MariaDbStore {
             .bind(MIGRATE_LOCK_WAIT.as_secs() as i64)
             .fetch_one(&mut *conn)
             .await?;
-        if locked != Some(1) {
-            return Err(sqlx::migrate::MigrateError::Execute(sqlx::Error::Protocol(
-                format!(
-                    "another migration held the lock for {} s",
-                    MIGRATE_LOCK_WAIT.as_secs()
-                ),
+        let (migrated, released) = if locked == Some(1) {
+            let mut migrator = sqlx::migrate!("./migrations/mariadb");
+            migrator.set_locking(false);
+            let migrated = migrator.run(&mut *conn).await;
+            let released = sqlx::query("select release_lock('idem_migrate')")
+                .execute(&mut *conn)
+                .await
+                .map(drop);
+            (migrated, released)
+        } else {
+            let waited = sqlx::migrate::MigrateError::Execute(sqlx::Error::Protocol(format!(
+                "another migration held the lock for {} s",
+                MIGRATE_LOCK_WAIT.as_secs()
             )));
-        }
-        let mut migrator = sqlx::migrate!("./migrations/mariadb");
-        migrator.set_locking(false);
-        let migrated = migrator.run(&mut *conn).await;
-        let released = sqlx::query("select release_lock('idem_migrate')")
-            .execute(&mut *conn)
-            .await;
+            (Err(waited), Ok(()))
+        };
+        // The connection goes back to the pool with the statement limit again,
+        // whatever happened.
         let restored = conn
             .execute(
                 format!(
